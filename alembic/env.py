@@ -1,0 +1,63 @@
+"""alembic environment for flowq's own migrations (see flowq/migrate.py).
+
+Run through `flowq migrate` / `flowq.migrate(engine)`, which pass the connection and the
+target schema in `config.attributes`. The version table lives in the flowq schema, so the
+application's own `alembic_version` is never touched.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import context
+
+from flowq.migrations import VERSION_TABLE
+from flowq.schema import DEFAULT_SCHEMA, metadata
+
+# Any constant would do; it only has to be the same for every flowq process.
+_MIGRATE_LOCK = 0x666C6F77  # "flow"
+
+config = context.config
+schema: str = config.attributes.get("flowq_schema", DEFAULT_SCHEMA)
+
+
+def _include_name(name: str | None, type_: str, parent_names: object) -> bool:
+    if type_ == "schema":
+        return name == schema
+    return not (type_ == "table" and name == VERSION_TABLE)
+
+
+def _configure(**kwargs: object) -> None:
+    context.configure(
+        target_metadata=metadata,
+        version_table=VERSION_TABLE,
+        version_table_schema=schema,
+        include_schemas=True,
+        include_name=_include_name,
+        transaction_per_migration=False,
+        **kwargs,
+    )
+
+
+def run_offline() -> None:
+    _configure(url=config.get_main_option("sqlalchemy.url"), literal_binds=True,
+               dialect_opts={"paramstyle": "named"})
+    with context.begin_transaction():
+        context.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+        context.run_migrations()
+
+
+def run_online() -> None:
+    connection: sa.Connection | None = config.attributes.get("connection")
+    if connection is None:
+        raise RuntimeError("flowq migrations run through flowq.migrate(), not the alembic CLI")
+    connection.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATE_LOCK})
+    connection.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
+    _configure(connection=connection)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+if context.is_offline_mode():
+    run_offline()
+else:
+    run_online()

@@ -1,0 +1,53 @@
+"""flowq: durable jobs and pipelines on the PostgreSQL you already have.
+
+Enqueue in your own transaction (`session.enqueue(...)`), run `flowq worker`, and get
+SKIP LOCKED claims, durable tenacity retries, heartbeats and a reaper, and chained pipeline
+steps whose outputs are persisted.
+"""
+
+from __future__ import annotations
+
+from flowq.app import FlowQ, Pipeline, Step, Task
+from flowq.errors import (
+    CancelRun,
+    ConfigurationError,
+    DatabaseUnavailableError,
+    EmbeddedPostgresError,
+    FlowqError,
+    InvalidArgumentsError,
+    InvalidQueueError,
+    RetryStep,
+    RunNotFoundError,
+    SchemaMissingError,
+    UnknownTaskError,
+)
+from flowq.migrations import migrate
+from flowq.retry import Retry
+from flowq.session import Enqueued, Session, SessionMixin, enqueue, enqueue_many
+
+__all__ = [
+    "CancelRun",
+    "ConfigurationError",
+    "DatabaseUnavailableError",
+    "EmbeddedPostgresError",
+    "Enqueued",
+    "FlowQ",
+    "FlowqError",
+    "InvalidArgumentsError",
+    "InvalidQueueError",
+    "Pipeline",
+    "Retry",
+    "RetryStep",
+    "RunNotFoundError",
+    "SchemaMissingError",
+    "Session",
+    "SessionMixin",
+    "Step",
+    "Task",
+    "UnknownTaskError",
+    "enqueue",
+    "enqueue_many",
+    "migrate",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,251 @@
+"""The registry: `FlowQ` holds the tasks and pipelines a worker can run and producers enqueue.
+
+A task is a pipeline of one step, so there is one model underneath: `Pipeline` is an ordered
+list of `Step`s, each a handler with its own retry policy, timeout and queue. Names are
+stable identifiers stored in rows: a task's name is its function's `__name__` unless `name=`
+is given; a step's name is its function's `__name__` unless `name=` is given.
+
+Definitions fail loudly at import time: duplicate names, a handler without a `ctx` first
+parameter, a handler parameter named like an enqueue option, an invalid queue name.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Final, Generic, ParamSpec, TypeVar
+
+from flowq.errors import ConfigurationError, InvalidArgumentsError, InvalidQueueError
+from flowq.retry import Retry
+from flowq.schema import DEFAULT_SCHEMA, validate_schema_name
+
+__all__ = [
+    "DEFAULT_QUEUE",
+    "RESERVED_OPTIONS",
+    "FlowQ",
+    "Pipeline",
+    "Step",
+    "Task",
+    "find_definition",
+    "validate_queue",
+]
+
+DEFAULT_QUEUE: Final = "default"
+RESERVED_OPTIONS: Final = frozenset({"idempotency_key", "queue", "priority", "run_at", "delay"})
+_QUEUE_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,63}$")
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:\-]{0,199}$")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_APPS: weakref.WeakSet[FlowQ] = weakref.WeakSet()
+
+
+def validate_queue(queue: object) -> str:
+    """Return `queue` if it is a plain queue name, else raise InvalidQueueError."""
+    if not isinstance(queue, str) or not _QUEUE_RE.match(queue):
+        raise InvalidQueueError(
+            f"queue name {queue!r} is not valid: use 1-63 letters, digits, '_', '-', '.' or ':'."
+        )
+    return queue
+
+
+def _validate_name(kind: str, name: object) -> str:
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ConfigurationError(
+            f"{kind} name {name!r} is not valid: start with a letter or '_', then letters, "
+            "digits, '_', '-', '.' or ':' (at most 200)."
+        )
+    return name
+
+
+@dataclass(frozen=True, eq=False)
+class Step(Generic[P, R]):
+    """One handler of a pipeline, with its own policy. Calling it calls the handler."""
+
+    name: str
+    fn: Callable[..., Any]
+    retry: Retry
+    timeout: float | None
+    queue: str
+    index: int
+    signature: inspect.Signature = field(repr=False)
+    is_async: bool = False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def check_arguments(self, args: dict[str, Any], what: str = "arguments") -> None:
+        """Raise InvalidArgumentsError unless `args` bind to the handler after `ctx`."""
+        try:
+            self.signature.bind(None, **args)
+        except TypeError as exc:
+            raise InvalidArgumentsError(
+                f"{what} do not fit step {self.name!r} {self.signature}: {exc}"
+            ) from None
+
+
+def _make_step(fn: Callable[..., Any], *, name: str | None, retry: Retry | None,
+               timeout: float | None, queue: str, index: int) -> Step[Any, Any]:
+    if not callable(fn):
+        raise ConfigurationError(f"a step handler must be a function, got {fn!r}")
+    step_name = _validate_name("step", name or getattr(fn, "__name__", ""))
+    sig = inspect.signature(fn)
+    params = list(sig.parameters.values())
+    if not params or params[0].kind not in (inspect.Parameter.POSITIONAL_ONLY,
+                                            inspect.Parameter.POSITIONAL_OR_KEYWORD):
+        raise ConfigurationError(
+            f"handler {step_name!r} must take the context as its first parameter: "
+            f"def {step_name}(ctx, ...)"
+        )
+    clash = RESERVED_OPTIONS.intersection(p.name for p in params[1:])
+    if clash:
+        raise ConfigurationError(
+            f"handler {step_name!r} has a parameter named {sorted(clash)[0]!r}, which is reserved "
+            f"for enqueue options ({', '.join(sorted(RESERVED_OPTIONS))}): rename it."
+        )
+    if timeout is not None and not (isinstance(timeout, int | float) and timeout > 0):
+        raise ConfigurationError(f"timeout of {step_name!r} must be a positive number of seconds")
+    if retry is not None and not isinstance(retry, Retry):
+        raise ConfigurationError(f"retry of {step_name!r} must be a flowq.Retry(...)")
+    return Step(name=step_name, fn=fn, retry=retry or Retry(), timeout=timeout,
+                queue=validate_queue(queue), index=index, signature=sig,
+                is_async=inspect.iscoroutinefunction(fn))
+
+
+class Pipeline:
+    """An ordered chain of steps run as one run; each step's dict result feeds the next.
+
+    Steps run in definition order. Enqueue a pipeline exactly like a task; its first step's
+    signature validates the arguments.
+    """
+
+    def __init__(self, app: FlowQ, name: str, *, queue: str | None = None,
+                 priority: int = 0) -> None:
+        self.app = app
+        self.name = _validate_name("pipeline", name)
+        self.queue = validate_queue(queue or app.default_queue)
+        self.priority = int(priority)
+        self.steps: list[Step[Any, Any]] = []
+
+    def step(self, *, name: str | None = None, retry: Retry | None = None,
+             timeout: float | None = None,
+             queue: str | None = None) -> Callable[[Callable[P, R]], Step[P, R]]:
+        """Register the decorated function as this pipeline's next step."""
+
+        def decorate(fn: Callable[P, R]) -> Step[P, R]:
+            s = _make_step(fn, name=name, retry=retry, timeout=timeout,
+                           queue=queue or self.queue, index=len(self.steps))
+            if any(existing.name == s.name for existing in self.steps):
+                raise ConfigurationError(
+                    f"pipeline {self.name!r} already has a step named {s.name!r}: "
+                    "step names must be unique within a pipeline (pass name=...)."
+                )
+            self.steps.append(s)
+            return s
+
+        return decorate
+
+    @property
+    def first(self) -> Step[Any, Any]:
+        if not self.steps:
+            raise ConfigurationError(f"pipeline {self.name!r} has no steps")
+        return self.steps[0]
+
+    def step_named(self, name: str) -> Step[Any, Any] | None:
+        return next((s for s in self.steps if s.name == name), None)
+
+    def next_after(self, step: Step[Any, Any]) -> Step[Any, Any] | None:
+        i = self.steps.index(step)
+        return self.steps[i + 1] if i + 1 < len(self.steps) else None
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} steps={[s.name for s in self.steps]}>"
+
+
+class Task(Pipeline, Generic[P, R]):
+    """A pipeline of exactly one step; calling it calls the handler directly (handy in tests)."""
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        result: R = self.steps[0].fn(*args, **kwargs)
+        return result
+
+
+class FlowQ:
+    """The registry of tasks and pipelines, plus the settings producers and workers share.
+
+    `schema` (default "flowq") names the PostgreSQL schema of flowq's tables; `default_queue`
+    (default "default") is the queue of tasks that name none.
+    """
+
+    def __init__(self, *, schema: str = DEFAULT_SCHEMA, default_queue: str = DEFAULT_QUEUE
+                 ) -> None:
+        self.schema = validate_schema_name(schema)
+        self.default_queue = validate_queue(default_queue)
+        self._registry: dict[str, Pipeline] = {}
+        _APPS.add(self)
+
+    def task(self, *, name: str | None = None, queue: str | None = None, priority: int = 0,
+             retry: Retry | None = None,
+             timeout: float | None = None) -> Callable[[Callable[P, R]], Task[P, R]]:
+        """Register the decorated function as a task (a pipeline of one step)."""
+
+        def decorate(fn: Callable[P, R]) -> Task[P, R]:
+            task_name = name or getattr(fn, "__name__", "")
+            t: Task[P, R] = Task(self, task_name, queue=queue, priority=priority)
+            t.steps.append(_make_step(fn, name=task_name, retry=retry, timeout=timeout,
+                                      queue=t.queue, index=0))
+            self._register(t)
+            return t
+
+        return decorate
+
+    def pipeline(self, name: str, *, queue: str | None = None, priority: int = 0) -> Pipeline:
+        """Create and register a pipeline; add steps with `@pipeline.step()`."""
+        p = Pipeline(self, name, queue=queue, priority=priority)
+        self._register(p)
+        return p
+
+    def _register(self, p: Pipeline) -> None:
+        if p.name in self._registry:
+            raise ConfigurationError(
+                f"a task or pipeline named {p.name!r} is already registered in this app "
+                "(pass name=... to tell them apart)."
+            )
+        self._registry[p.name] = p
+
+    def get(self, name: str) -> Pipeline | None:
+        """The task or pipeline registered under `name`, or None."""
+        return self._registry.get(name)
+
+    def __iter__(self) -> Iterator[Pipeline]:
+        return iter(self._registry.values())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._registry
+
+    @property
+    def queues(self) -> list[str]:
+        """Every queue a task or step of this app runs on, sorted."""
+        return sorted({s.queue for p in self._registry.values() for s in p.steps})
+
+    def check(self) -> None:
+        """Raise ConfigurationError if a pipeline has no steps (workers call this at start)."""
+        for p in self._registry.values():
+            if not p.steps:
+                raise ConfigurationError(
+                    f"pipeline {p.name!r} has no steps: add one with @{p.name}.step()"
+                )
+
+
+def find_definition(name: str, schema: str) -> Pipeline | None:
+    """The definition of `name` in any live app of `schema`, so enqueue-by-name can validate."""
+    for app in list(_APPS):
+        if app.schema == schema:
+            found = app.get(name)
+            if found is not None:
+                return found
+    return None

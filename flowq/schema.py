@@ -1,0 +1,114 @@
+"""The flowq tables, defined once: migrations, queries and the autogenerate check all use these.
+
+One table, `flowq.jobs`, holds one row per step of a run. A plain task is a run of one step;
+a pipeline's next step is a new row inserted in the transaction that completes the previous
+one. A run has no row of its own: its id (`run_id`, from its own sequence) is shared by its
+steps, its idempotency key sits on its first step, and its state is that of its latest step.
+Keeping runs implicit keeps enqueue to one INSERT and completion to one UPDATE.
+
+Every object lives in the schema `flowq` (`DEFAULT_SCHEMA`); another name is applied with
+SQLAlchemy's `schema_translate_map` (see `schema_map`), so nothing here is ever rewritten.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final, Literal
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
+
+from flowq.errors import ConfigurationError
+
+__all__ = [
+    "DEFAULT_SCHEMA",
+    "STATUSES",
+    "TERMINAL_STATUSES",
+    "Status",
+    "jobs",
+    "metadata",
+    "notify_channel",
+    "run_id_seq",
+    "schema_map",
+    "validate_schema_name",
+]
+
+DEFAULT_SCHEMA: Final = "flowq"
+
+Status = Literal["pending", "running", "succeeded", "dead", "cancelled"]
+STATUSES: Final[tuple[Status, ...]] = ("pending", "running", "succeeded", "dead", "cancelled")
+TERMINAL_STATUSES: Final[tuple[Status, ...]] = ("succeeded", "dead", "cancelled")
+
+_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+metadata = sa.MetaData(schema=DEFAULT_SCHEMA)
+
+run_id_seq = sa.Sequence("run_id_seq", metadata=metadata, schema=DEFAULT_SCHEMA)
+
+jobs = sa.Table(
+    "jobs",
+    metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(always=False), primary_key=True),
+    sa.Column("run_id", sa.BigInteger, run_id_seq, server_default=run_id_seq.next_value(),
+              nullable=False),
+    sa.Column("task", sa.Text, nullable=False),
+    sa.Column("step", sa.Text, nullable=False),
+    sa.Column("step_index", sa.SmallInteger, nullable=False, server_default=sa.text("0")),
+    sa.Column("queue", sa.Text, nullable=False, server_default=sa.text("'default'")),
+    sa.Column("status", sa.Text, nullable=False, server_default=sa.text("'pending'")),
+    sa.Column("priority", sa.SmallInteger, nullable=False, server_default=sa.text("0")),
+    sa.Column("attempts", sa.Integer, nullable=False, server_default=sa.text("0")),
+    sa.Column("max_attempts", sa.Integer, nullable=False, server_default=sa.text("10")),
+    sa.Column("args", JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
+    sa.Column("result", JSONB),
+    sa.Column("last_error", sa.Text),
+    sa.Column("idempotency_key", sa.Text),
+    sa.Column("cancel_requested", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("run_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+    sa.Column("locked_at", sa.DateTime(timezone=True)),
+    sa.Column("heartbeat_at", sa.DateTime(timezone=True)),
+    sa.Column("locked_by", sa.Text),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False,
+              server_default=sa.func.now()),
+    sa.Column("finished_at", sa.DateTime(timezone=True)),
+    sa.CheckConstraint(
+        "status IN ('pending', 'running', 'succeeded', 'dead', 'cancelled')",
+        name="jobs_status_check",
+    ),
+    sa.CheckConstraint("attempts >= 0 AND max_attempts >= 1", name="jobs_attempts_check"),
+    # The claim reads only this index: one queue, by priority then due time. Being partial,
+    # it holds the backlog only, however many finished rows are retained.
+    sa.Index("jobs_pending_idx", "queue", "priority", "run_at", "id",
+             postgresql_where=sa.text("status = 'pending'")),
+    # The reaper's scan: only running rows, ordered by heartbeat age.
+    sa.Index("jobs_running_idx", "heartbeat_at", postgresql_where=sa.text("status = 'running'")),
+    # Run inspection and control, and the pruner's "whole run finished" check.
+    sa.Index("jobs_run_id_idx", "run_id"),
+    # The pruner's scan over finished rows.
+    sa.Index("jobs_finished_idx", "finished_at",
+             postgresql_where=sa.text("status IN ('succeeded', 'dead', 'cancelled')")),
+    # An idempotency key names a run: one per schema, held by the run's first step.
+    sa.Index("jobs_idempotency_key_idx", "idempotency_key", unique=True,
+             postgresql_where=sa.text("idempotency_key IS NOT NULL")),
+)
+
+
+def validate_schema_name(name: str) -> str:
+    """Return `name` if it is a plain lower-case SQL identifier, else raise ConfigurationError."""
+    if not isinstance(name, str) or not _IDENTIFIER.match(name):
+        raise ConfigurationError(
+            f"flowq schema name {name!r} is not a plain identifier "
+            "(lower-case letters, digits and '_', not starting with a digit, at most 63)."
+        )
+    return name
+
+
+def schema_map(schema: str) -> dict[str | None, str] | None:
+    """Execution option mapping flowq's tables to `schema`; None for the default schema."""
+    validate_schema_name(schema)
+    return None if schema == DEFAULT_SCHEMA else {DEFAULT_SCHEMA: schema}
+
+
+def notify_channel(schema: str) -> str:
+    """The LISTEN/NOTIFY channel for a flowq schema: the schema's own name."""
+    return validate_schema_name(schema)

@@ -83,6 +83,13 @@ class Step(Generic[P, R]):
         try:
             self.signature.bind(None, **args)
         except TypeError as exc:
+            # bind() names only its first complaint (often a missing argument), so name
+            # misspelt ones too: they are usually the cause.
+            params = list(self.signature.parameters.values())[1:]
+            unknown = sorted(set(args) - {p.name for p in params})
+            if unknown and not any(p.kind is p.VAR_KEYWORD for p in params):
+                exc = TypeError(f"unexpected keyword argument(s) {', '.join(map(repr, unknown))}"
+                                f"; {exc}")
             raise InvalidArgumentsError(
                 f"{what} do not fit step {self.name!r} {self.signature}: {exc}"
             ) from None
@@ -194,7 +201,7 @@ class FlowQ:
         """Register the decorated function as a task (a pipeline of one step)."""
 
         def decorate(fn: Callable[P, R]) -> Task[P, R]:
-            task_name = name or getattr(fn, "__name__", "")
+            task_name = str(name or getattr(fn, "__name__", ""))
             t: Task[P, R] = Task(self, task_name, queue=queue, priority=priority)
             t.steps.append(_make_step(fn, name=task_name, retry=retry, timeout=timeout,
                                       queue=t.queue, index=0))

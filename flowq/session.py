@@ -3,7 +3,7 @@
 `enqueue(session_or_connection, task, /, **options_and_args)` runs one `INSERT … RETURNING`
 through the caller's `Session` or `Connection`, so the job commits or rolls back with the
 business rows beside it (savepoints included), and never exists otherwise. The same
-statement calls `pg_notify` with the queue name; PostgreSQL delivers a notification only when
+statement calls `pg_notify(<schema>, <queue>)`; PostgreSQL delivers a notification only when
 its transaction commits, so workers wake exactly for committed jobs. No job data travels in
 the notification.
 
@@ -11,23 +11,28 @@ Arguments are checked before any SQL is sent (JSON only; bound against the handl
 signature when the definition is known), so a bad call raises a `flowq` error and leaves the
 caller's transaction usable. An `idempotency_key` names the run: a second enqueue with the
 same key returns the existing run (`created=False`), whatever its arguments or state.
+
+The preparation (`prepare_enqueue`, `prepare_enqueue_many`) is shared with the async twin in
+`flowq.aio`; only the few lines that execute differ.
 """
 
 from __future__ import annotations
 
+import math
 import threading
-from collections.abc import Iterable, Mapping
+import weakref
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Generic, TypeVar, Union, cast
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy import orm
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, aggregate_order_by
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.orm import Session as _SASession
 
-from flowq.app import DEFAULT_QUEUE, Pipeline, find_definition, validate_queue
-from flowq.db import is_missing_schema_error, schema_exists
+from flowq.app import DEFAULT_QUEUE, Pipeline, _validate_name, find_definition, validate_queue
+from flowq.db import is_missing_schema_error
 from flowq.errors import (
     ConfigurationError,
     InvalidArgumentsError,
@@ -40,8 +45,13 @@ from flowq.schema import DEFAULT_SCHEMA, jobs, notify_channel, schema_map
 
 __all__ = ["Enqueued", "Session", "SessionMixin", "enqueue", "enqueue_many"]
 
-_MAX_PRIORITY = 32767
-_MAX_KEY_LENGTH = 1000
+MAX_PRIORITY = 32767
+# In UTF-8 bytes: a btree entry must stay well under PostgreSQL's ~2.7 kB limit, or the INSERT
+# would fail inside the caller's transaction instead of being refused up front.
+MAX_KEY_BYTES = 1000
+
+T = TypeVar("T")
+Target = Union[sa.Connection, orm.Session, "orm.scoped_session[Any]"]
 
 
 @dataclass(frozen=True)
@@ -53,32 +63,39 @@ class Enqueued:
     job_id: int
 
 
-class _Executes(Protocol):
-    def execute(self, statement: Any, parameters: Any = ..., *,
-                execution_options: Any = ...) -> Any: ...
-
-
 @dataclass(frozen=True)
-class _Prepared:
+class PreparedCall(Generic[T]):
+    """A validated enqueue, ready to run on a sync or async connection; `finish` reads its result."""
+
+    statement: sa.Executable
     params: dict[str, Any]
     options: dict[str, Any]
     schema: str
+    finish: Callable[[sa.Result[Any]], T]
 
 
-def _timestamp_params(run_at: datetime | None, delay: float | timedelta | None) -> dict[str, Any]:
+def _due_params(run_at: datetime | None, delay: float | timedelta | None) -> dict[str, Any]:
     if run_at is not None and delay is not None:
         raise InvalidArgumentsError("pass either run_at or delay, not both")
-    if run_at is not None:
-        if not isinstance(run_at, datetime) or run_at.tzinfo is None:
-            raise InvalidArgumentsError(
-                "run_at must be a timezone-aware datetime (e.g. datetime.now(timezone.utc))"
-            )
+    if run_at is not None and (not isinstance(run_at, datetime) or run_at.tzinfo is None
+                               or run_at.utcoffset() is None):
+        raise InvalidArgumentsError(
+            f"run_at must be a timezone-aware datetime (e.g. datetime.now(timezone.utc)), "
+            f"got {run_at!r}"
+        )
     if delay is None:
         delay = timedelta(0)
     elif isinstance(delay, int | float) and not isinstance(delay, bool):
-        delay = timedelta(seconds=delay)
+        if not math.isfinite(delay):
+            raise InvalidArgumentsError(f"delay must be a finite number of seconds, got {delay!r}")
+        try:
+            delay = timedelta(seconds=delay)
+        except OverflowError:
+            raise InvalidArgumentsError(f"delay of {delay!r} seconds is too large") from None
     elif not isinstance(delay, timedelta):
-        raise InvalidArgumentsError("delay must be seconds (a number) or a timedelta")
+        raise InvalidArgumentsError(
+            f"delay must be seconds (a number) or a timedelta, got {delay!r}"
+        )
     return {"run_at": run_at, "delay": delay}
 
 
@@ -87,6 +104,10 @@ def _resolve(task: Pipeline | str, schema: str | None) -> tuple[str, Pipeline | 
     if isinstance(task, Pipeline):
         return task.name, task, task.app.schema if schema is None else schema
     if isinstance(task, str):
+        try:
+            _validate_name("task", task)
+        except ConfigurationError as exc:
+            raise UnknownTaskError(str(exc)) from None
         schema = DEFAULT_SCHEMA if schema is None else schema
         return task, find_definition(task, schema), schema
     raise UnknownTaskError(
@@ -94,9 +115,10 @@ def _resolve(task: Pipeline | str, schema: str | None) -> tuple[str, Pipeline | 
     )
 
 
-def _prepare(task: Pipeline | str, *, queue: str | None, priority: int | None,
-             run_at: datetime | None, delay: float | timedelta | None,
-             schema: str | None) -> tuple[str, Pipeline | None, _Prepared]:
+def _common_params(task: Pipeline | str, *, queue: str | None, priority: int | None,
+                   run_at: datetime | None, delay: float | timedelta | None,
+                   schema: str | None) -> tuple[str, Pipeline | None, str, dict[str, Any]]:
+    """Validate everything but the arguments; (name, definition, schema, bind parameters)."""
     name, definition, schema = _resolve(task, schema)
     if definition is not None:
         if not definition.steps:
@@ -105,15 +127,17 @@ def _prepare(task: Pipeline | str, *, queue: str | None, priority: int | None,
         step_name, max_attempts = first.name, first.retry.attempt_cap
         default_queue, default_priority = first.queue, definition.priority
     else:
+        # Unknown here (the producer need not import handlers): the worker resolves the
+        # first step and its policy from its own registry; '' means "the first step".
         step_name, max_attempts = "", DEFAULT_MAX_ATTEMPTS
         default_queue, default_priority = DEFAULT_QUEUE, 0
     if priority is None:
         priority = default_priority
     if isinstance(priority, bool) or not isinstance(priority, int) or not (
-            -_MAX_PRIORITY <= priority <= _MAX_PRIORITY):
+            -MAX_PRIORITY <= priority <= MAX_PRIORITY):
         raise InvalidArgumentsError(
-            f"priority must be an integer between {-_MAX_PRIORITY} and {_MAX_PRIORITY} "
-            "(lower runs first)"
+            f"priority must be an integer between {-MAX_PRIORITY} and {MAX_PRIORITY} "
+            f"(lower runs first), got {priority!r}"
         )
     params: dict[str, Any] = {
         "task": name,
@@ -122,11 +146,14 @@ def _prepare(task: Pipeline | str, *, queue: str | None, priority: int | None,
         "priority": priority,
         "max_attempts": max_attempts,
         "channel": notify_channel(schema),
-        **_timestamp_params(run_at, delay),
+        **_due_params(run_at, delay),
     }
+    return name, definition, schema, params
+
+
+def _options(schema: str) -> dict[str, Any]:
     smap = schema_map(schema)
-    options = {"schema_translate_map": smap} if smap else {}
-    return name, definition, _Prepared(params, options, schema)
+    return {"schema_translate_map": smap} if smap else {}
 
 
 def _args_json(name: str, definition: Pipeline | None, args: Mapping[str, Any]) -> str:
@@ -138,95 +165,193 @@ def _args_json(name: str, definition: Pipeline | None, args: Mapping[str, Any]) 
         raise InvalidArgumentsError(f"cannot enqueue {name!r}: {exc}") from None
 
 
+def _check_key(key: object) -> str | None:
+    if key is None:
+        return None
+    if not isinstance(key, str) or not key:
+        raise InvalidArgumentsError(f"idempotency_key must be a non-empty string, got {key!r}")
+    try:
+        dumps_checked(key, "idempotency_key")
+    except JSONError as exc:
+        raise InvalidArgumentsError(str(exc)) from None
+    if len(key.encode("utf-8")) > MAX_KEY_BYTES:
+        raise InvalidArgumentsError(
+            f"idempotency_key is longer than {MAX_KEY_BYTES} bytes: hash it first"
+        )
+    return key
+
+
+def _due() -> sa.ColumnElement[Any]:
+    return sa.func.coalesce(sa.bindparam("run_at", type_=sa.DateTime(timezone=True)),
+                            sa.func.now() + sa.bindparam("delay", type_=sa.Interval))
+
+
 def _build_insert() -> sa.Select[Any]:
-    due = sa.func.coalesce(sa.bindparam("run_at", type_=sa.DateTime(timezone=True)),
-                           sa.func.now() + sa.bindparam("delay", type_=sa.Interval))
     ins = pg_insert(jobs).values(
         task=sa.bindparam("task"), step=sa.bindparam("step"), queue=sa.bindparam("queue"),
         priority=sa.bindparam("priority"), max_attempts=sa.bindparam("max_attempts"),
         args=sa.cast(sa.bindparam("args", type_=sa.Text), JSONB),
-        idempotency_key=sa.bindparam("idempotency_key", type_=sa.Text), run_at=due,
+        idempotency_key=sa.bindparam("idempotency_key", type_=sa.Text), run_at=_due(),
     )
     # DO UPDATE (not DO NOTHING) so that a concurrent inserter of the same key is waited for
     # and the surviving row is returned either way; xmax = 0 tells a fresh insert apart.
-    ins = ins.on_conflict_do_update(
+    returning = ins.on_conflict_do_update(
         index_elements=[jobs.c.idempotency_key],
         index_where=jobs.c.idempotency_key.isnot(None),
         set_={"idempotency_key": ins.excluded.idempotency_key},
     ).returning(jobs.c.id, jobs.c.run_id, jobs.c.queue,
                 sa.literal_column("xmax = 0", sa.Boolean).label("created"))
-    inserted = ins.cte("inserted")
-    return sa.select(inserted.c.id, inserted.c.run_id, inserted.c.created,
-                     sa.func.pg_notify(sa.bindparam("channel"), inserted.c.queue))
+    inserted = returning.cte("inserted")
+    # Only a new run wakes workers: a matched key has nothing new to claim.
+    notify = sa.case((inserted.c.created,
+                      sa.func.pg_notify(sa.bindparam("channel"), inserted.c.queue)))
+    return sa.select(inserted.c.id, inserted.c.run_id, inserted.c.created, notify)
 
 
 def _build_insert_many() -> sa.Select[Any]:
-    due = sa.func.coalesce(sa.bindparam("run_at", type_=sa.DateTime(timezone=True)),
-                           sa.func.now() + sa.bindparam("delay", type_=sa.Interval))
     rows = sa.func.unnest(sa.cast(sa.bindparam("args", type_=ARRAY(sa.Text)), ARRAY(JSONB))
                           ).table_valued("value", with_ordinality="n").render_derived()
     source = sa.select(
         sa.bindparam("task", type_=sa.Text), sa.bindparam("step", type_=sa.Text),
         sa.bindparam("queue", type_=sa.Text), sa.bindparam("priority", type_=sa.SmallInteger),
-        sa.bindparam("max_attempts", type_=sa.Integer), rows.c.value, due,
+        sa.bindparam("max_attempts", type_=sa.Integer), rows.c.value, _due(),
     ).order_by(rows.c.n)
-    ins = pg_insert(jobs).from_select(
+    inserted = pg_insert(jobs).from_select(
         ["task", "step", "queue", "priority", "max_attempts", "args", "run_at"], source
-    ).returning(jobs.c.run_id)
-    inserted = ins.cte("inserted")
-    return sa.select(sa.func.array_agg(inserted.c.run_id),
+    ).returning(jobs.c.run_id).cte("inserted")
+    # run_id comes from a sequence drawn row by row in input order, so sorting by it gives
+    # the input order back (RETURNING itself promises no order).
+    return sa.select(sa.func.array_agg(aggregate_order_by(inserted.c.run_id, inserted.c.run_id)),
                      sa.func.pg_notify(sa.bindparam("channel"), sa.bindparam("queue")))
 
 
 _INSERT = _build_insert()
 _INSERT_MANY = _build_insert_many()
 
-# Engines (by identity) known to have the flowq schema: checked once, without ever raising
-# inside the caller's transaction, so a missing schema never aborts it.
-_checked: set[tuple[int, str]] = set()
-_checked_lock = threading.Lock()
+
+def _enqueued(result: sa.Result[Any]) -> Enqueued:
+    row = result.one()
+    return Enqueued(id=row.run_id, created=bool(row.created), job_id=row.id)
 
 
-def _bind_of(target: _Executes) -> Any:
-    get_bind = getattr(target, "get_bind", None)
-    if get_bind is not None:
-        return get_bind()
-    return getattr(target, "engine", None)
+def _run_ids(result: sa.Result[Any]) -> list[int]:
+    return list(result.scalar_one())
 
 
-def _engine_key(target: _Executes, schema: str) -> tuple[int, str]:
-    bind = _bind_of(target)
-    return (id(getattr(bind, "engine", bind)), schema)
+def prepare_enqueue(task: Pipeline | str, args: Mapping[str, Any], *,
+                    idempotency_key: str | None = None, queue: str | None = None,
+                    priority: int | None = None, run_at: datetime | None = None,
+                    delay: float | timedelta | None = None,
+                    schema: str | None = None) -> PreparedCall[Enqueued]:
+    """Validate one enqueue completely, without touching the database."""
+    name, definition, schema, params = _common_params(
+        task, queue=queue, priority=priority, run_at=run_at, delay=delay, schema=schema)
+    params["idempotency_key"] = _check_key(idempotency_key)
+    params["args"] = _args_json(name, definition, args)
+    return PreparedCall(_INSERT, params, _options(schema), schema, _enqueued)
 
 
-def _check_schema(target: Any, schema: str) -> None:
-    key = _engine_key(target, schema)
-    if key in _checked:
-        return
-    conn = target if isinstance(target, sa.Connection) else target.connection()
-    if not schema_exists(conn, schema):
-        raise SchemaMissingError(
-            f"the database has no flowq schema {schema!r}: run `flowq migrate` first."
-        )
-    with _checked_lock:
-        _checked.add(key)
+def prepare_enqueue_many(task: Pipeline | str, args_list: Iterable[Mapping[str, Any]], *,
+                         queue: str | None = None, priority: int | None = None,
+                         run_at: datetime | None = None, delay: float | timedelta | None = None,
+                         schema: str | None = None) -> PreparedCall[list[int]] | None:
+    """Validate a bulk enqueue completely; None when there is nothing to insert."""
+    name, definition, schema, params = _common_params(
+        task, queue=queue, priority=priority, run_at=run_at, delay=delay, schema=schema)
+    encoded: list[str] = []
+    for i, item in enumerate(args_list):
+        if not isinstance(item, Mapping):
+            raise InvalidArgumentsError(
+                f"item {i} of enqueue_many is {type(item).__name__}, not a mapping of arguments"
+            )
+        try:
+            encoded.append(_args_json(name, definition, item))
+        except InvalidArgumentsError as exc:
+            raise InvalidArgumentsError(f"item {i}: {exc}") from None
+    if not encoded:
+        return None
+    params["args"] = encoded
+    return PreparedCall(_INSERT_MANY, params, _options(schema), schema, _run_ids)
 
 
-def _execute(target: _Executes, stmt: Any, params: Any, prepared: _Prepared) -> Any:
-    _check_schema(target, prepared.schema)
+class _MigratedSchemas:
+    """Which (engine, schema) pairs are known to have flowq's tables.
+
+    Checked once per engine with a query that cannot fail, so that a missing schema is
+    reported before the INSERT would abort the caller's transaction. Engines are held weakly:
+    an id() could be reused by a new engine on another database.
+    """
+
+    def __init__(self) -> None:
+        self._known: dict[str, weakref.WeakSet[sa.Engine]] = {}
+        self._lock = threading.Lock()
+
+    def __contains__(self, key: tuple[sa.Engine, str]) -> bool:
+        engine, schema = key
+        with self._lock:
+            return engine in self._known.get(schema, ())
+
+    def add(self, engine: sa.Engine, schema: str) -> None:
+        with self._lock:
+            self._known.setdefault(schema, weakref.WeakSet()).add(engine)
+
+    def discard(self, engine: sa.Engine, schema: str) -> None:
+        with self._lock:
+            self._known.get(schema, weakref.WeakSet()).discard(engine)
+
+
+migrated_schemas = _MigratedSchemas()
+
+SCHEMA_CHECK = sa.select(sa.func.to_regclass(sa.bindparam("name", type_=sa.Text)))
+
+
+def schema_check_params(schema: str) -> dict[str, str]:
+    return {"name": f"{schema}.jobs"}
+
+
+def schema_missing(schema: str) -> SchemaMissingError:
+    return SchemaMissingError(
+        f"the database has no flowq schema {schema!r}: run `flowq migrate` first "
+        "(or flowq.migrate(engine))."
+    )
+
+
+def translate_error(exc: sa.exc.ProgrammingError, engine: sa.Engine,
+                    schema: str) -> BaseException:
+    """The flowq error for a failed INSERT (the schema vanished after we checked), or `exc`."""
+    if is_missing_schema_error(exc):
+        migrated_schemas.discard(engine, schema)
+        return schema_missing(schema)
+    return exc
+
+
+def _connection(target: Target, call: PreparedCall[Any]) -> sa.Connection:
+    if isinstance(target, sa.Connection):
+        return target
+    if isinstance(target, orm.Session | orm.scoped_session):
+        # The connection the session would use for this table, in its current transaction.
+        return target.connection(bind_arguments={"clause": call.statement})
+    raise TypeError(
+        f"flowq.enqueue needs a SQLAlchemy Session or Connection, got {type(target).__name__}"
+        " (for an AsyncSession use flowq.aio.enqueue)"
+    )
+
+
+def execute(target: Target, call: PreparedCall[T]) -> T:
+    """Run a prepared enqueue in `target`'s transaction."""
+    conn = _connection(target, call)
+    if (conn.engine, call.schema) not in migrated_schemas:
+        if conn.execute(SCHEMA_CHECK, schema_check_params(call.schema)).scalar() is None:
+            raise schema_missing(call.schema)
+        migrated_schemas.add(conn.engine, call.schema)
     try:
-        return target.execute(stmt, params, execution_options=prepared.options)
+        result = conn.execute(call.statement, call.params, execution_options=call.options)
     except sa.exc.ProgrammingError as exc:
-        if is_missing_schema_error(exc):
-            _checked.discard(_engine_key(target, prepared.schema))
-            raise SchemaMissingError(
-                f"the database has no flowq schema {prepared.schema!r}: run `flowq migrate` "
-                "first."
-            ) from None
-        raise
+        raise translate_error(exc, conn.engine, call.schema) from None
+    return call.finish(result)
 
 
-def enqueue(target: Any, task: Pipeline | str, /, *, idempotency_key: str | None = None,
+def enqueue(target: Target, task: Pipeline | str, /, *, idempotency_key: str | None = None,
             queue: str | None = None, priority: int | None = None,
             run_at: datetime | None = None, delay: float | timedelta | None = None,
             schema: str | None = None, **args: Any) -> Enqueued:
@@ -236,48 +361,27 @@ def enqueue(target: Any, task: Pipeline | str, /, *, idempotency_key: str | None
     `task` is a task/pipeline object or its registered name. `idempotency_key` names the run:
     if a run with that key exists, it is returned with `created=False` and nothing is
     inserted. `run_at` (aware datetime) or `delay` (seconds or timedelta) schedule it later;
-    `priority` orders within a queue (lower first, default 0). Remaining keyword arguments
-    are the handler's arguments and must be JSON.
+    `priority` orders within a queue (lower first, default 0); `schema` is the flowq schema
+    (default: the task's app's, else "flowq"). Remaining keyword arguments are the handler's
+    arguments and must be JSON.
     """
-    name, definition, prepared = _prepare(task, queue=queue, priority=priority, run_at=run_at,
-                                          delay=delay, schema=schema)
-    if idempotency_key is not None and (
-            not isinstance(idempotency_key, str) or not idempotency_key
-            or len(idempotency_key) > _MAX_KEY_LENGTH):
-        raise InvalidArgumentsError(
-            f"idempotency_key must be a non-empty string of at most {_MAX_KEY_LENGTH} characters"
-        )
-    if idempotency_key is not None:
-        dumps_checked(idempotency_key, "idempotency_key")
-    params = {**prepared.params, "args": _args_json(name, definition, args),
-              "idempotency_key": idempotency_key}
-    row = _execute(target, _INSERT, params, prepared).one()
-    return Enqueued(id=row.run_id, created=bool(row.created), job_id=row.id)
+    call = prepare_enqueue(task, args, idempotency_key=idempotency_key, queue=queue,
+                           priority=priority, run_at=run_at, delay=delay, schema=schema)
+    return execute(target, call)
 
 
-def enqueue_many(target: Any, task: Pipeline | str, args_list: Iterable[Mapping[str, Any]],
+def enqueue_many(target: Target, task: Pipeline | str, args_list: Iterable[Mapping[str, Any]],
                  /, *, queue: str | None = None, priority: int | None = None,
                  run_at: datetime | None = None, delay: float | timedelta | None = None,
                  schema: str | None = None) -> list[int]:
     """Enqueue one run of `task` per mapping in `args_list`, in one statement; their run ids.
 
-    Same transaction semantics as `enqueue`; every item is validated before anything is sent.
+    Same transaction semantics as `enqueue`, without idempotency keys. Every item is
+    validated before anything is sent; the ids come back in the order of `args_list`.
     """
-    name, definition, prepared = _prepare(task, queue=queue, priority=priority, run_at=run_at,
-                                          delay=delay, schema=schema)
-    encoded: list[str] = []
-    for i, item in enumerate(args_list):
-        if not isinstance(item, Mapping):
-            raise InvalidArgumentsError(f"item {i} of enqueue_many is not a mapping of arguments")
-        try:
-            encoded.append(_args_json(name, definition, item))
-        except InvalidArgumentsError as exc:
-            raise InvalidArgumentsError(f"item {i}: {exc}") from None
-    if not encoded:
-        return []
-    params = {**prepared.params, "args": encoded}
-    ids = _execute(target, _INSERT_MANY, params, prepared).scalar_one()
-    return list(ids)
+    call = prepare_enqueue_many(task, args_list, queue=queue, priority=priority, run_at=run_at,
+                                delay=delay, schema=schema)
+    return [] if call is None else execute(target, call)
 
 
 class SessionMixin:
@@ -285,13 +389,13 @@ class SessionMixin:
 
     def enqueue(self, task: Pipeline | str, /, **options_and_args: Any) -> Enqueued:
         """Enqueue `task` in this session's transaction; see `flowq.enqueue`."""
-        return enqueue(self, task, **options_and_args)
+        return enqueue(cast(orm.Session, self), task, **options_and_args)
 
     def enqueue_many(self, task: Pipeline | str, args_list: Iterable[Mapping[str, Any]], /,
                      **options: Any) -> list[int]:
         """Enqueue many runs in one statement in this session's transaction."""
-        return enqueue_many(self, task, args_list, **options)
+        return enqueue_many(cast(orm.Session, self), task, args_list, **options)
 
 
-class Session(SessionMixin, _SASession):
+class Session(SessionMixin, orm.Session):
     """A SQLAlchemy Session with `enqueue()`: `sessionmaker(engine, class_=flowq.Session)`."""

@@ -1,0 +1,525 @@
+"""Transactional enqueue against a real PostgreSQL: rows, NOTIFY, options, bulk, idempotency, bad input."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, scoped_session, sessionmaker
+
+import flowq
+
+MARKER = "__test_marker__"
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+class Listener:
+    """A raw autocommit psycopg connection LISTENing on a flowq channel.
+
+    `received()` returns the payloads delivered before a marker NOTIFY sent now: notifications
+    arrive in commit order, so this proves what was (and was not) sent without waiting for a
+    timeout.
+    """
+
+    def __init__(self, url: str, channel: str = "flowq") -> None:
+        self.url = url
+        self.channel = channel
+        self.conn = psycopg.connect(url, autocommit=True)
+        self.conn.execute(f'LISTEN "{channel}"')
+
+    def received(self, deadline: float = 30.0) -> list[str]:
+        with psycopg.connect(self.url, autocommit=True) as other:
+            other.execute("SELECT pg_notify(%s, %s)", (self.channel, MARKER))
+        payloads: list[str] = []
+        end = time.monotonic() + deadline
+        while time.monotonic() < end:
+            for n in self.conn.notifies(timeout=max(0.0, end - time.monotonic()), stop_after=1):
+                if n.payload == MARKER:
+                    return payloads
+                payloads.append(n.payload)
+        raise AssertionError(f"marker notification not received; got {payloads}")
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _libpq_url(db_url: str) -> str:
+    return make_url(db_url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@pytest.fixture
+def listener(db_url: str) -> Iterator[Listener]:
+    lst = Listener(_libpq_url(db_url))
+    yield lst
+    lst.close()
+
+
+@pytest.fixture
+def Session(engine: sa.Engine) -> sessionmaker[flowq.Session]:
+    return sessionmaker(engine, class_=flowq.Session)
+
+
+def _rows(engine: sa.Engine) -> list[sa.Row[Any]]:
+    with engine.connect() as c:
+        return list(c.execute(sa.text(
+            "SELECT id, run_id, task, step, queue, status, priority, max_attempts, args, "
+            "idempotency_key, run_at FROM flowq.jobs ORDER BY id")))
+
+
+def _tasks(engine: sa.Engine) -> list[str]:
+    return [r.task for r in _rows(engine)]
+
+
+# -- commit, rollback, savepoints, NOTIFY -------------------------------------------------
+
+
+def test_commit_creates_row_and_notifies_queue_name(
+        Session: sessionmaker[flowq.Session], engine: sa.Engine, app: flowq.FlowQ,
+        listener: Listener) -> None:
+    @app.task(queue="emails")
+    def send_mail(ctx: object, user_id: int, secret: str) -> None: ...
+
+    with Session.begin() as s:
+        run = s.enqueue(send_mail, user_id=7, secret="do-not-broadcast")
+    assert run.created
+    [row] = _rows(engine)
+    assert (row.run_id, row.id) == (run.id, run.job_id)
+    assert (row.task, row.step, row.queue, row.status) == ("send_mail", "send_mail", "emails",
+                                                            "pending")
+    assert row.args == {"user_id": 7, "secret": "do-not-broadcast"}
+    assert listener.received() == ["emails"]  # the queue name only, never job data
+
+
+def test_notify_is_delivered_only_at_commit(
+        Session: sessionmaker[flowq.Session], listener: Listener) -> None:
+    with Session() as s:
+        s.enqueue("pending_until_commit")
+        assert listener.received() == []
+        s.commit()
+    assert listener.received() == ["default"]
+
+
+def test_rollback_leaves_no_row_and_no_notify(
+        Session: sessionmaker[flowq.Session], engine: sa.Engine, listener: Listener) -> None:
+    with Session() as s:
+        s.enqueue("never_happens", x=1)
+        s.rollback()
+    assert _rows(engine) == []
+    assert listener.received() == []
+
+
+def test_rolled_back_savepoint_drops_only_its_job(
+        Session: sessionmaker[flowq.Session], engine: sa.Engine, listener: Listener) -> None:
+    with Session() as s:
+        outer = s.enqueue("outer_job", queue="outer")
+        sp = s.begin_nested()
+        s.enqueue("inner_job", queue="inner")
+        sp.rollback()
+        kept = s.begin_nested()
+        s.enqueue("kept_inner_job", queue="kept")
+        kept.commit()
+        s.commit()
+    assert _tasks(engine) == ["outer_job", "kept_inner_job"]
+    assert _rows(engine)[0].run_id == outer.id
+    assert sorted(listener.received()) == ["kept", "outer"]
+
+
+def test_plain_connection(engine: sa.Engine, listener: Listener) -> None:
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE orders (id int)"))
+        conn.execute(sa.text("INSERT INTO orders VALUES (1)"))
+        run = flowq.enqueue(conn, "ship_order", order_id=1)
+    assert _tasks(engine) == ["ship_order"]
+    assert _rows(engine)[0].run_id == run.id
+    assert listener.received() == ["default"]
+    with engine.connect() as conn:
+        flowq.enqueue(conn, "dropped_with_connection")
+        conn.rollback()
+    assert _tasks(engine) == ["ship_order"]
+
+
+def test_scoped_session_function_form(engine: sa.Engine) -> None:
+    # Flask-SQLAlchemy's db.session is a scoped_session: it has no .enqueue, so use
+    # flowq.enqueue(db.session, ...).
+    scoped = scoped_session(sessionmaker(engine))
+    try:
+        flowq.enqueue(scoped, "from_scoped", n=1)
+        scoped.commit()
+        flowq.enqueue(scoped, "rolled_back_scoped", n=2)
+        scoped.rollback()
+    finally:
+        scoped.remove()
+    assert _tasks(engine) == ["from_scoped"]
+
+
+def test_joins_orm_writes_in_the_same_transaction(engine: sa.Engine) -> None:
+    class Base(DeclarativeBase):
+        pass
+
+    class Order(Base):
+        __tablename__ = "orders"
+        id: Mapped[int] = mapped_column(primary_key=True)
+
+    Base.metadata.create_all(engine)
+    Session = sessionmaker(engine, class_=flowq.Session)
+    with Session() as s:
+        order = Order()
+        s.add(order)
+        s.flush()  # the generated id exists only after a flush
+        s.enqueue("ship", order_id=order.id)
+        s.rollback()
+    with engine.connect() as c:
+        assert c.execute(sa.text("SELECT count(*) FROM orders")).scalar() == 0
+    assert _rows(engine) == []
+
+
+# -- by name, options -------------------------------------------------------------------------
+
+
+def test_enqueue_by_name_without_definition(
+        Session: sessionmaker[flowq.Session], engine: sa.Engine) -> None:
+    with Session.begin() as s:
+        s.enqueue("nowhere_defined_task", a=[1, 2])
+        s.enqueue("nowhere_defined_task", queue="elsewhere")
+    rows = _rows(engine)
+    assert [r.queue for r in rows] == ["default", "elsewhere"]
+    assert rows[0].step == ""  # resolved by the worker from its registry
+    assert rows[0].args == {"a": [1, 2]}
+
+
+def test_enqueue_by_name_validates_against_a_live_app(
+        Session: sessionmaker[flowq.Session], engine: sa.Engine, app: flowq.FlowQ) -> None:
+    @app.task(queue="billing", priority=3)
+    def charge_by_name(ctx: object, amount: int) -> None: ...
+
+    with Session() as s:
+        with pytest.raises(flowq.InvalidArgumentsError, match="amout"):
+            s.enqueue("charge_by_name", amout=5)
+        s.enqueue("charge_by_name", amount=5)
+        s.commit()
+    [row] = _rows(engine)
+    assert (row.queue, row.priority, row.step) == ("billing", 3, "charge_by_name")
+
+
+def test_options_priority_queue_key_run_at(
+        Session: sessionmaker[flowq.Session], engine: sa.Engine) -> None:
+    at = datetime(2031, 5, 4, 12, 30, tzinfo=timezone(timedelta(hours=2)))
+    with Session.begin() as s:
+        s.enqueue("opts", priority=-5, queue="q1", idempotency_key="opt-key", run_at=at)
+    [row] = _rows(engine)
+    assert (row.priority, row.queue, row.idempotency_key) == (-5, "q1", "opt-key")
+    assert row.run_at == at
+
+
+@pytest.mark.parametrize("delay", [90, 2.5, timedelta(minutes=3)])
+def test_delay_is_added_to_the_database_clock(
+        Session: sessionmaker[flowq.Session], delay: float | timedelta) -> None:
+    expected = delay if isinstance(delay, timedelta) else timedelta(seconds=delay)
+    with Session() as s:
+        s.enqueue("later", delay=delay)
+        # now() is the transaction's start time on the database clock: the same now() that
+        # the INSERT used, so the difference is exact.
+        diff = s.execute(sa.text("SELECT run_at - now() FROM flowq.jobs")).scalar_one()
+        s.rollback()
+    assert diff == expected
+
+
+def test_no_delay_means_due_now(Session: sessionmaker[flowq.Session]) -> None:
+    with Session() as s:
+        s.enqueue("now")
+        assert s.execute(sa.text("SELECT run_at = now() FROM flowq.jobs")).scalar_one()
+        s.rollback()
+
+
+@pytest.mark.parametrize(("options", "fragment"), [
+    ({"run_at": datetime(2030, 1, 1)}, "run_at"),  # naive
+    ({"run_at": "2030-01-01T00:00:00Z"}, "run_at"),
+    ({"run_at": datetime.now(timezone.utc), "delay": 5}, "run_at or delay"),
+    ({"delay": "5"}, "delay"),
+    ({"delay": float("nan")}, "delay"),
+    ({"delay": 1e30}, "delay"),
+    ({"priority": 40000}, "priority"),
+    ({"priority": "high"}, "priority"),
+    ({"idempotency_key": ""}, "idempotency_key"),
+    ({"idempotency_key": 42}, "idempotency_key"),
+    ({"idempotency_key": "a\x00b"}, "idempotency_key"),
+    ({"idempotency_key": "é" * 501}, "idempotency_key"),
+])
+def test_bad_options_are_refused(Session: sessionmaker[flowq.Session], engine: sa.Engine,
+                                 options: dict[str, Any], fragment: str) -> None:
+    _assert_refused(Session, engine, lambda s: s.enqueue("t", **options),
+                    flowq.InvalidArgumentsError, fragment)
+
+
+# -- bulk -----------------------------------------------------------------------------------
+
+
+def test_enqueue_many_returns_ids_in_order_in_one_statement(
+        Session: sessionmaker[flowq.Session], engine: sa.Engine, listener: Listener) -> None:
+    statements: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "flowq.jobs" in statement:
+            statements.append(statement)
+
+    sa.event.listen(engine, "before_cursor_execute", count)
+    items = [{"n": i} for i in range(10_000)]
+    with Session.begin() as s:
+        ids = s.enqueue_many("bulk", items, queue="bulkq", priority=2)
+    sa.event.remove(engine, "before_cursor_execute", count)
+    assert len(statements) == 1
+    assert len(ids) == 10_000 == len(set(ids))
+    with engine.connect() as c:
+        result = c.execute(sa.text("SELECT run_id, (args->>'n')::int FROM flowq.jobs"))
+        by_run = {run_id: n for run_id, n in result}
+    assert [by_run[i] for i in ids] == list(range(10_000))
+    assert listener.received() == ["bulkq"]
+
+
+def test_enqueue_many_validates_every_item_first(
+        Session: sessionmaker[flowq.Session], engine: sa.Engine, app: flowq.FlowQ) -> None:
+    @app.task()
+    def many_checked(ctx: object, n: int) -> None: ...
+
+    _assert_refused(Session, engine,
+                    lambda s: s.enqueue_many(many_checked, [{"n": 1}, {"n": 2}, {"m": 3}]),
+                    flowq.InvalidArgumentsError, "item 2", "m")
+    _assert_refused(Session, engine,
+                    lambda s: s.enqueue_many(many_checked, [{"n": 1}, {"n": {1, 2}}]),
+                    flowq.InvalidArgumentsError, "item 1", "args['n']")
+
+
+def test_enqueue_many_of_nothing_sends_nothing(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        assert flowq.enqueue_many(conn, "nothing", []) == []
+    assert _rows(engine) == []
+
+
+# -- idempotency ----------------------------------------------------------------------------
+
+
+def test_idempotency_key_returns_existing_run_whatever_its_arguments(
+        Session: sessionmaker[flowq.Session], engine: sa.Engine, listener: Listener) -> None:
+    with Session.begin() as s:
+        first = s.enqueue("pay", idempotency_key="order-1", amount=10)
+    assert listener.received() == ["default"]
+    with Session.begin() as s:
+        again = s.enqueue("pay", idempotency_key="order-1", amount=999)
+    assert (again.id, again.job_id, again.created) == (first.id, first.job_id, False)
+    [row] = _rows(engine)
+    assert row.args == {"amount": 10}
+    assert listener.received() == []  # nothing new to claim, nobody woken
+
+
+def test_idempotency_key_in_the_same_transaction(Session: sessionmaker[flowq.Session],
+                                                  engine: sa.Engine) -> None:
+    with Session.begin() as s:
+        a = s.enqueue("pay", idempotency_key="same-tx")
+        b = s.enqueue("pay", idempotency_key="same-tx")
+    assert (a.created, b.created, a.id) == (True, False, b.id)
+    assert len(_rows(engine)) == 1
+
+
+def _waiting_on_locks(engine: sa.Engine) -> int:
+    with engine.connect() as c:
+        return int(c.execute(sa.text(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock'")).scalar_one())
+
+
+def _wait_until(condition: Callable[[], bool], deadline: float = 30.0) -> None:
+    end = time.monotonic() + deadline
+    while not condition():
+        if time.monotonic() > end:
+            raise AssertionError("condition not reached before the deadline")
+        time.sleep(0.01)
+
+
+def test_idempotency_under_50_concurrent_enqueuers_with_rollbacks(engine: sa.Engine) -> None:
+    """One run survives; every committer gets its id; nobody sees a unique violation."""
+    n = 50
+    Session = sessionmaker(engine, class_=flowq.Session)
+    first_inserted = threading.Event()
+    go = threading.Event()
+    results: dict[int, tuple[str, flowq.Enqueued]] = {}
+    errors: list[BaseException] = []
+
+    def first() -> None:
+        try:
+            with Session() as s:
+                run = s.enqueue("charge", idempotency_key="concurrent", who=0)
+                assert run.created
+                first_inserted.set()
+                # Hold the insert open until the others queue up behind it, then roll back.
+                _wait_until(lambda: _waiting_on_locks(engine) >= n - 1)
+                s.rollback()
+                results[0] = ("rolled back", run)
+        except BaseException as exc:  # reported below, with the thread's context
+            errors.append(exc)
+            first_inserted.set()
+
+    def other(i: int) -> None:
+        try:
+            go.wait(30)
+            with Session() as s:
+                run = s.enqueue("charge", idempotency_key="concurrent", who=i)
+                if i % 4 == 0:  # some of the others roll back too, after they returned
+                    s.rollback()
+                    results[i] = ("rolled back", run)
+                else:
+                    s.commit()
+                    results[i] = ("committed", run)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=first)]
+    threads += [threading.Thread(target=other, args=(i,)) for i in range(1, n)]
+    threads[0].start()
+    assert first_inserted.wait(30)
+    for t in threads[1:]:
+        t.start()
+    go.set()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
+    committed = {run.id for outcome, run in results.values() if outcome == "committed"}
+    assert len(committed) == 1
+    rows = _rows(engine)
+    assert len(rows) == 1
+    assert rows[0].run_id in committed
+    assert results[0][1].id != rows[0].run_id  # the first inserter's run is gone
+
+
+# -- bad input: refused up front, nothing left behind, transaction still usable -------------
+
+
+def _assert_refused(Session: sessionmaker[flowq.Session], engine: sa.Engine,
+                    call: Callable[[flowq.Session], object], exc_type: type[Exception],
+                    *fragments: str) -> None:
+    before = len(_rows(engine))
+    with Session() as s:
+        s.enqueue(MARKER, step="before")
+        with pytest.raises(exc_type) as info:
+            call(s)
+        assert isinstance(info.value, flowq.FlowqError)
+        for fragment in fragments:
+            assert fragment in str(info.value)
+        # The failed call sent nothing that could abort the transaction.
+        s.execute(sa.text("SELECT 1"))
+        s.enqueue(MARKER, step="after")
+        s.commit()
+    rows = _rows(engine)[before:]
+    assert [r.args["step"] for r in rows] == ["before", "after"]
+    assert {r.task for r in rows} == {MARKER}
+
+
+class _Base(DeclarativeBase):
+    pass
+
+
+class _User(_Base):
+    __tablename__ = "users"
+    id: Mapped[int] = mapped_column(primary_key=True)
+
+
+@pytest.mark.parametrize(("value", "fragment"), [
+    (datetime(2024, 1, 1, tzinfo=timezone.utc), "datetime"),
+    ({1, 2}, "set"),
+    (_User(id=1), "_User"),
+    (b"raw", "bytes"),
+    ("a\x00b", "NUL"),
+    (float("nan"), "nan"),
+    (float("inf"), "inf"),
+    (float("-inf"), "inf"),
+    ("\ud800", "surrogate"),
+    ({1: "one"}, "key"),
+    ({"nested": [{"deep": object()}]}, "object"),
+])
+def test_non_json_argument_is_refused(Session: sessionmaker[flowq.Session], engine: sa.Engine,
+                                      value: object, fragment: str) -> None:
+    _assert_refused(Session, engine, lambda s: s.enqueue("takes_anything", payload=value),
+                    flowq.InvalidArgumentsError, "payload", fragment)
+
+
+def test_unknown_keyword_argument_is_refused(Session: sessionmaker[flowq.Session],
+                                             engine: sa.Engine, app: flowq.FlowQ) -> None:
+    @app.task()
+    def greet(ctx: object, name: str) -> None: ...
+
+    _assert_refused(Session, engine, lambda s: s.enqueue(greet, name="x", nmae="y"),
+                    flowq.InvalidArgumentsError, "nmae")
+
+
+def test_missing_argument_is_refused(Session: sessionmaker[flowq.Session], engine: sa.Engine,
+                                     app: flowq.FlowQ) -> None:
+    @app.task()
+    def greet_missing(ctx: object, name: str) -> None: ...
+
+    _assert_refused(Session, engine, lambda s: s.enqueue(greet_missing),
+                    flowq.InvalidArgumentsError, "name")
+
+
+@pytest.mark.parametrize("queue", ["bad queue!", "", "q" * 64, "ünïcode", 7])
+def test_invalid_queue_name_is_refused(Session: sessionmaker[flowq.Session], engine: sa.Engine,
+                                       queue: Any) -> None:
+    _assert_refused(Session, engine, lambda s: s.enqueue("t", queue=queue),
+                    flowq.InvalidQueueError, "queue", repr(queue))
+
+
+@pytest.mark.parametrize("task", ["", "has space", "a\x00b", 42, None])
+def test_invalid_task_is_refused(Session: sessionmaker[flowq.Session], engine: sa.Engine,
+                                 task: Any) -> None:
+    _assert_refused(Session, engine, lambda s: s.enqueue(task), flowq.UnknownTaskError)
+
+
+def test_non_session_target_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match=r"flowq\.aio"):
+        flowq.enqueue(object(), "t")  # type: ignore[arg-type]
+
+
+def test_missing_schema_says_to_run_migrate(empty_db_url: str) -> None:
+    engine = sa.create_engine(empty_db_url)
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("CREATE TABLE business (id int)"))
+            with pytest.raises(flowq.SchemaMissingError, match="flowq migrate"):
+                flowq.enqueue(conn, "t")
+            with pytest.raises(flowq.SchemaMissingError, match="flowq migrate"):
+                flowq.enqueue_many(conn, "t", [{}])
+            # Refused before the INSERT was sent: the caller's transaction carries on.
+            conn.execute(sa.text("INSERT INTO business VALUES (1)"))
+            conn.commit()
+            assert conn.execute(sa.text("SELECT count(*) FROM business")).scalar() == 1
+    finally:
+        engine.dispose()
+
+
+def test_schema_dropped_after_first_check_is_still_reported(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        flowq.enqueue(conn, "t")  # the engine is now known to have the schema
+    with engine.begin() as conn:
+        conn.execute(sa.text("DROP SCHEMA flowq CASCADE"))
+    with engine.connect() as conn, pytest.raises(flowq.SchemaMissingError, match="migrate"):
+        flowq.enqueue(conn, "t")
+    with engine.connect() as conn:
+        with pytest.raises(flowq.SchemaMissingError):
+            flowq.enqueue(conn, "t")  # checked up front again: the transaction carries on
+        assert conn.execute(sa.text("SELECT 1")).scalar() == 1
+
+
+def test_tuples_come_back_as_lists(Session: sessionmaker[flowq.Session],
+                                   engine: sa.Engine) -> None:
+    with Session.begin() as s:
+        s.enqueue("t", point=(1, 2), nested={"pair": ("a", ("b",))}, text="ü\u2028 ok")
+    [row] = _rows(engine)
+    assert row.args == {"point": [1, 2], "nested": {"pair": ["a", ["b"]]}, "text": "ü\u2028 ok"}

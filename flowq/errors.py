@@ -75,7 +75,7 @@ class RunNotFoundError(FlowqError):
     """No run with that id exists (it may have been pruned)."""
 
 
-class RetryStep(BaseException):  # noqa: N818 - imperative control-flow name by design
+class RetryStep(BaseException):
     """Raised by a handler to retry this step later, without counting it as a failure of the policy.
 
     `after` is a delay (seconds or timedelta) or an aware datetime; `None` means at once.
@@ -88,7 +88,7 @@ class RetryStep(BaseException):  # noqa: N818 - imperative control-flow name by 
         self.reason = reason
 
 
-class CancelRun(BaseException):  # noqa: N818 - imperative control-flow name by design
+class CancelRun(BaseException):
     """Raised by a handler to cancel the whole run: this step ends `cancelled`, no successor runs."""
 
     def __init__(self, reason: str = "") -> None:

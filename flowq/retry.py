@@ -35,8 +35,9 @@ def _max_attempts_of(stop: Any) -> int | None:
         caps = [c for c in (_max_attempts_of(s) for s in stop.stops) if c is not None]
         return min(caps) if caps else None
     if isinstance(stop, tenacity.stop_all):
-        caps = [_max_attempts_of(s) for s in stop.stops]
-        return max(c for c in caps if c is not None) if all(c is not None for c in caps) else None
+        all_caps = [_max_attempts_of(s) for s in stop.stops]
+        known = [c for c in all_caps if c is not None]
+        return max(known) if known and len(known) == len(all_caps) else None
     return None
 
 

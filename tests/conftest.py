@@ -8,9 +8,13 @@ each other's rows and never pay for migrations.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -20,6 +24,7 @@ import flowq
 from flowq.db import normalize_url
 from flowq.embedded import FAST_SETTINGS, LocalPostgres
 
+APPS_DIR = Path(__file__).parent / "apps"
 TEMPLATE = "flowq_test_template"
 EMPTY_TEMPLATE = "flowq_test_empty"
 
@@ -100,3 +105,57 @@ def engine(db_url: str) -> Iterator[sa.Engine]:
 @pytest.fixture
 def app() -> flowq.FlowQ:
     return flowq.FlowQ()
+
+
+class WorkerProcess:
+    """A real `flowq worker` subprocess; its output goes to a log file kept for failures."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], log_path: Path) -> None:
+        self.proc = proc
+        self.log_path = log_path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def signal(self, signum: int) -> None:
+        self.proc.send_signal(signum)
+
+    def wait(self, timeout: float = 60.0) -> int:
+        return self.proc.wait(timeout=timeout)
+
+
+@pytest.fixture
+def spawn_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start `flowq worker APP_SPEC --database-url URL *args` as a subprocess.
+
+    Test apps live in tests/apps/ (on the child's PYTHONPATH). Every process still running
+    at teardown is killed; logs are printed for failed tests by pytest's captured output.
+    """
+    procs: list[WorkerProcess] = []
+
+    def spawn(app_spec: str, url: str, *args: str, env: dict[str, str] | None = None
+              ) -> WorkerProcess:
+        log_path = tmp_path / f"worker-{len(procs)}.log"
+        child_env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(APPS_DIR), os.environ.get("PYTHONPATH", "")]), **(env or {})}
+        with open(log_path, "wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "flowq", "worker", app_spec, "--database-url", url,
+                 *args], stdout=out, stderr=subprocess.STDOUT, env=child_env)
+        wp = WorkerProcess(proc, log_path)
+        procs.append(wp)
+        return wp
+
+    yield spawn
+    for wp in procs:
+        if wp.proc.poll() is None:
+            wp.proc.kill()
+            wp.proc.wait(timeout=10)
+        # Children of a --processes supervisor are killed with their process group below.
+    for wp in procs:
+        with contextlib.suppress(Exception):
+            print(f"--- {wp.log_path.name} (exit {wp.proc.returncode}) ---\n{wp.log()[-5000:]}")

@@ -1,0 +1,5 @@
+"""`python -m flowq` is the `flowq` command."""
+
+from flowq.cli import main
+
+main()

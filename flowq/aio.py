@@ -1,0 +1,107 @@
+"""Transactional enqueue for asyncio: `await enqueue(async_session_or_connection, task, ...)`.
+
+The async twin of `flowq.session`, with the same statements, validation and guarantees: the
+job is one INSERT in the caller's `AsyncSession`/`AsyncConnection` transaction, and exists
+only if it commits. Only the execution differs, so the preparation is imported from there.
+
+This module is not imported by `flowq` itself: SQLAlchemy 2.1 no longer depends on greenlet,
+which its asyncio extension needs (`pip install 'flowq[asyncio]'`). Use a psycopg URL with
+`create_async_engine("postgresql+psycopg://...")`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
+from typing import Any, TypeVar, cast
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection, async_scoped_session
+from sqlalchemy.ext.asyncio import AsyncSession as _SAAsyncSession
+
+from flowq.app import Pipeline
+from flowq.session import (
+    SCHEMA_CHECK,
+    Enqueued,
+    PreparedCall,
+    migrated_schemas,
+    prepare_enqueue,
+    prepare_enqueue_many,
+    schema_check_params,
+    schema_missing,
+    translate_error,
+)
+
+__all__ = ["AsyncSession", "AsyncSessionMixin", "Enqueued", "enqueue", "enqueue_many"]
+
+T = TypeVar("T")
+AsyncTarget = _SAAsyncSession | AsyncConnection | async_scoped_session[Any]
+
+
+async def _connection(target: AsyncTarget, call: PreparedCall[Any]) -> AsyncConnection:
+    if isinstance(target, AsyncConnection):
+        return target
+    if isinstance(target, _SAAsyncSession | async_scoped_session):
+        return await target.connection(bind_arguments={"clause": call.statement})
+    raise TypeError(
+        f"flowq.aio.enqueue needs an AsyncSession or AsyncConnection, got "
+        f"{type(target).__name__} (for a sync Session use flowq.enqueue)"
+    )
+
+
+async def execute(target: AsyncTarget, call: PreparedCall[T]) -> T:
+    """Run a prepared enqueue in `target`'s transaction (see `flowq.session.execute`)."""
+    conn = await _connection(target, call)
+    engine = conn.sync_engine
+    if (engine, call.schema) not in migrated_schemas:
+        found = await conn.execute(SCHEMA_CHECK, schema_check_params(call.schema))
+        if found.scalar() is None:
+            raise schema_missing(call.schema)
+        migrated_schemas.add(engine, call.schema)
+    try:
+        result = await conn.execute(call.statement, call.params, execution_options=call.options)
+    except sa.exc.ProgrammingError as exc:
+        raise translate_error(exc, engine, call.schema) from None
+    return call.finish(result)
+
+
+async def enqueue(target: AsyncTarget, task: Pipeline | str, /, *,
+                  idempotency_key: str | None = None, queue: str | None = None,
+                  priority: int | None = None, run_at: datetime | None = None,
+                  delay: float | timedelta | None = None, schema: str | None = None,
+                  **args: Any) -> Enqueued:
+    """Enqueue a run of `task` in the transaction of an AsyncSession or AsyncConnection.
+
+    Same options, validation and result as `flowq.enqueue`.
+    """
+    call = prepare_enqueue(task, args, idempotency_key=idempotency_key, queue=queue,
+                           priority=priority, run_at=run_at, delay=delay, schema=schema)
+    return await execute(target, call)
+
+
+async def enqueue_many(target: AsyncTarget, task: Pipeline | str,
+                       args_list: Iterable[Mapping[str, Any]], /, *, queue: str | None = None,
+                       priority: int | None = None, run_at: datetime | None = None,
+                       delay: float | timedelta | None = None,
+                       schema: str | None = None) -> list[int]:
+    """Enqueue one run per mapping in `args_list` in one statement; their ids, in order."""
+    call = prepare_enqueue_many(task, args_list, queue=queue, priority=priority, run_at=run_at,
+                                delay=delay, schema=schema)
+    return [] if call is None else await execute(target, call)
+
+
+class AsyncSessionMixin:
+    """Adds `await session.enqueue()` and `enqueue_many()` to an AsyncSession class."""
+
+    async def enqueue(self, task: Pipeline | str, /, **options_and_args: Any) -> Enqueued:
+        """Enqueue `task` in this session's transaction; see `flowq.aio.enqueue`."""
+        return await enqueue(cast(_SAAsyncSession, self), task, **options_and_args)
+
+    async def enqueue_many(self, task: Pipeline | str, args_list: Iterable[Mapping[str, Any]],
+                           /, **options: Any) -> list[int]:
+        """Enqueue many runs in one statement in this session's transaction."""
+        return await enqueue_many(cast(_SAAsyncSession, self), task, args_list, **options)
+
+
+class AsyncSession(AsyncSessionMixin, _SAAsyncSession):
+    """An AsyncSession with `enqueue()`: `async_sessionmaker(engine, class_=AsyncSession)`."""

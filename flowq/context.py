@@ -1,0 +1,76 @@
+"""What a handler receives as `ctx`: who it is (job, run, step, attempt) and `ctx.session`.
+
+`ctx.session` is a SQLAlchemy Session opened lazily on first use. Its writes commit in the
+same transaction that records the step's success, so they happen exactly once per run even
+when a step is re-run after a crash: a worker that lost its claim rolls them back. flowq owns
+that commit; a handler calling `commit()` gets an error. A handler that never touches
+`ctx.session` holds no transaction while it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from flowq.errors import FlowqError
+from flowq.session import Session
+
+__all__ = ["Context", "StepSession"]
+
+
+class StepSession(Session):
+    """The Session behind `ctx.session`: flowq commits it together with the step's completion."""
+
+    _flowq_may_commit = False
+
+    def commit(self) -> None:
+        if not self._flowq_may_commit:
+            raise FlowqError(
+                "ctx.session is committed by flowq together with the step's completion: "
+                "do not call commit() in a handler (use flush() to get generated ids)."
+            )
+        super().commit()
+
+    def _flowq_commit(self) -> None:
+        self._flowq_may_commit = True
+        try:
+            super().commit()
+        finally:
+            self._flowq_may_commit = False
+
+
+@dataclass
+class Context:
+    """The handler's view of the job it runs."""
+
+    job_id: int
+    run_id: int
+    task: str
+    step: str
+    attempt: int
+    queue: str
+    _session_factory: Callable[[], StepSession] | None = field(default=None, repr=False)
+    _session: StepSession | None = field(default=None, repr=False)
+
+    @property
+    def idempotency_key(self) -> str:
+        """Stable across every attempt of this step of this run, distinct across steps and runs:
+        pass it to payment and mail APIs so a re-run step is not charged or sent twice."""
+        return f"flowq:{self.run_id}:{self.step}"
+
+    @property
+    def session(self) -> StepSession:
+        """A Session whose writes commit atomically with this step's success (opened lazily)."""
+        if self._session is None:
+            if self._session_factory is None:
+                raise FlowqError("this context has no database session (not run by a worker)")
+            self._session = self._session_factory()
+        return self._session
+
+    @property
+    def session_used(self) -> bool:
+        return self._session is not None
+
+    def __getstate__(self) -> dict[str, Any]:  # pragma: no cover - contexts are not pickled
+        raise TypeError("a flowq Context cannot be pickled")

@@ -1,0 +1,177 @@
+"""Every SQL statement the worker and the run tools send, named verb_noun, in one place.
+
+The worker never writes SQL itself: it calls `Queries(schema).claim_jobs` and friends. Each
+statement is compiled once per schema (the schema name is a validated identifier, so it is
+safe to format in). Every write after the claim is fenced: it only touches a row that is
+still `running` with the same `attempts` the worker claimed it with, so a worker presumed
+dead that comes back can change nothing. All times are the database's `now()`.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+import sqlalchemy as sa
+from sqlalchemy.sql.elements import TextClause
+
+from flowq.schema import validate_schema_name
+
+__all__ = ["Queries"]
+
+# The columns a worker needs of a claimed row.
+_CLAIMED = """j.id, j.run_id, j.task, j.step, j.step_index, j.queue, j.priority, j.attempts,
+    j.max_attempts, j.args::text AS args, j.cancel_requested,
+    extract(epoch FROM now() - j.created_at)::float8 AS age"""
+
+# Clears the claim on a row that goes back to pending or ends.
+_UNLOCK = "locked_by = NULL, locked_at = NULL, heartbeat_at = NULL"
+
+
+class Queries:
+    """The statements for one flowq schema."""
+
+    def __init__(self, schema: str) -> None:
+        self.schema = validate_schema_name(schema)
+
+    def _t(self, sql: str) -> TextClause:
+        return sa.text(sql.replace("{s}", self.schema))
+
+    @cached_property
+    def claim_jobs(self) -> TextClause:
+        """Claim up to :limit due jobs of :queue for :worker. A CTE, so that the LIMIT binds the
+        locking subquery and the UPDATE can never touch more rows than were picked; SKIP
+        LOCKED lets concurrent workers pick disjoint rows without waiting on each other."""
+        return self._t(f"""
+            WITH picked AS (
+                SELECT id FROM {{s}}.jobs
+                WHERE status = 'pending' AND queue = :queue AND run_at <= now()
+                ORDER BY priority, run_at, id
+                LIMIT :limit
+                FOR UPDATE SKIP LOCKED
+            )
+            UPDATE {{s}}.jobs j
+               SET status = 'running', attempts = j.attempts + 1, locked_by = :worker,
+                   locked_at = now(), heartbeat_at = now()
+              FROM picked WHERE j.id = picked.id
+            RETURNING {_CLAIMED}""")
+
+    @cached_property
+    def heartbeat_jobs(self) -> TextClause:
+        """Refresh the heartbeat of this worker's running jobs; returns the ids still ours."""
+        return self._t("""
+            UPDATE {s}.jobs j SET heartbeat_at = now()
+              FROM unnest(CAST(:ids AS bigint[]), CAST(:attempts AS int[])) AS c(id, attempts)
+             WHERE j.id = c.id AND j.attempts = c.attempts AND j.status = 'running'
+            RETURNING j.id""")
+
+    @cached_property
+    def complete_jobs(self) -> TextClause:
+        """Mark claimed jobs succeeded with their results; returns the rows that were still ours
+        (with whether their run was cancelled meanwhile, so no successor is created)."""
+        return self._t("""
+            UPDATE {s}.jobs j
+               SET status = 'succeeded', result = c.result, finished_at = now(), """ + _UNLOCK + """
+              FROM unnest(CAST(:ids AS bigint[]), CAST(:attempts AS int[]),
+                          CAST(:results AS jsonb[])) AS c(id, attempts, result)
+             WHERE j.id = c.id AND j.attempts = c.attempts AND j.status = 'running'
+            RETURNING j.id, j.cancel_requested""")
+
+    @cached_property
+    def insert_steps(self) -> TextClause:
+        """Insert the next step of each run whose previous step just succeeded, and wake the
+        workers of their queues (delivered at commit)."""
+        return self._t("""
+            WITH inserted AS (
+                INSERT INTO {s}.jobs (run_id, task, step, step_index, queue, priority,
+                                      max_attempts, args)
+                SELECT * FROM unnest(CAST(:run_ids AS bigint[]), CAST(:tasks AS text[]),
+                                     CAST(:steps AS text[]), CAST(:indexes AS smallint[]),
+                                     CAST(:queues AS text[]), CAST(:priorities AS smallint[]),
+                                     CAST(:max_attempts AS int[]), CAST(:args AS jsonb[]))
+                RETURNING queue)
+            SELECT pg_notify(:channel, q) FROM (SELECT DISTINCT queue AS q FROM inserted) d""")
+
+    @cached_property
+    def retry_job(self) -> TextClause:
+        """Send a failed attempt back to pending after :delay seconds (or end it `cancelled` if
+        its run was cancelled meanwhile); returns the new status, or nothing if not ours."""
+        return self._t("""
+            UPDATE {s}.jobs
+               SET status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'pending' END,
+                   finished_at = CASE WHEN cancel_requested THEN now() END,
+                   run_at = now() + make_interval(secs => :delay),
+                   last_error = :error, """ + _UNLOCK + """
+             WHERE id = :id AND attempts = :attempts AND status = 'running'
+            RETURNING status, run_at""")
+
+    @cached_property
+    def end_job(self) -> TextClause:
+        """End a claimed job as :status (`dead` or `cancelled`) with :error."""
+        return self._t("""
+            UPDATE {s}.jobs
+               SET status = :status, finished_at = now(), last_error = :error, """ + _UNLOCK + """
+             WHERE id = :id AND attempts = :attempts AND status = 'running'
+            RETURNING status""")
+
+    @cached_property
+    def release_jobs(self) -> TextClause:
+        """Hand unfinished jobs back at shutdown without burning the attempt."""
+        return self._t("""
+            UPDATE {s}.jobs j
+               SET status = 'pending', attempts = j.attempts - 1, run_at = now(), """ + _UNLOCK + """
+              FROM unnest(CAST(:ids AS bigint[]), CAST(:attempts AS int[])) AS c(id, attempts)
+             WHERE j.id = c.id AND j.attempts = c.attempts AND j.status = 'running'
+            RETURNING j.id""")
+
+    @cached_property
+    def try_maintenance_lock(self) -> TextClause:
+        """Take the transaction-scoped advisory lock of one maintenance service, or not."""
+        return sa.text("SELECT pg_try_advisory_xact_lock(hashtext(:name))")
+
+    @cached_property
+    def reap_jobs(self) -> TextClause:
+        """Requeue (or bury, once attempts are spent) running jobs whose heartbeat is older than
+        :stale seconds: their worker died. The crashed attempt counts."""
+        return self._t("""
+            WITH stale AS (
+                SELECT id FROM {s}.jobs
+                WHERE status = 'running' AND heartbeat_at < now() - make_interval(secs => :stale)
+                ORDER BY heartbeat_at
+                LIMIT :limit
+                FOR UPDATE SKIP LOCKED
+            ), reaped AS (
+                UPDATE {s}.jobs j
+                   SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
+                                     WHEN j.attempts >= j.max_attempts THEN 'dead'
+                                     ELSE 'pending' END,
+                       finished_at = CASE WHEN j.cancel_requested OR j.attempts >= j.max_attempts
+                                          THEN now() END,
+                       run_at = now(),
+                       last_error = format('WorkerLost: worker %s stopped heartbeating during '
+                                           'attempt %s of %s (last heartbeat %s)',
+                                           j.locked_by, j.attempts, j.max_attempts,
+                                           j.heartbeat_at),
+                       """ + _UNLOCK + """
+                  FROM stale WHERE j.id = stale.id
+                RETURNING j.id, j.run_id, j.task, j.step, j.queue, j.status, j.attempts)
+            SELECT r.*, pg_notify(:channel, r.queue) FROM reaped r""")
+
+    @cached_property
+    def prune_jobs(self) -> TextClause:
+        """Delete up to :limit runs whose rows all ended more than :retention seconds ago
+        (:dead_retention for runs with a dead step). Whole runs only, so a retained run keeps
+        its history and its idempotency key."""
+        return self._t("""
+            WITH old AS (
+                SELECT DISTINCT j.run_id FROM {s}.jobs j
+                WHERE j.status IN ('succeeded', 'dead', 'cancelled')
+                  AND j.finished_at < now() - make_interval(secs => :retention)
+                  AND NOT EXISTS (
+                      SELECT 1 FROM {s}.jobs o
+                      WHERE o.run_id = j.run_id
+                        AND (o.status IN ('pending', 'running')
+                             OR o.finished_at >= now() - make_interval(secs => :retention)
+                             OR (o.status = 'dead' AND o.finished_at >=
+                                 now() - make_interval(secs => :dead_retention))))
+                LIMIT :limit)
+            DELETE FROM {s}.jobs WHERE run_id IN (SELECT run_id FROM old)""")

@@ -1,0 +1,64 @@
+"""Helpers for testing code that uses flowq, shipped with it (flowq's own tests use them).
+
+- `wait_until(predicate, timeout)`: poll a condition with a deadline instead of sleeping.
+- `run_until_idle(app, url)`: run a real in-process worker until no due job is left.
+- `job_rows(engine)`: the rows of `flowq.jobs`, for assertions.
+- `assert_enqueued(engine, task, **args)`: the pending job of `task` with these arguments.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+
+from flowq.app import FlowQ, Pipeline
+from flowq.schema import DEFAULT_SCHEMA, validate_schema_name
+
+__all__ = ["assert_enqueued", "job_rows", "run_until_idle", "wait_until"]
+
+T = TypeVar("T")
+
+
+def wait_until(predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.05,
+               message: str = "condition") -> T:
+    """Return the first truthy value of `predicate()`, or raise AssertionError at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+def run_until_idle(app: FlowQ, url: str, **config: Any) -> None:
+    """Run a real worker for `app` in this process until no due job remains, then stop."""
+    from flowq.worker import Worker, WorkerConfig
+
+    config.setdefault("poll_interval", 0.1)
+    config.setdefault("shutdown_grace", 5.0)
+    Worker(app, url, WorkerConfig(**config)).run(install_signals=False, until_idle=True)
+
+
+def job_rows(engine: sa.Engine, schema: str = DEFAULT_SCHEMA,
+             where: str = "TRUE", **params: Any) -> list[sa.Row[Any]]:
+    """Rows of the jobs table (optionally filtered by a SQL condition), oldest first."""
+    validate_schema_name(schema)
+    with engine.connect() as conn:
+        return list(conn.execute(sa.text(
+            f"SELECT * FROM {schema}.jobs WHERE {where} ORDER BY id"), params))
+
+
+def assert_enqueued(engine: sa.Engine, task: Pipeline | str, schema: str = DEFAULT_SCHEMA,
+                    **args: Any) -> sa.Row[Any]:
+    """The pending job of `task` whose arguments include `args`; AssertionError if none."""
+    name = task.name if isinstance(task, Pipeline) else task
+    rows = [r for r in job_rows(engine, schema, "status = 'pending' AND task = :t", t=name)
+            if all(r.args.get(k) == v for k, v in args.items())]
+    if not rows:
+        raise AssertionError(f"no pending job of {name!r} with arguments {args!r}")
+    return rows[0]

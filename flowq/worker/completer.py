@@ -1,0 +1,262 @@
+"""Completer: records outcomes in the database, fenced, batched where that is safe.
+
+Outcomes of handlers that did not use `ctx.session` are queued and written by one thread in
+batches: all the successes of a batch in one `UPDATE … FROM unnest(…)`, their pipeline
+successors in one INSERT, in one transaction. While a batch is being written the next one
+accumulates, so batching grows with load and costs no latency when idle.
+
+Handlers that used `ctx.session` are completed on that session instead (`complete_in_session`)
+so their writes and the step's success commit together, or not at all.
+
+Every write is a compare-and-set on (id, attempts, status = 'running'): a row this worker no
+longer owns (reaped, released, cancelled) is left alone and the outcome is dropped with a log
+line. A database error keeps the batch and retries it; re-sending an already committed batch
+is harmless because the fence then matches nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from flowq.queries import Queries
+from flowq.retry import Retry
+from flowq.schema import notify_channel
+from flowq.worker.logs import log_event
+from flowq.worker.model import Cancelled, ClaimedJob, Failed, Outcome, Retried, Succeeded
+
+__all__ = ["Completer"]
+
+MAX_BATCH: Final = 1000
+RETRY_BACKOFF_MAX: Final = 5.0
+_LOG_ERROR_CHARS: Final = 8000
+_DEFAULT_RETRY: Final = Retry()
+
+INFO, WARNING, ERROR = 20, 30, 40
+
+
+@dataclass(frozen=True)
+class _Item:
+    job: ClaimedJob
+    outcome: Outcome
+    duration: float
+
+
+class Completer:
+    """Writes outcomes; one background thread, started with `start()`."""
+
+    def __init__(self, engine: sa.Engine, queries: Queries, *, job_log: bool = True) -> None:
+        self.engine = engine
+        self.q = queries
+        self.channel = notify_channel(queries.schema)
+        self.job_log = job_log
+        self._items: list[_Item] = []
+        self._cond = threading.Condition()
+        self._busy = 0
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.written = 0
+
+    # -- public ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="flowq-completer", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: ClaimedJob, outcome: Outcome, duration: float) -> None:
+        """Queue an outcome for the next batch."""
+        with self._cond:
+            self._items.append(_Item(job, outcome, duration))
+            self._cond.notify()
+
+    def pending_claims(self) -> list[tuple[int, int]]:
+        """(id, attempts) of outcomes not yet written: they still need heartbeats."""
+        with self._cond:
+            return [(i.job.id, i.job.attempts) for i in self._items]
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until every queued outcome is written; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._items or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.1))
+        return True
+
+    def stop(self, timeout: float) -> bool:
+        ok = self.flush(timeout)
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+        return ok
+
+    def complete_in_session(self, job: ClaimedJob, outcome: Succeeded, session: Session,
+                            duration: float) -> bool:
+        """Commit the handler's `ctx.session` writes together with its success, or roll them
+        back if the claim is no longer ours. True when committed."""
+        try:
+            ours = self._write_successes(session.connection(), [_Item(job, outcome, duration)])
+            if not ours:
+                session.rollback()
+                self._log_lost(job, "completion")
+                return False
+            session._flowq_commit()  # type: ignore[attr-defined]
+        except BaseException:
+            session.rollback()
+            raise
+        self._log_success(job, duration)
+        return True
+
+    # -- the batch loop ---------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        backoff = 0.05
+        while True:
+            with self._cond:
+                while not self._items and not self._stopping:
+                    self._cond.wait(1.0)
+                if self._stopping and not self._items:
+                    return
+                batch, self._items = self._items[:MAX_BATCH], self._items[MAX_BATCH:]
+                self._busy += 1
+            try:
+                self._write(batch)
+                backoff = 0.05
+            except sa.exc.DBAPIError as exc:
+                log_event(WARNING, "completion write failed; retrying", error=_first_line(exc),
+                          batch=len(batch), retry_in_s=round(backoff, 2))
+                with self._cond:
+                    self._items[:0] = batch
+                time.sleep(backoff)
+                backoff = min(backoff * 2, RETRY_BACKOFF_MAX)
+            except Exception as exc:  # a bug: never let the thread die with outcomes queued
+                log_event(ERROR, "completion write crashed; retrying", error=repr(exc))
+                with self._cond:
+                    self._items[:0] = batch
+                time.sleep(1.0)
+            finally:
+                with self._cond:
+                    self._busy -= 1
+                    self.written += len(batch)
+                    self._cond.notify_all()
+
+    def _write(self, batch: Sequence[_Item]) -> None:
+        successes = [i for i in batch if isinstance(i.outcome, Succeeded)]
+        others = [i for i in batch if not isinstance(i.outcome, Succeeded)]
+        with self.engine.begin() as conn:
+            ours = self._write_successes(conn, successes) if successes else set()
+            failed_logs = [(i, self._write_other(conn, i)) for i in others]
+        for i in successes:
+            if i.job.id in ours:
+                self._log_success(i.job, i.duration)
+            else:
+                self._log_lost(i.job, "completion")
+        for i, status in failed_logs:
+            self._log_other(i, status)
+
+    def _write_successes(self, conn: sa.Connection, items: Sequence[_Item]) -> set[int]:
+        """Mark `items` succeeded and insert their successors; the ids that were still ours."""
+        rows = conn.execute(self.q.complete_jobs, {
+            "ids": [i.job.id for i in items],
+            "attempts": [i.job.attempts for i in items],
+            "results": [i.outcome.result for i in items],  # type: ignore[union-attr]
+        }).all()
+        ours = {r.id for r in rows}
+        cancelled = {r.id for r in rows if r.cancel_requested}
+        successors = [i for i in items if i.job.id in ours and i.job.id not in cancelled
+                      and i.outcome.next is not None]  # type: ignore[union-attr]
+        if successors:
+            nexts = [i.outcome.next for i in successors]  # type: ignore[union-attr]
+            conn.execute(self.q.insert_steps, {
+                "run_ids": [i.job.run_id for i in successors],
+                "tasks": [n.task for n in nexts if n],
+                "steps": [n.step.name for n in nexts if n],
+                "indexes": [n.step.index for n in nexts if n],
+                "queues": [n.step.queue for n in nexts if n],
+                "priorities": [i.job.priority for i in successors],
+                "max_attempts": [n.step.retry.attempt_cap for n in nexts if n],
+                "args": [n.args for n in nexts if n],
+                "channel": self.channel,
+            })
+        return ours
+
+    def _write_other(self, conn: sa.Connection, item: _Item) -> tuple[str, float] | None:
+        """Retry, bury or cancel one job; (new status, delay) or None if it was not ours."""
+        job, outcome = item.job, item.outcome
+        delay: float | None
+        if isinstance(outcome, Cancelled):
+            return self._end(conn, job, "cancelled", f"CancelRun: {outcome.reason}")
+        if isinstance(outcome, Retried):
+            error = f"RetryStep: {outcome.reason or 'retry requested by the handler'}"
+            delay = outcome.delay if job.attempts < job.max_attempts else None
+        else:
+            assert isinstance(outcome, Failed)
+            error = outcome.text[:_LOG_ERROR_CHARS]
+            delay = None
+            if not outcome.permanent and job.attempts < job.max_attempts:
+                policy = outcome.retry if isinstance(outcome.retry, Retry) else _DEFAULT_RETRY
+                delay = policy.next_delay(job.attempts, outcome.error, job.age + item.duration)
+        if delay is None:
+            return self._end(conn, job, "dead", error)
+        row = conn.execute(self.q.retry_job, {"id": job.id, "attempts": job.attempts,
+                                              "delay": delay, "error": error}).first()
+        return (row.status, delay) if row else None
+
+    def _end(self, conn: sa.Connection, job: ClaimedJob, status: str,
+             error: str) -> tuple[str, float] | None:
+        row = conn.execute(self.q.end_job, {"id": job.id, "attempts": job.attempts,
+                                            "status": status, "error": error}).first()
+        return (row.status, 0.0) if row else None
+
+    # -- logging ----------------------------------------------------------------------------
+
+    def _fields(self, job: ClaimedJob, duration: float) -> dict[str, Any]:
+        return {"job_id": job.id, "run_id": job.run_id, "task": job.task, "step": job.step,
+                "attempt": job.attempts, "duration_ms": round(duration * 1000, 2)}
+
+    def _log_success(self, job: ClaimedJob, duration: float) -> None:
+        if self.job_log:
+            log_event(INFO, "job succeeded", **self._fields(job, duration))
+
+    def _log_lost(self, job: ClaimedJob, what: str) -> None:
+        log_event(WARNING, f"{what} dropped: the job is no longer ours (reaped or cancelled)",
+                  **self._fields(job, 0.0))
+
+    def _log_other(self, item: _Item, result: tuple[str, float] | None) -> None:
+        if result is None:
+            self._log_lost(item.job, "failure")
+            return
+        status, delay = result
+        fields = self._fields(item.job, item.duration)
+        outcome = item.outcome
+        error = (outcome.text.splitlines()[-1] if isinstance(outcome, Failed) and outcome.text
+                 else getattr(outcome, "reason", ""))
+        if status == "pending":
+            log_event(WARNING, "job failed; retrying", retry_in_s=round(delay, 3),
+                      error=_tail(outcome), **fields)
+        elif status == "dead":
+            log_event(ERROR, "job dead: attempts exhausted or not retryable",
+                      error=_tail(outcome), **fields)
+        else:
+            log_event(WARNING, "job cancelled", reason=error, **fields)
+
+
+def _tail(outcome: Outcome) -> str:
+    if isinstance(outcome, Failed):
+        return _first_line(outcome.error) if str(outcome.error) else type(outcome.error).__name__
+    return getattr(outcome, "reason", "")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    return text.splitlines()[0]

@@ -1,0 +1,70 @@
+"""Listener: a dedicated LISTEN connection that wakes the claimer the moment a job commits.
+
+Notifications carry only a queue name. The listener reconnects by itself (with backoff) and
+wakes the claimer after every (re)connect, since notifications sent while it was away are
+lost; the claimer's poll is the safety net in any case. Off with `listen=False` (poll only),
+for PgBouncer in transaction mode, which cannot hold a LISTEN.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Collection
+from typing import Final
+
+import psycopg
+
+from flowq.worker.logs import log_event
+
+__all__ = ["Listener"]
+
+RECONNECT_MAX: Final = 5.0
+WARNING, INFO = 30, 20
+
+
+class Listener:
+    """LISTENs on `channel` and calls `wake()` for notifications about `queues`."""
+
+    def __init__(self, conninfo: str, channel: str, queues: Collection[str],
+                 wake: Callable[[], None], *, application_name: str = "flowq listen") -> None:
+        self.conninfo = conninfo
+        self.channel = channel
+        self.queues = frozenset(queues)
+        self.wake = wake
+        self.application_name = application_name
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.connected = threading.Event()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="flowq-listener", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+
+    def _loop(self) -> None:
+        backoff = 0.1
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(self.conninfo, autocommit=True, connect_timeout=10,
+                                     application_name=self.application_name) as conn:
+                    conn.execute(f'LISTEN "{self.channel}"')
+                    self.connected.set()
+                    backoff = 0.1
+                    self.wake()  # whatever was notified while we were away
+                    while not self._stop.is_set():
+                        for note in conn.notifies(timeout=1.0):
+                            if note.payload in self.queues:
+                                self.wake()
+            except psycopg.Error as exc:
+                self.connected.clear()
+                if self._stop.is_set():
+                    return
+                log_event(WARNING, "listen connection lost; reconnecting",
+                          error=str(exc).strip().splitlines()[0] if str(exc).strip() else
+                          type(exc).__name__, retry_in_s=round(backoff, 2))
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, RECONNECT_MAX)

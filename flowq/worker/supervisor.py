@@ -1,0 +1,80 @@
+"""`flowq worker --processes N`: N worker processes under one command.
+
+Each child is the same `flowq worker` command with `--processes 1`, so a child behaves
+exactly like a worker started by hand. SIGTERM/SIGINT are forwarded to every child (each
+drains within its grace period) and the supervisor exits 0 once all have exited cleanly. A
+child that dies on its own (crash, OOM kill) is restarted after a short backoff; the reaper
+requeues the jobs it held.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from types import FrameType
+from typing import Final
+
+from flowq.worker.logs import log_event
+
+__all__ = ["child_argv", "supervise"]
+
+RESTART_BACKOFF: Final = 1.0
+INFO, WARNING = 20, 30
+
+
+def child_argv(argv: list[str]) -> list[str]:
+    """The command line of one child: the same arguments with `--processes 1`."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in ("--processes", "-p"):
+            skip = True
+            continue
+        if arg.startswith("--processes=") or (arg.startswith("-p") and arg[2:].isdigit()):
+            continue
+        out.append(arg)
+    return [sys.executable, "-m", "flowq", *out, "--processes", "1"]
+
+
+def supervise(processes: int, argv: list[str] | None = None) -> int:
+    """Run `processes` children until signalled; the exit code for the supervisor."""
+    cmd = child_argv(list(sys.argv[1:] if argv is None else argv))
+    children: list[subprocess.Popen[bytes]] = [subprocess.Popen(cmd) for _ in range(processes)]
+    stopping = False
+    signals = 0
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping, signals
+        stopping = True
+        signals += 1
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    log_event(INFO, "supervising worker processes", processes=processes,
+              pids=",".join(str(c.pid) for c in children))
+    while True:
+        alive = 0
+        for i, child in enumerate(children):
+            code = child.poll()
+            if code is None:
+                alive += 1
+            elif not stopping:
+                log_event(WARNING, "worker process exited; restarting", pid=child.pid,
+                          exit_code=code)
+                time.sleep(RESTART_BACKOFF)
+                if not stopping:
+                    children[i] = subprocess.Popen(cmd)
+                    alive += 1
+        if stopping and alive == 0:
+            break
+        time.sleep(0.1)
+    codes = [c.returncode for c in children]
+    return 0 if all(c == 0 for c in codes) else 1

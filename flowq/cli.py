@@ -217,3 +217,12 @@ def demo(database_url: str | None, n_jobs: int) -> None:
     from flowq.demo import run_demo
 
     run_demo(resolve_url(database_url), n_jobs=n_jobs)
+
+
+def _register_subcommands() -> None:
+    from flowq.cli_runs import runs
+
+    main.add_command(runs)
+
+
+_register_subcommands()

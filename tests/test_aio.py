@@ -1,0 +1,133 @@
+"""The async twin: the same guarantees through AsyncSession and AsyncConnection (psycopg async)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+
+import flowq
+from flowq.aio import AsyncSession, enqueue, enqueue_many
+
+T = TypeVar("T")
+
+
+def run(db_url: str, fn: Callable[[AsyncEngine], Awaitable[T]]) -> T:
+    async def main() -> T:
+        engine = create_async_engine(db_url)
+        try:
+            return await fn(engine)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(main())
+
+
+def _rows(engine: sa.Engine) -> list[sa.Row[Any]]:
+    with engine.connect() as c:
+        return list(c.execute(sa.text(
+            "SELECT run_id, task, queue, args FROM flowq.jobs ORDER BY id")))
+
+
+def test_flowq_does_not_import_the_async_module() -> None:
+    code = "import sys, flowq; assert 'flowq.aio' not in sys.modules, 'eager'; " \
+           "assert 'sqlalchemy.ext.asyncio' not in sys.modules, 'asyncio ext'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_commit_and_rollback_through_async_session(db_url: str, engine: sa.Engine) -> None:
+    async def go(aengine: AsyncEngine) -> tuple[flowq.Enqueued, flowq.Enqueued]:
+        Session = async_sessionmaker(aengine, class_=AsyncSession)
+        async with Session() as s:
+            kept = await s.enqueue("async_kept", queue="aq", n=1)
+            await s.commit()
+        async with Session() as s:
+            gone = await s.enqueue("async_gone", n=2)
+            await s.rollback()
+        return kept, gone
+
+    kept, _ = run(db_url, go)
+    assert kept.created
+    assert [(r.run_id, r.task, r.queue, r.args) for r in _rows(engine)] == [
+        (kept.id, "async_kept", "aq", {"n": 1})]
+
+
+def test_savepoint_and_async_connection(db_url: str, engine: sa.Engine) -> None:
+    async def go(aengine: AsyncEngine) -> None:
+        async with aengine.connect() as conn:
+            await enqueue(conn, "outer")
+            sp = await conn.begin_nested()
+            await enqueue(conn, "inner")
+            await sp.rollback()
+            await conn.commit()
+
+    run(db_url, go)
+    assert [r.task for r in _rows(engine)] == ["outer"]
+
+
+def test_idempotency_and_bulk(db_url: str, engine: sa.Engine) -> None:
+    async def go(aengine: AsyncEngine) -> tuple[flowq.Enqueued, flowq.Enqueued, list[int]]:
+        Session = async_sessionmaker(aengine, class_=AsyncSession)
+        async with Session.begin() as s:
+            a = await s.enqueue("pay", idempotency_key="async-key", amount=1)
+        async with Session.begin() as s:
+            b = await enqueue(s, "pay", idempotency_key="async-key", amount=2)
+            ids = await s.enqueue_many("bulk", [{"i": i} for i in range(100)])
+        return a, b, ids
+
+    a, b, ids = run(db_url, go)
+    assert (a.created, b.created, a.id) == (True, False, b.id)
+    rows = _rows(engine)
+    assert rows[0].args == {"amount": 1}
+    assert [r.run_id for r in rows[1:]] == ids
+    assert [r.args["i"] for r in rows[1:]] == list(range(100))
+
+
+def test_concurrent_idempotent_enqueues_agree(db_url: str, engine: sa.Engine) -> None:
+    async def go(aengine: AsyncEngine) -> set[int]:
+        Session = async_sessionmaker(aengine, class_=AsyncSession)
+
+        async def one(i: int) -> int:
+            async with Session.begin() as s:
+                return (await s.enqueue("charge", idempotency_key="k", who=i)).id
+
+        return set(await asyncio.gather(*(one(i) for i in range(10))))
+
+    ids = run(db_url, go)
+    assert len(ids) == 1
+    assert [r.run_id for r in _rows(engine)] == list(ids)
+
+
+def test_bad_input_leaves_the_async_transaction_usable(db_url: str, engine: sa.Engine) -> None:
+    async def go(aengine: AsyncEngine) -> None:
+        async with async_sessionmaker(aengine, class_=AsyncSession)() as s:
+            with pytest.raises(flowq.InvalidArgumentsError, match="when"):
+                await s.enqueue("t", when=object())
+            with pytest.raises(flowq.InvalidQueueError):
+                await enqueue_many(s, "t", [{}], queue="bad queue!")
+            await s.enqueue("after")
+            await s.commit()
+
+    run(db_url, go)
+    assert [r.task for r in _rows(engine)] == ["after"]
+
+
+def test_missing_schema_in_async(empty_db_url: str) -> None:
+    async def go(aengine: AsyncEngine) -> int:
+        async with aengine.connect() as conn:
+            with pytest.raises(flowq.SchemaMissingError, match="flowq migrate"):
+                await enqueue(conn, "t")
+            return int((await conn.execute(sa.text("SELECT 1"))).scalar_one())
+
+    assert run(empty_db_url, go) == 1
+
+
+def test_sync_session_is_refused_with_a_pointer(engine: sa.Engine) -> None:
+    with engine.connect() as conn, pytest.raises(TypeError, match=r"flowq\.enqueue"):
+        asyncio.run(enqueue(conn, "t"))  # type: ignore[arg-type]

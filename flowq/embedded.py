@@ -30,7 +30,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Final
+from typing import Any, Final
 
 from flowq.errors import EmbeddedPostgresError
 
@@ -97,9 +97,15 @@ class LocalPostgres:
 
     def _run(self, args: list[str], timeout: float = START_TIMEOUT) -> str:
         exe = str(self.bindir / args[0])
+        ids: dict[str, Any] = {}
+        if self.user is not None:
+            # Drop the group and supplementary groups too: with root's group left in place,
+            # group permission bits (not "other") would decide access to root's directories.
+            entry = pwd.getpwnam(self.user)
+            ids = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
         try:
             done = subprocess.run([exe, *args[1:]], capture_output=True, text=True,
-                                  timeout=timeout, user=self.user, cwd="/", check=False)
+                                  timeout=timeout, cwd="/", check=False, **ids)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise EmbeddedPostgresError(f"{args[0]} failed to run: {exc}") from None
         if done.returncode != 0:

@@ -56,6 +56,13 @@ class Queries:
             RETURNING {_CLAIMED}""")
 
     @cached_property
+    def exists_due_jobs(self) -> TextClause:
+        """Whether any job of :queues is due now (`run_until_idle` uses it to know it is done)."""
+        return self._t("""
+            SELECT EXISTS (SELECT 1 FROM {s}.jobs
+                           WHERE status = 'pending' AND run_at <= now() AND queue = ANY(:queues))""")
+
+    @cached_property
     def heartbeat_jobs(self) -> TextClause:
         """Refresh the heartbeat of this worker's running jobs; returns the ids still ours."""
         return self._t("""

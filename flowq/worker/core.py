@@ -236,9 +236,7 @@ class Worker:
 
     def _has_due_jobs(self) -> bool:
         with self.engines["claim"].connect() as conn:
-            return bool(conn.execute(sa.text(
-                f"SELECT EXISTS (SELECT 1 FROM {self.app.schema}.jobs WHERE status = 'pending' "
-                "AND run_at <= now() AND queue = ANY(:q))"), {"q": self.queues}).scalar())
+            return bool(conn.execute(self.q.exists_due_jobs, {"queues": self.queues}).scalar())
 
     def _housekeeping(self) -> None:
         c = self.config

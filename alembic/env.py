@@ -1,4 +1,4 @@
-"""alembic environment for flowq's own migrations (see flowq/migrate.py).
+"""alembic environment for flowq's own migrations (see flowq/migrations.py).
 
 Run through `flowq migrate` / `flowq.migrate(engine)`, which pass the connection and the
 target schema in `config.attributes`. The version table lives in the flowq schema, so the

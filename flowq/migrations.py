@@ -50,15 +50,23 @@ def _run(bind: sa.Engine | sa.Connection, schema: str, fn: Any, *args: Any) -> N
     if isinstance(bind, sa.Engine):
         with bind.begin() as conn:
             fn(alembic_config(conn, schema=schema), *args)
-    else:
-        fn(alembic_config(bind, schema=schema), *args)
-        if bind.in_transaction() and not bind.in_nested_transaction():
-            bind.commit()
+        return
+    # A transaction the caller already had open stays theirs to commit (the DDL commits
+    # with their work); one that only migrating began is committed here, or closing the
+    # connection would silently roll the migration back.
+    began_here = not bind.in_transaction()
+    fn(alembic_config(bind, schema=schema), *args)
+    if began_here and bind.in_transaction():
+        bind.commit()
 
 
 def migrate(bind: sa.Engine | sa.Connection, *, schema: str = DEFAULT_SCHEMA,
             revision: str = "head") -> None:
-    """Bring the flowq schema up to `revision` (default: the latest); safe to call repeatedly."""
+    """Bring the flowq schema up to `revision` (default: the latest); safe to call repeatedly.
+
+    With an Engine, migrating is one transaction of its own. With a Connection, it joins the
+    connection's open transaction if there is one (commit it yourself), else commits.
+    """
     _run(bind, schema, command.upgrade, revision)
 
 

@@ -16,10 +16,16 @@ down_revision = None
 branch_labels = None
 depends_on = None
 
-S = context.config.attributes.get("flowq_schema", "flowq")
+
+
+def _schema() -> str:
+    # Read when the revision runs, not at import: one process may migrate several schemas.
+    schema: str = context.config.attributes.get("flowq_schema", "flowq")
+    return schema
 
 
 def upgrade() -> None:
+    S = _schema()
     op.execute(sa.schema.CreateSequence(sa.Sequence("run_id_seq", schema=S)))
     op.create_table(
         "jobs",
@@ -68,5 +74,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    S = _schema()
     op.drop_table("jobs", schema=S)
     op.execute(f"DROP SEQUENCE IF EXISTS {S}.run_id_seq")

@@ -1,0 +1,233 @@
+"""flowq's schema as alembic migrations: idempotent, own version table, equal to schema.py, shipped."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+
+import flowq
+from flowq.migrations import VERSION_TABLE, downgrade, migrate, sql_script
+from flowq.schema import DEFAULT_SCHEMA, metadata
+
+REPO = Path(__file__).resolve().parent.parent
+HEAD = "0001"
+
+
+@pytest.fixture
+def empty_engine(empty_db_url: str) -> Iterator[sa.Engine]:
+    eng = sa.create_engine(empty_db_url)
+    yield eng
+    eng.dispose()
+
+
+def _scalar(engine: sa.Engine, sql: str, **params: Any) -> Any:
+    with engine.connect() as c:
+        return c.execute(sa.text(sql), params).scalar()
+
+
+def _has_jobs(engine: sa.Engine, schema: str = DEFAULT_SCHEMA) -> bool:
+    return _scalar(engine, "SELECT to_regclass(:n)", n=f"{schema}.jobs") is not None
+
+
+def _flowq_version(engine: sa.Engine, schema: str = DEFAULT_SCHEMA) -> list[str]:
+    with engine.connect() as c:
+        return list(c.execute(sa.text(f"SELECT version_num FROM {schema}.{VERSION_TABLE}"))
+                    .scalars())
+
+
+def test_migrate_is_idempotent(empty_engine: sa.Engine) -> None:
+    migrate(empty_engine)
+    migrate(empty_engine)
+    assert _has_jobs(empty_engine)
+    assert _flowq_version(empty_engine) == [HEAD]
+
+
+def test_own_version_table_leaves_the_apps_alembic_version_alone(
+        empty_engine: sa.Engine) -> None:
+    with empty_engine.begin() as c:
+        c.execute(sa.text("CREATE TABLE public.alembic_version (version_num varchar(32) "
+                          "PRIMARY KEY)"))
+        c.execute(sa.text("INSERT INTO public.alembic_version VALUES ('app_rev_42')"))
+    flowq.migrate(empty_engine)
+    assert _flowq_version(empty_engine) == [HEAD]
+    with empty_engine.connect() as c:
+        assert list(c.execute(sa.text("SELECT version_num FROM public.alembic_version"))
+                    .scalars()) == ["app_rev_42"]
+
+
+def test_migrated_schema_equals_schema_py(engine: sa.Engine) -> None:
+    def include_name(name: str | None, type_: str, parent_names: object) -> bool:
+        if type_ == "schema":
+            return name == DEFAULT_SCHEMA
+        return not (type_ == "table" and name == VERSION_TABLE)
+
+    with engine.connect() as conn:
+        ctx = MigrationContext.configure(conn, opts={
+            "include_schemas": True,
+            "include_name": include_name,
+            "target_metadata": metadata,
+            "compare_type": True,
+            "compare_server_default": True,
+        })
+        diff = compare_metadata(ctx, metadata)
+        run_id_default = conn.execute(sa.text(
+            "SELECT column_default FROM information_schema.columns WHERE table_schema = "
+            "'flowq' AND table_name = 'jobs' AND column_name = 'run_id'")).scalar()
+    # alembic cannot compare a Sequence.next_value() default with its rendering in the
+    # database; check that one by hand.
+    assert run_id_default == "nextval('flowq.run_id_seq'::regclass)"
+    diff = [d for d in diff if not (isinstance(d, list) and d[0][0] == "modify_default"
+                                    and d[0][3] == "run_id")]
+    assert diff == []
+
+
+def test_migrate_through_a_connection_commits_only_what_it_began(
+        empty_engine: sa.Engine) -> None:
+    with empty_engine.connect() as conn:
+        migrate(conn)  # no transaction was open: migrating commits its own
+    assert _has_jobs(empty_engine)
+    downgrade(empty_engine)
+    with empty_engine.connect() as conn:
+        conn.execute(sa.text("CREATE TABLE app_table (id int)"))
+        migrate(conn)  # joins the caller's transaction ...
+        conn.rollback()  # ... so the caller decides
+    assert not _has_jobs(empty_engine)
+    assert _scalar(empty_engine, "SELECT to_regclass('app_table')") is None
+
+
+def test_downgrade_to_base_and_upgrade_again(engine: sa.Engine) -> None:
+    downgrade(engine)
+    assert not _has_jobs(engine)
+    assert _scalar(engine, "SELECT to_regclass('flowq.run_id_seq')") is None
+    assert _flowq_version(engine) == []
+    migrate(engine)
+    assert _has_jobs(engine)
+    assert _flowq_version(engine) == [HEAD]
+    with engine.begin() as conn:
+        assert flowq.enqueue(conn, "after_reupgrade").created
+
+
+def test_indexes_exist(engine: sa.Engine) -> None:
+    with engine.connect() as c:
+        defs = dict(c.execute(sa.text(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'flowq' "
+            "AND tablename = 'jobs'")).all())
+    pending = defs["jobs_pending_idx"]
+    assert "(queue, priority, run_at, id)" in pending
+    assert "WHERE (status = 'pending'::text)" in pending
+    key = defs["jobs_idempotency_key_idx"]
+    assert key.startswith("CREATE UNIQUE INDEX")
+    assert "WHERE (idempotency_key IS NOT NULL)" in key
+
+
+def test_sql_script_prints_the_ddl() -> None:
+    ddl = sql_script()
+    assert "CREATE SCHEMA IF NOT EXISTS \"flowq\"" in ddl
+    assert "CREATE TABLE flowq.jobs" in ddl
+    assert "CREATE INDEX jobs_pending_idx ON flowq.jobs" in ddl
+    assert "WHERE status = 'pending'" in ddl
+    assert "CREATE UNIQUE INDEX jobs_idempotency_key_idx" in ddl
+    assert f"CREATE TABLE flowq.{VERSION_TABLE}" in ddl
+    alt = sql_script(schema="flowq_alt")
+    assert "CREATE TABLE flowq_alt.jobs" in alt
+    assert "flowq.jobs" not in alt
+
+
+def test_non_default_schema(empty_engine: sa.Engine) -> None:
+    migrate(empty_engine, schema="flowq_alt")
+    migrate(empty_engine, schema="flowq_alt")
+    assert _has_jobs(empty_engine, "flowq_alt")
+    assert not _has_jobs(empty_engine)
+    assert _flowq_version(empty_engine, "flowq_alt") == [HEAD]
+
+    with empty_engine.begin() as conn:
+        by_name = flowq.enqueue(conn, "alt_task", schema="flowq_alt", n=1)
+    alt_app = flowq.FlowQ(schema="flowq_alt")
+
+    @alt_app.task()
+    def alt_defined(ctx: object, n: int) -> None: ...
+
+    with empty_engine.begin() as conn:
+        by_task = flowq.enqueue(conn, alt_defined, n=2)  # the app's schema
+        ids = flowq.enqueue_many(conn, "alt_bulk", [{}, {}], schema="flowq_alt")
+    with empty_engine.connect() as c:
+        rows = c.execute(sa.text("SELECT run_id, task FROM flowq_alt.jobs ORDER BY id")).all()
+    assert [tuple(r) for r in rows] == [(by_name.id, "alt_task"), (by_task.id, "alt_defined"),
+                                        (ids[0], "alt_bulk"), (ids[1], "alt_bulk")]
+    # Without schema=, enqueue looks for the default schema, which is not there.
+    with empty_engine.connect() as conn, pytest.raises(flowq.SchemaMissingError, match="'flowq'"):
+        flowq.enqueue(conn, "alt_task")
+    # The two schemas can live side by side, each with its own history.
+    migrate(empty_engine)
+    assert _flowq_version(empty_engine) == [HEAD]
+    downgrade(empty_engine, schema="flowq_alt")
+    assert not _has_jobs(empty_engine, "flowq_alt")
+    assert _has_jobs(empty_engine)
+
+
+def test_invalid_schema_name_is_refused(engine: sa.Engine) -> None:
+    with pytest.raises(flowq.ConfigurationError):
+        migrate(engine, schema="Robert'); DROP TABLE students;--")
+
+
+@pytest.mark.slow
+def test_wheel_ships_the_migrations(tmp_path: Path, empty_db_url: str) -> None:
+    """Build the wheel, install it into a fresh venv, migrate from outside the repository.
+
+    The venv gets flowq from the wheel only; its dependencies are borrowed from the current
+    environment through a path entry (no network, seconds instead of minutes). A path entry
+    does not run that environment's .pth files, so the repository's editable flowq stays out.
+    """
+    dist = tmp_path / "dist"
+    subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation",
+                    "--outdir", str(dist), str(REPO)], check=True, capture_output=True)
+    [wheel] = dist.glob("flowq-*.whl")
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    bindir = venv / ("Scripts" if os.name == "nt" else "bin")
+    python = bindir / "python"
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+                    "--disable-pip-version-check", str(wheel)], check=True)
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    (Path(site) / "_borrowed_deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    check = (
+        "import flowq, flowq.migrations as m, sqlalchemy as sa, sys; "
+        f"assert flowq.__file__.startswith({str(venv)!r}), flowq.__file__; "
+        f"assert str(m.migrations_dir()).startswith({str(venv)!r}), m.migrations_dir(); "
+        "assert m.migrations_dir().name == '_migrations'; "
+        "assert (m.migrations_dir() / 'versions' / '0001_jobs.py').is_file(); "
+        "flowq.migrate(sa.create_engine(sys.argv[1]))"
+    )
+    subprocess.run([str(python), "-c", check, empty_db_url], check=True, cwd=elsewhere, env=env)
+    engine = sa.create_engine(empty_db_url)
+    try:
+        assert _flowq_version(engine) == [HEAD]
+        console = shutil.which("flowq", path=str(bindir))
+        if console is not None:  # the CLI form, once the console script exists
+            downgrade(engine)
+            out = subprocess.run([console, "migrate", "--database-url", empty_db_url],
+                                 check=True, cwd=elsewhere, env=env, capture_output=True,
+                                 text=True)
+            assert _flowq_version(engine) == [HEAD], out
+            ddl = subprocess.run([console, "migrate", "--sql"], check=True, cwd=elsewhere,
+                                 env=env, capture_output=True, text=True).stdout
+            assert "CREATE TABLE flowq.jobs" in ddl
+    finally:
+        engine.dispose()

@@ -57,10 +57,12 @@ class Queries:
 
     @cached_property
     def exists_due_jobs(self) -> TextClause:
-        """Whether any job of :queues is due now (`run_until_idle` uses it to know it is done)."""
+        """Whether any job of :queues is due within :horizon seconds (`run_until_idle` uses it
+        to know it is done)."""
         return self._t("""
             SELECT EXISTS (SELECT 1 FROM {s}.jobs
-                           WHERE status = 'pending' AND run_at <= now() AND queue = ANY(:queues))""")
+                           WHERE status = 'pending' AND queue = ANY(:queues)
+                             AND run_at <= now() + make_interval(secs => :horizon))""")
 
     @cached_property
     def heartbeat_jobs(self) -> TextClause:

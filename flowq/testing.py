@@ -35,13 +35,17 @@ def wait_until(predicate: Callable[[], T], timeout: float = 30.0, interval: floa
         time.sleep(interval)
 
 
-def run_until_idle(app: FlowQ, url: str, **config: Any) -> None:
-    """Run a real worker for `app` in this process until no due job remains, then stop."""
+def run_until_idle(app: FlowQ, url: str, *, horizon: float = 60.0, **config: Any) -> None:
+    """Run a real worker for `app` in this process until nothing is running and no job is due
+    within `horizon` seconds (retries scheduled sooner are waited for), then stop.
+
+    `config` is passed to `WorkerConfig` (e.g. `concurrency=4`, `queues=[...]`)."""
     from flowq.worker import Worker, WorkerConfig
 
     config.setdefault("poll_interval", 0.1)
     config.setdefault("shutdown_grace", 5.0)
-    Worker(app, url, WorkerConfig(**config)).run(install_signals=False, until_idle=True)
+    Worker(app, url, WorkerConfig(**config)).run(install_signals=False, until_idle=True,
+                                                 idle_horizon=horizon)
 
 
 def job_rows(engine: sa.Engine, schema: str = DEFAULT_SCHEMA,

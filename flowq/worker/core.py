@@ -129,6 +129,7 @@ class Worker:
             self.listener = Listener(conninfo, self.channel, self.queues, self._on_notify,
                                      application_name=f"flowq listen {c.name}"[:63])
         self._rotation = 0
+        self._idle_horizon = 0.0
         self.claimed = 0
 
     def _engine(self, role: str, size: int) -> sa.Engine:
@@ -185,10 +186,13 @@ class Worker:
                   worker=self.config.name, listen=self.config.listen,
                   poll_s=self.config.poll_interval)
 
-    def run(self, *, install_signals: bool = True, until_idle: bool = False) -> None:
-        """Run until stopped (or, with `until_idle`, until no due job is left)."""
+    def run(self, *, install_signals: bool = True, until_idle: bool = False,
+            idle_horizon: float = 0.0) -> None:
+        """Run until stopped, or with `until_idle` until no job is due within `idle_horizon`
+        seconds (so retries scheduled shortly are waited for) and nothing is running."""
         if install_signals:
             self._install_signals()
+        self._idle_horizon = idle_horizon
         self.start_parts()
         try:
             self._loop(until_idle)
@@ -236,7 +240,8 @@ class Worker:
 
     def _has_due_jobs(self) -> bool:
         with self.engines["claim"].connect() as conn:
-            return bool(conn.execute(self.q.exists_due_jobs, {"queues": self.queues}).scalar())
+            return bool(conn.execute(self.q.exists_due_jobs, {
+                "queues": self.queues, "horizon": self._idle_horizon}).scalar())
 
     def _housekeeping(self) -> None:
         c = self.config

@@ -130,6 +130,7 @@ class Worker:
                                      application_name=f"flowq listen {c.name}"[:63])
         self._rotation = 0
         self._idle_horizon = 0.0
+        self._housekeeper: threading.Thread | None = None
         self.claimed = 0
 
     def _engine(self, role: str, size: int) -> sa.Engine:
@@ -179,8 +180,9 @@ class Worker:
         self.executor.start()
         if self.listener is not None:
             self.listener.start()
-        threading.Thread(target=self._housekeeping, name="flowq-maintenance",
-                         daemon=True).start()
+        self._housekeeper = threading.Thread(target=self._housekeeping,
+                                             name="flowq-maintenance", daemon=True)
+        self._housekeeper.start()
         log_event(INFO, "worker started", database=describe_url(self.url),
                   queues=",".join(self.queues), concurrency=self.config.concurrency,
                   worker=self.config.name, listen=self.config.listen,
@@ -295,6 +297,7 @@ class Worker:
 
     def _shutdown(self) -> None:
         c = self.config
+        self._stopping.set()  # also when run(until_idle=True) returns on its own
         deadline = time.monotonic() + c.shutdown_grace
         while self.executor.in_flight and time.monotonic() < deadline:
             self.executor.check_timeouts()
@@ -306,6 +309,8 @@ class Worker:
             self._release(unfinished)
         self.completer.stop(timeout=5.0)
         self.executor.stop()
+        if self._housekeeper is not None:
+            self._housekeeper.join(timeout=5.0)
         if self.listener is not None:
             self.listener.stop()
         log_event(INFO, "worker stopped", worker=c.name, claimed=self.claimed,

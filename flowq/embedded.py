@@ -113,7 +113,7 @@ class LocalPostgres:
                 f"{args[0]} failed (exit {done.returncode}): "
                 f"{(done.stderr or done.stdout).strip()[-2000:]}"
             )
-        return done.stdout
+        return str(done.stdout)
 
     def _prepare_dirs(self) -> None:
         self.datadir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,227 @@
+"""The worker's SQL (flowq.queries) against a real PostgreSQL: the claim and every fenced write."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from flowq.queries import Queries
+from flowq.testing import job_rows
+
+Q = Queries("flowq")
+
+
+def insert_jobs(conn: sa.Connection, n: int, *, queue: str = "default", status: str = "pending",
+                priority: int = 0, run_at: str = "now()", attempts: int = 0,
+                max_attempts: int = 10) -> list[int]:
+    """Insert `n` bare rows with SQL (fast, and independent of enqueue); returns their ids."""
+    finished = "now()" if status in ("succeeded", "dead", "cancelled") else "NULL"
+    rows = conn.execute(sa.text(f"""
+        INSERT INTO flowq.jobs (task, step, queue, status, priority, run_at, attempts,
+                                max_attempts, finished_at)
+        SELECT 't', 't', :queue, :status, :priority, {run_at}, :attempts, :max_attempts,
+               {finished}
+        FROM generate_series(1, :n) RETURNING id"""),
+        {"n": n, "queue": queue, "status": status, "priority": priority,
+         "attempts": attempts, "max_attempts": max_attempts})
+    return sorted(r.id for r in rows)
+
+
+def claim(conn: sa.Connection, queue: str = "default", limit: int = 10,
+          worker: str = "w1") -> list[Any]:
+    return list(conn.execute(Q.claim_jobs, {"queue": queue, "limit": limit, "worker": worker}))
+
+
+def row(engine: sa.Engine, job_id: int) -> Any:
+    return job_rows(engine, where="id = :id", id=job_id)[0]
+
+
+# -- the claim ------------------------------------------------------------------------------
+
+
+def _plan_nodes(plan: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(plan, dict):
+        yield plan
+        for v in plan.values():
+            yield from _plan_nodes(v)
+    elif isinstance(plan, list):
+        for v in plan:
+            yield from _plan_nodes(v)
+
+
+def test_claim_uses_the_partial_pending_index(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        insert_jobs(conn, 20_000, status="succeeded")
+        insert_jobs(conn, 1_000, queue="default")
+        insert_jobs(conn, 1_000, queue="emails")
+        conn.execute(sa.text("ANALYZE flowq.jobs"))
+    compiled = Q.claim_jobs.bindparams(queue="emails", limit=10, worker="w1").compile(
+        engine, compile_kwargs={"literal_binds": True})
+    with engine.connect() as conn:
+        raw = conn.execute(sa.text("EXPLAIN (FORMAT JSON) " + str(compiled))).scalar()
+        conn.rollback()
+    plan = raw if isinstance(raw, list) else json.loads(raw)
+    indexes = {n.get("Index Name") for n in _plan_nodes(plan)}
+    assert "jobs_pending_idx" in indexes, json.dumps(plan, indent=1)
+
+
+def test_claim_marks_rows_running_and_never_exceeds_the_limit(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        ids = insert_jobs(conn, 7)
+    with engine.begin() as conn:
+        got = claim(conn, limit=5, worker="w-a")
+    assert len(got) == 5
+    assert all(r.attempts == 1 for r in got)
+    assert {r.id for r in got} == set(ids[:5])
+    rows = {r.id: r for r in job_rows(engine)}
+    for i in ids[:5]:
+        assert rows[i].status == "running"
+        assert rows[i].locked_by == "w-a"
+        assert rows[i].heartbeat_at is not None and rows[i].locked_at is not None
+    assert [rows[i].status for i in ids[5:]] == ["pending", "pending"]
+    with engine.begin() as conn:
+        assert len(claim(conn, limit=100)) == 2
+        assert claim(conn, limit=100) == []
+
+
+def test_concurrent_claims_get_disjoint_rows(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        ids = insert_jobs(conn, 10)
+    with engine.connect() as c1, engine.connect() as c2:
+        first = claim(c1, limit=6, worker="a")  # transaction still open: rows locked
+        second = claim(c2, limit=6, worker="b")  # SKIP LOCKED: does not wait, takes the rest
+        assert len(first) == 6 and len(second) == 4
+        assert not {r.id for r in first} & {r.id for r in second}
+        c1.commit()
+        c2.commit()
+    assert {r.id for r in job_rows(engine, where="status = 'running'")} == set(ids)
+
+
+def test_claim_orders_by_priority_then_run_at_and_skips_future_jobs(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        [late] = insert_jobs(conn, 1, priority=0, run_at="now() - interval '1 minute'")
+        [early] = insert_jobs(conn, 1, priority=0, run_at="now() - interval '1 hour'")
+        [urgent] = insert_jobs(conn, 1, priority=-5, run_at="now() - interval '1 second'")
+        [low] = insert_jobs(conn, 1, priority=5, run_at="now() - interval '1 day'")
+        insert_jobs(conn, 1, priority=-10, run_at="now() + interval '1 hour'")
+        insert_jobs(conn, 1, queue="other", priority=-10)
+    with engine.begin() as conn:
+        got = [r.id for r in claim(conn, limit=1)] + [r.id for r in claim(conn, limit=10)]
+    assert got == [urgent, early, late, low]
+
+
+def test_claim_only_takes_pending_rows_of_its_queue(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        for status in ("running", "succeeded", "dead", "cancelled"):
+            insert_jobs(conn, 1, status=status)
+        [mine] = insert_jobs(conn, 1, queue="mine")
+    with engine.begin() as conn:
+        assert claim(conn, queue="default") == []
+        assert [r.id for r in claim(conn, queue="mine")] == [mine]
+
+
+# -- fenced writes ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def claimed(engine: sa.Engine) -> Any:
+    """One job claimed by worker w1 (attempts = 1)."""
+    with engine.begin() as conn:
+        insert_jobs(conn, 1)
+        [job] = claim(conn)
+    return job
+
+
+def _fenced_writes(job_id: int, attempts: int) -> list[tuple[str, sa.TextClause, dict[str, Any]]]:
+    arrays = {"ids": [job_id], "attempts": [attempts]}
+    return [
+        ("heartbeat_jobs", Q.heartbeat_jobs, arrays),
+        ("complete_jobs", Q.complete_jobs, {**arrays, "results": ['{"ok": 1}']}),
+        ("retry_job", Q.retry_job, {"id": job_id, "attempts": attempts, "delay": 5.0,
+                                    "error": "boom"}),
+        ("end_job", Q.end_job, {"id": job_id, "attempts": attempts, "status": "dead",
+                                "error": "boom"}),
+        ("release_jobs", Q.release_jobs, arrays),
+    ]
+
+
+def _snapshot(engine: sa.Engine, job_id: int) -> tuple[Any, ...]:
+    return tuple(row(engine, job_id))
+
+
+@pytest.mark.parametrize("name", ["heartbeat_jobs", "complete_jobs", "retry_job", "end_job",
+                                  "release_jobs"])
+def test_fenced_write_with_a_stale_attempt_changes_nothing(engine: sa.Engine, claimed: Any,
+                                                           name: str) -> None:
+    with engine.begin() as conn:  # make heartbeat_at distinguishable from now()
+        conn.execute(sa.text("UPDATE flowq.jobs SET heartbeat_at = now() - interval '1 minute'"))
+    before = _snapshot(engine, claimed.id)
+    stmt, params = next((s, p) for n, s, p in _fenced_writes(claimed.id, claimed.attempts - 1)
+                        if n == name)
+    with engine.begin() as conn:
+        assert conn.execute(stmt, params).all() == []
+    assert _snapshot(engine, claimed.id) == before
+
+
+@pytest.mark.parametrize("status", ["pending", "succeeded", "dead", "cancelled"])
+@pytest.mark.parametrize("name", ["heartbeat_jobs", "complete_jobs", "retry_job", "end_job",
+                                  "release_jobs"])
+def test_fenced_write_on_a_row_no_longer_running_changes_nothing(
+        engine: sa.Engine, claimed: Any, name: str, status: str) -> None:
+    with engine.begin() as conn:  # e.g. reaped, or ended by another worker
+        conn.execute(sa.text("UPDATE flowq.jobs SET status = :s"), {"s": status})
+    before = _snapshot(engine, claimed.id)
+    stmt, params = next((s, p) for n, s, p in _fenced_writes(claimed.id, claimed.attempts)
+                        if n == name)
+    with engine.begin() as conn:
+        assert conn.execute(stmt, params).all() == []
+    assert _snapshot(engine, claimed.id) == before
+
+
+def test_fenced_writes_apply_when_the_claim_matches(engine: sa.Engine, claimed: Any) -> None:
+    writes = {n: (s, p) for n, s, p in _fenced_writes(claimed.id, claimed.attempts)}
+
+    def apply(name: str) -> list[Any]:
+        stmt, params = writes[name]
+        with engine.begin() as conn:
+            return conn.execute(stmt, params).all()
+
+    assert len(apply("heartbeat_jobs")) == 1
+    [retried] = apply("retry_job")
+    assert retried.status == "pending"
+    r = row(engine, claimed.id)
+    assert r.last_error == "boom" and r.locked_by is None and r.heartbeat_at is None
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT run_at > now() + interval '4 seconds' FROM "
+                                    "flowq.jobs WHERE id = :id"), {"id": claimed.id}).scalar()
+
+
+def test_complete_and_end_and_release_with_a_matching_claim(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        insert_jobs(conn, 3)
+        a, b, c = claim(conn)
+    with engine.begin() as conn:
+        [done] = conn.execute(Q.complete_jobs, {"ids": [a.id], "attempts": [1],
+                                                "results": ['{"x": 1}']}).all()
+        assert done.id == a.id and done.cancel_requested is False
+        [ended] = conn.execute(Q.end_job, {"id": b.id, "attempts": 1, "status": "dead",
+                                           "error": "E"}).all()
+        assert ended.status == "dead"
+        [released] = conn.execute(Q.release_jobs, {"ids": [c.id], "attempts": [1]}).all()
+    ra, rb, rc = (row(engine, i) for i in (a.id, b.id, c.id))
+    assert (ra.status, ra.result, ra.finished_at is not None) == ("succeeded", {"x": 1}, True)
+    assert (rb.status, rb.last_error, rb.finished_at is not None) == ("dead", "E", True)
+    assert (rc.status, rc.attempts, rc.locked_by) == ("pending", 0, None)
+
+
+def test_retry_job_cancels_when_the_run_was_cancelled(engine: sa.Engine, claimed: Any) -> None:
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE flowq.jobs SET cancel_requested = true"))
+        [r] = conn.execute(Q.retry_job, {"id": claimed.id, "attempts": 1, "delay": 1.0,
+                                         "error": "x"}).all()
+    assert r.status == "cancelled"
+    assert row(engine, claimed.id).finished_at is not None

@@ -8,6 +8,7 @@ steps whose outputs are persisted.
 from __future__ import annotations
 
 from flowq.app import FlowQ, Pipeline, Step, Task
+from flowq.context import Context
 from flowq.errors import (
     CancelRun,
     ConfigurationError,
@@ -18,6 +19,7 @@ from flowq.errors import (
     InvalidQueueError,
     RetryStep,
     RunNotFoundError,
+    RunStateError,
     SchemaMissingError,
     UnknownTaskError,
 )
@@ -28,6 +30,7 @@ from flowq.session import Enqueued, Session, SessionMixin, enqueue, enqueue_many
 __all__ = [
     "CancelRun",
     "ConfigurationError",
+    "Context",
     "DatabaseUnavailableError",
     "EmbeddedPostgresError",
     "Enqueued",
@@ -39,6 +42,7 @@ __all__ = [
     "Retry",
     "RetryStep",
     "RunNotFoundError",
+    "RunStateError",
     "SchemaMissingError",
     "Session",
     "SessionMixin",

@@ -34,7 +34,10 @@ __all__ = [
 ]
 
 DEFAULT_QUEUE: Final = "default"
-RESERVED_OPTIONS: Final = frozenset({"idempotency_key", "queue", "priority", "run_at", "delay"})
+# `schema` too: enqueue takes it as the flowq schema, so a handler parameter of that name
+# could never be given a value.
+RESERVED_OPTIONS: Final = frozenset({"idempotency_key", "queue", "priority", "run_at", "delay",
+                                     "schema"})
 _QUEUE_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,63}$")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:\-]{0,199}$")
 

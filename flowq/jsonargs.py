@@ -5,6 +5,11 @@ path of the offending value, anything `jsonb` would reject or silently change: N
 Infinity, NUL characters and lone surrogates in strings, non-string dict keys, and types
 that are not JSON at all (datetimes, sets, bytes, ORM instances, ...). Tuples are accepted
 and come back as lists: JSON has no tuple.
+
+jsonb stores numbers as `numeric`, which turns `1e+20` into `100000000000000000000`: a float
+that Python writes with a positive exponent (|x| >= 1e16) would come back as an int. Such
+floats are written out in full with a `.0` so they come back as the same float. (-0.0 comes
+back as 0.0, the one float jsonb cannot keep; they compare equal.)
 """
 
 from __future__ import annotations
@@ -12,11 +17,13 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
 __all__ = ["JSONError", "dumps_checked", "find_json_problem"]
 
 _MAX_DEPTH = 100
+_EXPONENT_FROM = 1e16  # where float.__repr__ switches to exponent notation
 
 
 class JSONError(ValueError):
@@ -74,9 +81,28 @@ def find_json_problem(value: Any, path: str, depth: int = 0) -> str | None:
             "string or an id)")
 
 
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _dumps_keeping_floats(value: Any) -> str:
+    """Like `_dumps`, but big floats in positional notation (see the module docstring)."""
+    if type(value) is float and abs(value) >= _EXPONENT_FROM:
+        # The shortest digits that read back as this float, positionally: an integer here.
+        return f"{Decimal(repr(value)):f}.0"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{_dumps(k)}:{_dumps_keeping_floats(v)}"
+                              for k, v in value.items()) + "}"
+    if type(value) is list or type(value) is tuple:
+        return "[" + ",".join(_dumps_keeping_floats(v) for v in value) + "]"
+    return _dumps(value)
+
+
 def dumps_checked(value: Any, what: str) -> str:
     """Serialise `value` to compact JSON text, or raise JSONError naming `what` and the path."""
     problem = find_json_problem(value, what)
     if problem:
         raise JSONError(problem)
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    text = _dumps(value)
+    # The slow path only when an exponent may be present (possibly just inside a string).
+    return _dumps_keeping_floats(value) if "e+" in text else text

@@ -1,12 +1,170 @@
-"""`flowq runs ...`: inspect and control runs (show, cancel, retry)."""
+"""`flowq runs ...`: inspect and control runs (list, show, cancel, retry).
+
+Each command prints a small table for people, or with `--json` one JSON object whose keys
+are stable (`RunInfo.to_dict()` and friends in `flowq.runs`), for scripts. Errors are one
+sentence on stderr with exit code 2 (an unknown run id, retrying a run that is not dead).
+The SQL lives in `flowq.queries`, the logic in `flowq.runs`; this module only formats.
+"""
 
 from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any, Final, cast
 
 import click
 
 __all__ = ["runs"]
 
+ERROR_CHARS: Final = 70
 
+
+# Defined before importing flowq.cli: flowq.cli imports this module at its end to register
+# `runs`, so whichever of the two is imported first, `runs` exists when the other asks for it.
 @click.group()
 def runs() -> None:
-    """Inspect and control runs."""
+    """Inspect and control runs (a run is a task's or pipeline's chain of steps)."""
+
+
+from flowq.cli import friendly_errors, require_url, schema_option, url_option  # noqa: E402
+from flowq.db import create_engine, ensure_schema  # noqa: E402
+from flowq.runs import (  # noqa: E402
+    RunInfo,
+    cancel_run,
+    get_run,
+    list_runs,
+    retry_run,
+)
+from flowq.schema import STATUSES, Status  # noqa: E402
+
+json_option = click.option("--json", "as_json", is_flag=True,
+                           help="Print one JSON object (stable keys) instead of a table.")
+
+
+def _engine(database_url: str | None, schema: str) -> Any:
+    engine = create_engine(require_url(database_url))
+    ensure_schema(engine, schema)
+    return engine
+
+
+def _when(value: datetime | None) -> str:
+    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+
+
+def _first_line(text: str | None) -> str:
+    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+    return line if len(line) <= ERROR_CHARS else line[: ERROR_CHARS - 1] + "…"
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+              for r in rows]
+    return "\n".join(lines)
+
+
+def _describe(run: RunInfo) -> str:
+    head = f"run {run.run_id}  {run.task}  {run.status}"
+    if run.cancel_requested and run.finished_at is None:
+        head += " (a running step was asked to stop; it creates no successor)"
+    lines = [head, f"created {_when(run.created_at)}  finished {_when(run.finished_at)}"]
+    if run.idempotency_key is not None:
+        lines.append(f"idempotency key {run.idempotency_key}")
+    if run.status == "succeeded":
+        lines.append(f"result {json.dumps(run.result)}")
+    rows = [[str(s.index), s.step or "-", s.status, f"{s.attempts}/{s.max_attempts}", s.queue,
+             str(s.job_id), _when(s.finished_at), _first_line(s.last_error)]
+            for s in run.steps]
+    lines += ["", _table(["#", "step", "status", "attempts", "queue", "job", "finished",
+                          "last error"], rows)]
+    return "\n".join(lines)
+
+
+def _emit(as_json: bool, data: dict[str, Any], text: str) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True) if as_json else text)
+
+
+@runs.command("list")
+@url_option
+@schema_option
+@click.option("--status", type=click.Choice(STATUSES), default=None,
+              help="Only runs with this status.")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
+@json_option
+@friendly_errors
+def list_command(database_url: str | None, schema: str, status: str | None, limit: int,
+                 as_json: bool) -> None:
+    """List the newest runs, newest first."""
+    engine = _engine(database_url, schema)
+    try:
+        found = list_runs(engine, status=cast("Status | None", status), limit=limit,
+                          schema=schema)
+    finally:
+        engine.dispose()
+    rows = [[str(r.run_id), r.task, r.status, f"{r.step_index}:{r.step or '-'}",
+             _when(r.created_at), _when(r.finished_at), r.idempotency_key or ""] for r in found]
+    _emit(as_json, {"runs": [r.to_dict() for r in found]},
+          _table(["run", "task", "status", "step", "created", "finished", "key"], rows)
+          if found else "no runs.")
+
+
+@runs.command("show")
+@click.argument("run_id", type=int)
+@url_option
+@schema_option
+@json_option
+@friendly_errors
+def show_command(run_id: int, database_url: str | None, schema: str, as_json: bool) -> None:
+    """Show a run and each of its steps: status, attempts, timings, last error, result."""
+    engine = _engine(database_url, schema)
+    try:
+        run = get_run(engine, run_id, schema=schema)
+    finally:
+        engine.dispose()
+    _emit(as_json, run.to_dict(), _describe(run))
+
+
+@runs.command("cancel")
+@click.argument("run_id", type=int)
+@url_option
+@schema_option
+@json_option
+@friendly_errors
+def cancel_command(run_id: int, database_url: str | None, schema: str, as_json: bool) -> None:
+    """Cancel a run: pending steps end cancelled; a running step finishes without a successor."""
+    engine = _engine(database_url, schema)
+    try:
+        res = cancel_run(engine, run_id, schema=schema, reason="cancelled by `flowq runs cancel`")
+    finally:
+        engine.dispose()
+    if not res.changed:
+        summary = f"run {run_id} was already cancelled; nothing changed."
+    else:
+        parts = []
+        if res.cancelled:
+            parts.append(f"cancelled pending job(s) {', '.join(map(str, res.cancelled))}")
+        if res.cancel_requested:
+            parts.append(f"asked running job(s) {', '.join(map(str, res.cancel_requested))} "
+                         "to stop after their current attempt")
+        summary = f"run {run_id}: " + "; ".join(parts) + "."
+    _emit(as_json, res.to_dict(), summary + "\n\n" + _describe(res.run))
+
+
+@runs.command("retry")
+@click.argument("run_id", type=int)
+@url_option
+@schema_option
+@json_option
+@friendly_errors
+def retry_command(run_id: int, database_url: str | None, schema: str, as_json: bool) -> None:
+    """Retry a dead run from the step that died, keeping the results of the steps before it."""
+    engine = _engine(database_url, schema)
+    try:
+        res = retry_run(engine, run_id, schema=schema)
+    finally:
+        engine.dispose()
+    _emit(as_json, res.to_dict(),
+          f"run {run_id}: step {res.step or '-'} (job {res.job_id}) is pending again.\n\n"
+          + _describe(res.run))

@@ -9,7 +9,8 @@ FlowqError                      root: catch this to catch everything flowq raise
 ├── SchemaMissingError          the database has no flowq schema: run `flowq migrate`
 ├── DatabaseUnavailableError    the database cannot be reached at the given URL
 ├── EmbeddedPostgresError       the embedded PostgreSQL is missing or failed to start
-└── RunNotFoundError            no run with that id (or it was pruned)
+├── RunNotFoundError            no run with that id (or it was pruned)
+└── RunStateError               the run's state does not allow that (retry a run that is not dead)
 ```
 
 Control flow raised *by handlers* is not an error and lives outside the tree:
@@ -31,6 +32,7 @@ __all__ = [
     "InvalidQueueError",
     "RetryStep",
     "RunNotFoundError",
+    "RunStateError",
     "SchemaMissingError",
     "UnknownTaskError",
 ]
@@ -73,6 +75,10 @@ class EmbeddedPostgresError(FlowqError):
 
 class RunNotFoundError(FlowqError):
     """No run with that id exists (it may have been pruned)."""
+
+
+class RunStateError(FlowqError):
+    """The run is not in a state that allows this (e.g. retrying a run that is not dead)."""
 
 
 class RetryStep(BaseException):

@@ -184,3 +184,75 @@ class Queries:
                                  now() - make_interval(secs => :dead_retention))))
                 LIMIT :limit)
             DELETE FROM {s}.jobs WHERE run_id IN (SELECT run_id FROM old)""")
+
+    # -- runs: inspection and control (flowq.runs) ------------------------------------------
+
+    @cached_property
+    def select_run_jobs(self) -> TextClause:
+        """Every row of run :run_id, in step order. One statement, so one snapshot: a step's
+        success and its successor's insert (one transaction) are seen together or not at all."""
+        return self._t("""
+            SELECT id, run_id, task, step, step_index, queue, status, priority, attempts,
+                   max_attempts, args, result, last_error, idempotency_key, cancel_requested,
+                   run_at, locked_at, heartbeat_at, locked_by, created_at, finished_at
+              FROM {s}.jobs WHERE run_id = :run_id
+             ORDER BY step_index, id""")
+
+    @cached_property
+    def lock_run_jobs(self) -> TextClause:
+        """Lock every row of run :run_id (waiting for an in-flight completion); returns their
+        ids. Repeat until the set stops growing: a completion that committed while we waited
+        may have inserted a successor this statement's snapshot could not see."""
+        return self._t("""
+            SELECT id FROM {s}.jobs WHERE run_id = :run_id ORDER BY id FOR UPDATE""")
+
+    @cached_property
+    def cancel_run_jobs(self) -> TextClause:
+        """Cancel run :run_id (rows locked first): pending steps end `cancelled` with :error,
+        running ones get `cancel_requested` (they finish, but create no successor)."""
+        return self._t("""
+            UPDATE {s}.jobs
+               SET status = CASE WHEN status = 'pending' THEN 'cancelled' ELSE status END,
+                   finished_at = CASE WHEN status = 'pending' THEN now() ELSE finished_at END,
+                   last_error = CASE WHEN status = 'pending' THEN :error ELSE last_error END,
+                   cancel_requested = true
+             WHERE run_id = :run_id
+               AND (status = 'pending' OR (status = 'running' AND NOT cancel_requested))
+            RETURNING id, status""")
+
+    @cached_property
+    def retry_dead_job(self) -> TextClause:
+        """Send dead job :id back to pending with a fresh attempt budget, due now, and wake the
+        workers of its queue (at commit). `last_error` is kept until the next attempt ends."""
+        return self._t("""
+            WITH retried AS (
+                UPDATE {s}.jobs
+                   SET status = 'pending', attempts = 0, run_at = now(), finished_at = NULL
+                 WHERE id = :id AND status = 'dead'
+                RETURNING id, queue)
+            SELECT r.id, pg_notify(:channel, r.queue) FROM retried r""")
+
+    @cached_property
+    def list_runs(self) -> TextClause:
+        """The newest :limit runs (optionally only those whose derived status is :status), one
+        row each: the latest step decides the status unless any step was cancelled. Scans
+        the table: meant for an operator's eyes, not for a hot path."""
+        return self._t("""
+            SELECT * FROM (
+                SELECT run_id,
+                       (array_agg(task ORDER BY step_index DESC, id DESC))[1] AS task,
+                       (array_agg(step ORDER BY step_index DESC, id DESC))[1] AS step,
+                       max(step_index) AS step_index,
+                       CASE WHEN bool_or(status = 'cancelled' OR cancel_requested)
+                            THEN 'cancelled'
+                            ELSE (array_agg(status ORDER BY step_index DESC, id DESC))[1]
+                       END AS status,
+                       (array_agg(idempotency_key ORDER BY step_index, id))[1]
+                           AS idempotency_key,
+                       min(created_at) AS created_at,
+                       (array_agg(finished_at ORDER BY step_index DESC, id DESC))[1]
+                           AS finished_at
+                  FROM {s}.jobs GROUP BY run_id) r
+             WHERE CAST(:status AS text) IS NULL OR r.status = :status
+             ORDER BY r.run_id DESC
+             LIMIT :limit""")

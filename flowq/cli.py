@@ -226,3 +226,57 @@ def _register_subcommands() -> None:
 
 
 _register_subcommands()
+
+
+@click.command()
+@url_option
+@click.option("--scenario", "scenarios", multiple=True, metavar="NAME",
+              help="Run only this scenario (repeatable): drain, drain-session, pipeline, "
+              "enqueue, latency, scale, soak. Default: all but soak.")
+@click.option("--jobs", "n_jobs", type=click.IntRange(1), default=None,
+              help="Jobs per drain (pipeline: steps) [default: 20000; --quick: 300].")
+@click.option("--processes", "-p", type=click.IntRange(1, 64), default=None,
+              help="Worker processes (and raw loop processes) [default: 2].")
+@click.option("--concurrency", "-c", type=click.IntRange(1, 1000), default=None,
+              help="Handlers per worker process [default: 32; --quick: 8].")
+@click.option("--repeat", type=click.IntRange(1), default=None,
+              help="Runs per figure; the table shows median and min-max [default: 3].")
+@click.option("--duration", type=click.FloatRange(1.0), default=None,
+              help="Seconds the soak runs [default: 600].")
+@click.option("--quick", is_flag=True, help="Tiny sizes and one run: checks it works.")
+@click.option("--json", "json_out", is_flag=True, help="Print JSON instead of the table.")
+@click.option("--json-file", type=click.Path(dir_okay=False), default=None,
+              help="Also write the JSON to this file.")
+@friendly_errors
+def bench(database_url: str | None, scenarios: tuple[str, ...], n_jobs: int | None,
+          processes: int | None, concurrency: int | None, repeat: int | None,
+          duration: float | None, quick: bool, json_out: bool, json_file: str | None) -> None:
+    """Benchmark flowq against raw-SQL references on --database-url or an embedded server.
+
+    Every figure is measured beside its reference in the same run, on the same database;
+    the embedded server (the default) is durable (fsync on). Creates and drops one database
+    per scenario, so the role needs CREATEDB.
+    """
+    import json
+
+    from flowq.bench import DEFAULT_SCENARIOS, SCENARIOS, Options, run_bench
+
+    unknown = [s for s in scenarios if s not in SCENARIOS]
+    if unknown:
+        raise click.UsageError(f"unknown scenario {unknown[0]!r}; choose from "
+                               f"{', '.join(SCENARIOS)}")
+    options = Options.quick() if quick else Options()
+    for knob, value in (("jobs", n_jobs), ("processes", processes),
+                        ("concurrency", concurrency), ("repeat", repeat),
+                        ("duration", duration)):
+        if value is not None:
+            setattr(options, knob, value)
+    table, doc = run_bench(resolve_url(database_url), scenarios or DEFAULT_SCENARIOS, options,
+                           progress=lambda m: click.echo(m, err=True))
+    if json_file:
+        with open(json_file, "w") as f:
+            json.dump(doc, f, indent=2)
+    click.echo(json.dumps(doc, indent=2) if json_out else table)
+
+
+main.add_command(bench)

@@ -1,0 +1,47 @@
+"""`flowq bench`: flowq's throughput and latency beside raw-SQL references, in one invocation.
+
+Scenarios (see `options.SCENARIOS`): drain, drain-session, pipeline, enqueue, latency, scale,
+and soak (opt-in: it runs for `--duration`). Each runs in a fresh database on one server: the
+one at `--database-url`, or a fresh embedded PostgreSQL with durable defaults (fsync on).
+flowq's side always goes through real `flowq worker` processes running `flowq.bench.app:app`;
+the references are hand-written psycopg loops on the same table, same process count, measured
+in the same run, because absolute numbers drift from machine to machine and ratios do not.
+
+Modules: `options` (sizes and defaults), `harness` (server, databases, worker processes),
+`baselines` (raw loops), `drains` (timing a drain), `scenarios` and `producers` (the
+scenarios), `report` (table and JSON), `app` (the bench's handlers), `worker` (soak worker).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from flowq.bench.harness import Server, open_server
+from flowq.bench.options import DEFAULT_SCENARIOS, SCENARIOS, Options
+from flowq.bench.report import Row, render_table, to_json
+
+__all__ = ["DEFAULT_SCENARIOS", "SCENARIOS", "Options", "run_bench"]
+
+
+def _registry() -> dict[str, Callable[[Server, Options], list[Row]]]:
+    from flowq.bench import producers, scenarios
+
+    return {"drain": scenarios.drain, "drain-session": scenarios.drain_session,
+            "pipeline": scenarios.pipeline, "enqueue": producers.enqueue,
+            "latency": producers.latency, "scale": scenarios.scale, "soak": producers.soak}
+
+
+def run_bench(url: str | None, names: Sequence[str], options: Options,
+              progress: Callable[[str], None] = lambda _: None,
+              server_settings: dict[str, str] | None = None) -> tuple[str, dict[str, Any]]:
+    """Run the scenarios `names`; the printable table and the JSON document."""
+    registry = _registry()
+    rows: list[Row] = []
+    with open_server(url, server_settings) as server:
+        machine = server.machine()
+        for name in names:
+            progress(f"running {name} …")
+            rows.extend(registry[name](server, options))
+    return (render_table(machine, rows, options.repeat),
+            to_json(machine, {**options.as_dict(), "scenarios": list(names)}, rows))

@@ -1,0 +1,173 @@
+"""The raw-SQL references: hand-written psycopg loops on the same `flowq.jobs` table.
+
+They are what an expert writes without a library, and what flowq is measured against:
+- `one_per_tx`: BEGIN; SELECT … LIMIT 1 FOR UPDATE SKIP LOCKED; UPDATE … SET status =
+  'succeeded'; COMMIT (optionally inserting one ledger row in the same transaction);
+- `batched`: claim 100 with flowq's own CTE `UPDATE … RETURNING`, then complete them with one
+  `UPDATE … WHERE id = ANY(…)`; `pipeline` also inserts the next steps, as flowq's completer does;
+- `listener`: LISTEN, and on each notification claim and stamp the handler-start time.
+
+`run_loops` runs P of them in processes (multiprocessing, spawn), released together once all
+are connected, so process start-up is not timed. Each loop sets `finished_at = now()` like flowq,
+so the same database-clock measurement serves both.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from typing import Any, Final
+
+import psycopg
+
+__all__ = ["LOOPS", "run_loops"]
+
+BATCH: Final = 100
+QUEUE: Final = "bench"
+
+_PICK_ONE = """SELECT id FROM flowq.jobs
+    WHERE status = 'pending' AND queue = %s AND run_at <= now()
+    ORDER BY priority, run_at, id LIMIT 1 FOR UPDATE SKIP LOCKED"""
+_DONE_ONE = """UPDATE flowq.jobs SET status = 'succeeded', attempts = attempts + 1,
+    finished_at = now() WHERE id = %s"""
+_LEDGER = "INSERT INTO bench_ledger (job_id) VALUES (%s)"
+_CLAIM = """WITH picked AS (
+        SELECT id FROM flowq.jobs
+        WHERE status = 'pending' AND queue = %s AND run_at <= now()
+        ORDER BY priority, run_at, id LIMIT %s FOR UPDATE SKIP LOCKED)
+    UPDATE flowq.jobs j SET status = 'running', attempts = j.attempts + 1, locked_by = %s,
+        locked_at = now(), heartbeat_at = now()
+    FROM picked WHERE j.id = picked.id
+    RETURNING j.id, j.run_id, j.task, j.step_index, j.args::text"""
+_DONE_MANY = """UPDATE flowq.jobs SET status = 'succeeded', finished_at = now(),
+    locked_by = NULL, locked_at = NULL, heartbeat_at = NULL
+    WHERE id = ANY(%s) AND status = 'running'"""
+_NEXT_STEPS = """INSERT INTO flowq.jobs (run_id, task, step, step_index, queue, args)
+    SELECT r, t, s, i, %s, '{}'::jsonb
+    FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::smallint[]) AS u(r, t, s, i)"""
+_STAMP = "INSERT INTO bench_stamps (run_id, started) SELECT * FROM unnest(%s::bigint[], %s::float8[])"
+_ANY_RUNNING = "SELECT 1 FROM flowq.jobs WHERE status IN ('running', 'pending') LIMIT 1"
+_PIPELINE_STEPS: Final = ("first", "second", "third")
+
+
+def _one_per_tx(conn: psycopg.Connection[Any], ledger: bool) -> int:
+    done = 0
+    while True:
+        with conn.transaction():
+            row = conn.execute(_PICK_ONE, (QUEUE,)).fetchone()
+            if row is None:
+                return done
+            if ledger:
+                conn.execute(_LEDGER, row)
+            conn.execute(_DONE_ONE, row)
+        done += 1
+
+
+def _batched(conn: psycopg.Connection[Any], pipeline: bool) -> int:
+    done = 0
+    while True:
+        with conn.transaction():
+            rows = conn.execute(_CLAIM, (QUEUE, BATCH, "raw")).fetchall()
+        if not rows:
+            # A pipeline's next steps appear as other loops complete theirs: stop only once
+            # nothing is running anywhere.
+            if pipeline and conn.execute(_ANY_RUNNING).fetchone():
+                conn.commit()
+                time.sleep(0.001)
+                continue
+            return done
+        with conn.transaction():
+            conn.execute(_DONE_MANY, ([r[0] for r in rows],))
+            nxt = [r for r in rows if pipeline and r[3] < len(_PIPELINE_STEPS) - 1]
+            if nxt:
+                conn.execute(_NEXT_STEPS, (
+                    QUEUE, [r[1] for r in nxt], [r[2] for r in nxt],
+                    [_PIPELINE_STEPS[r[3] + 1] for r in nxt], [r[3] + 1 for r in nxt]))
+        done += len(rows)
+
+
+def _listener(conn: psycopg.Connection[Any], stop: Any) -> int:
+    """Claim on every notification (or 1 s poll); stamp each job's start, then complete."""
+    listen = psycopg.connect(conn.info.dsn, autocommit=True)
+    listen.execute('LISTEN "flowq"')
+    done = 0
+    try:
+        while not stop.is_set():
+            while True:
+                with conn.transaction():
+                    rows = conn.execute(_CLAIM, (QUEUE, BATCH, "raw")).fetchall()
+                    started = time.time()
+                if not rows:
+                    break
+                with conn.transaction():
+                    conn.execute(_STAMP, ([r[1] for r in rows], [started] * len(rows)))
+                    conn.execute(_DONE_MANY, ([r[0] for r in rows],))
+                done += len(rows)
+            for _ in listen.notifies(timeout=1.0, stop_after=1):
+                pass
+    finally:
+        listen.close()
+    return done
+
+
+LOOPS: Final = {
+    "one_per_tx": lambda conn, stop: _one_per_tx(conn, ledger=False),
+    "one_per_tx_ledger": lambda conn, stop: _one_per_tx(conn, ledger=True),
+    "batched": lambda conn, stop: _batched(conn, pipeline=False),
+    "pipeline": lambda conn, stop: _batched(conn, pipeline=True),
+    "listener": _listener,
+}
+
+
+def _child(kind: str, dsn: str, ready: Any, go: Any, stop: Any, results: Any) -> None:
+    with psycopg.connect(dsn, application_name=f"flowq-bench raw {kind}") as conn:
+        conn.execute("SELECT 1")
+        conn.commit()
+        ready.release()
+        go.wait()
+        results.put(LOOPS[kind](conn, stop))
+
+
+class RawLoops:
+    """P processes of one loop kind, started and connected; `go()` releases them."""
+
+    def __init__(self, kind: str, dsn: str, processes: int) -> None:
+        ctx = mp.get_context("spawn")
+        self._ready = ctx.Semaphore(0)
+        self._go = ctx.Event()
+        self.stop = ctx.Event()
+        self._results: Any = ctx.Queue()
+        self.procs = [ctx.Process(target=_child, args=(kind, dsn, self._ready, self._go,
+                                                      self.stop, self._results), daemon=True)
+                      for _ in range(processes)]
+
+    def __enter__(self) -> RawLoops:
+        for p in self.procs:
+            p.start()
+        for _ in self.procs:
+            if not self._ready.acquire(timeout=60):
+                raise TimeoutError("raw loop processes did not connect")
+        return self
+
+    def go(self) -> None:
+        self._go.set()
+
+    def join(self, timeout: float = 3600.0) -> int:
+        """Wait for every loop to finish; the jobs they completed between them."""
+        total = sum(int(self._results.get(timeout=timeout)) for _ in self.procs)
+        for p in self.procs:
+            p.join(timeout=10)
+        return total
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self._go.set()
+        for p in self.procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+
+
+def run_loops(kind: str, dsn: str, processes: int) -> RawLoops:
+    """`with run_loops(...) as loops: t0 = …; loops.go(); loops.join()`."""
+    return RawLoops(kind, dsn, processes)

@@ -1,0 +1,215 @@
+"""The bench's plumbing: the server, a fresh database per scenario, and `flowq worker` processes.
+
+- `open_server(url)`: the server at `url`, or (None) a fresh embedded PostgreSQL with durable
+  default settings (fsync on, synchronous_commit on), stopped on exit.
+- `Server.fresh_database()`: a new database cloned from a migrated template (CREATE DATABASE
+  … TEMPLATE), dropped afterwards, so one scenario never sees another's rows or dead tuples.
+- `reset(engine)`: TRUNCATE the jobs and bench tables between repeats of one scenario.
+- `WorkerGroup`: real `python -m flowq worker flowq.bench.app:app --processes P` processes,
+  started and ready (their LISTEN connections seen in pg_stat_activity) before timing starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+
+import flowq
+from flowq.db import normalize_url
+
+__all__ = ["Server", "WorkerGroup", "conninfo", "open_server", "reset", "wait_for"]
+
+BENCH_APP: Final = "flowq.bench.app:app"
+READY_TIMEOUT: Final = 60.0
+STOP_TIMEOUT: Final = 40.0
+# Handlers' tables; created in the template so each fresh database has them.
+_BENCH_DDL: Final = (
+    "CREATE TABLE bench_ledger (id bigserial PRIMARY KEY, job_id bigint NOT NULL)",
+    "CREATE TABLE bench_stamps (run_id bigint NOT NULL, started float8 NOT NULL)",
+    "CREATE TABLE bench_orders (id bigserial PRIMARY KEY, item text NOT NULL)",
+)
+_TRUNCATE: Final = ("TRUNCATE flowq.jobs, bench_ledger, bench_stamps, bench_orders "
+                    "RESTART IDENTITY")
+
+
+def conninfo(url: str) -> str:
+    """A libpq URL (for raw psycopg) from a SQLAlchemy URL."""
+    return normalize_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.02) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+@dataclass
+class Server:
+    """A PostgreSQL server the bench may create databases on."""
+
+    url: str  # a database to connect to for CREATE DATABASE
+    embedded: Any = None  # the LocalPostgres we started, if any
+    template: str = field(default_factory=lambda: f"flowq_bench_tpl_{uuid.uuid4().hex[:8]}")
+
+    def admin(self) -> sa.Engine:
+        return sa.create_engine(normalize_url(self.url), isolation_level="AUTOCOMMIT",
+                                poolclass=sa.pool.NullPool)
+
+    def machine(self) -> dict[str, Any]:
+        """What the numbers depend on: cores, OS, PostgreSQL version and durability settings."""
+        eng = self.admin()
+        try:
+            with eng.connect() as c:
+                version = c.execute(sa.text("SHOW server_version")).scalar()
+                settings = {name: c.execute(sa.text(f"SHOW {name}")).scalar() for name in
+                            ("fsync", "synchronous_commit", "full_page_writes",
+                             "shared_buffers", "max_connections")}
+        finally:
+            eng.dispose()
+        return {"cores": os.cpu_count(), "platform": platform.platform(),
+                "python": platform.python_version(), "postgresql": version,
+                "embedded": self.embedded is not None, **settings}
+
+    def create_template(self) -> None:
+        eng = self.admin()
+        with eng.connect() as c:
+            c.execute(sa.text(f'CREATE DATABASE "{self.template}"'))
+        eng.dispose()
+        db = sa.create_engine(self._url_of(self.template), poolclass=sa.pool.NullPool)
+        flowq.migrate(db)
+        with db.begin() as c:
+            for ddl in _BENCH_DDL:
+                c.execute(sa.text(ddl))
+        db.dispose()
+
+    def _url_of(self, database: str) -> str:
+        return normalize_url(self.url).set(database=database).render_as_string(
+            hide_password=False)
+
+    @contextlib.contextmanager
+    def fresh_database(self) -> Iterator[str]:
+        """The URL of a new migrated database with the bench tables; dropped afterwards."""
+        name = f"flowq_bench_{uuid.uuid4().hex[:10]}"
+        eng = self.admin()
+        with eng.connect() as c:
+            c.execute(sa.text(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"'))
+        try:
+            yield self._url_of(name)
+        finally:
+            with eng.connect() as c:
+                c.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            eng.dispose()
+
+    def close(self) -> None:
+        eng = self.admin()
+        with contextlib.suppress(sa.exc.DBAPIError), eng.connect() as c:
+            c.execute(sa.text(f'DROP DATABASE IF EXISTS "{self.template}" WITH (FORCE)'))
+        eng.dispose()
+        if self.embedded is not None:
+            self.embedded.stop()
+
+
+@contextlib.contextmanager
+def open_server(url: str | None, settings: Mapping[str, str] | None = None
+                ) -> Iterator[Server]:
+    """The server at `url`, or a fresh embedded one with durable defaults (plus `settings`)."""
+    embedded = None
+    if url is None:
+        from flowq.embedded import LocalPostgres
+
+        embedded = LocalPostgres(settings=settings).start()
+        url = embedded.url
+    server = Server(make_url(url).render_as_string(hide_password=False), embedded)
+    try:
+        server.create_template()
+        yield server
+    finally:
+        server.close()
+
+
+def reset(engine: sa.Engine) -> None:
+    """Empty the jobs and bench tables (between repeats, with workers idle)."""
+    with engine.begin() as c:
+        c.execute(sa.text(_TRUNCATE))
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+        c.execute(sa.text("VACUUM ANALYZE flowq.jobs"))
+
+
+class WorkerGroup:
+    """`flowq worker flowq.bench.app:app` with P processes of concurrency C, as a user runs it."""
+
+    def __init__(self, url: str, *, processes: int, concurrency: int,
+                 extra: tuple[str, ...] = (), module: tuple[str, ...] | None = None) -> None:
+        self.url = url
+        self.processes = processes
+        self.concurrency = concurrency
+        self.argv = [sys.executable, "-m", *(module or ("flowq", "worker", BENCH_APP)),
+                     "--database-url", url, "--processes", str(processes),
+                     "--concurrency", str(concurrency), "--no-job-log",
+                     "--log-level", "WARNING", *extra]
+        self.log = Path(tempfile.mkstemp(prefix="flowq-bench-worker-", suffix=".log")[1])
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> WorkerGroup:
+        with open(self.log, "wb") as out:
+            # A session of its own, so a stuck group can be killed without touching ours.
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        return self
+
+    def wait_ready(self, engine: sa.Engine) -> None:
+        """Until every process holds its LISTEN connection (it has started its claim loop)."""
+        q = sa.text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND application_name LIKE 'flowq listen %'")
+
+        def ready() -> bool:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {self.proc.returncode}: "
+                                   f"{self.log.read_text(errors='replace')[-2000:]}")
+            with engine.connect() as c:
+                return int(c.execute(q).scalar() or 0) >= self.processes
+
+        wait_for(ready, READY_TIMEOUT, "the workers to start", interval=0.05)
+
+    def pids(self) -> list[int]:
+        """The worker processes (the supervisor's children when P > 1)."""
+        if self.proc is None:
+            return []
+        if self.processes == 1:
+            return [self.proc.pid]
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True,
+                             text=True, check=False).stdout
+        return [int(p) for p in out.split()]
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        with contextlib.suppress(OSError):
+            self.log.unlink()

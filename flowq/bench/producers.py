@@ -1,0 +1,245 @@
+"""The producer-side scenarios: enqueue (per transaction and bulk), latency, and soak.
+
+- enqueue: business transactions (one ORM insert, `sessionmaker(class_=flowq.Session)`), with
+  and without `session.enqueue`, alternated in blocks so drift hits both; and a bulk
+  `enqueue_many` against a raw `INSERT … SELECT unnest(…)` of the same rows.
+- latency: one idle worker; jobs enqueued one per transaction at a steady rate; the handler
+  stamps `time.time()` when it starts, the producer notes it right after its commit returns.
+  Reference: a raw LISTEN + claim loop stamping the same way.
+- soak: a steady producer for `duration` with the pruner on (short retention); table size,
+  dead tuples and p99 pickup latency sampled over time, first half against second half.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+
+import flowq
+from flowq.bench import baselines
+from flowq.bench.app import noop, stamp
+from flowq.bench.drains import engine_for
+from flowq.bench.harness import Server, WorkerGroup, conninfo, reset, wait_for
+from flowq.bench.options import Options
+from flowq.bench.report import Figure, Row, percentile
+
+__all__ = ["enqueue", "latency", "soak"]
+
+BLOCK = 50
+
+
+class _Base(DeclarativeBase):
+    pass
+
+
+class BenchOrder(_Base):
+    __tablename__ = "bench_orders"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    item: Mapped[str]
+
+
+# -- enqueue ----------------------------------------------------------------------------------
+
+def _transactions(make: sessionmaker[flowq.Session], n: int) -> tuple[float, float]:
+    """Seconds spent in `n` transactions with an enqueue and `n` without, interleaved."""
+    spent = [0.0, 0.0]
+    done = 0
+    while done < n:
+        block = min(BLOCK, n - done)
+        for with_job in (True, False):
+            t = time.perf_counter()
+            for i in range(block):
+                with make.begin() as s:
+                    s.add(BenchOrder(item=f"order {done + i}"))
+                    if with_job:
+                        s.enqueue(noop, n=done + i)
+            spent[0 if with_job else 1] += time.perf_counter() - t
+        done += block
+    return spent[0], spent[1]
+
+
+_RAW_BULK = """INSERT INTO flowq.jobs (task, step, queue, max_attempts, args)
+    SELECT 'noop', 'noop', 'bench', 10, a FROM unnest(%s::jsonb[]) AS a"""
+
+
+def _bulk(engine: sa.Engine, dsn: str, n: int) -> tuple[float, float]:
+    make = sessionmaker(engine, class_=flowq.Session)
+    reset(engine)
+    t = time.perf_counter()
+    with make.begin() as s:
+        s.enqueue_many(noop, [{"n": i} for i in range(n)])
+    ours = n / (time.perf_counter() - t)
+    reset(engine)
+    with psycopg.connect(dsn) as conn:
+        t = time.perf_counter()
+        with conn.transaction():
+            conn.execute(_RAW_BULK, ([json.dumps({"n": i}) for i in range(n)],))
+        raw = n / (time.perf_counter() - t)
+    return ours, raw
+
+
+def enqueue(server: Server, o: Options) -> list[Row]:
+    with_job, without, bulk, raw_bulk = [], [], [], []
+    with server.fresh_database() as url:
+        engine = engine_for(url)
+        try:
+            make = sessionmaker(engine, class_=flowq.Session)
+            _transactions(make, min(20, o.transactions))  # warm the pool and the caches
+            for _ in range(o.repeat):
+                reset(engine)
+                a, b = _transactions(make, o.transactions)
+                with_job.append(a / o.transactions * 1000)
+                without.append(b / o.transactions * 1000)
+                ours, raw = _bulk(engine, conninfo(url), o.bulk)
+                bulk.append(ours)
+                raw_bulk.append(raw)
+        finally:
+            engine.dispose()
+    return [
+        Row("enqueue", Figure("ms per tx: ORM insert + session.enqueue", "ms", with_job, False),
+            [Figure("ms per tx: ORM insert alone", "ms", without, False)],
+            note="target: <= 1.15x the transaction without the enqueue"),
+        Row("enqueue", Figure(f"enqueue_many of {o.bulk:,}", "rows/s", bulk),
+            [Figure("raw INSERT … SELECT unnest(jsonb[])", "rows/s", raw_bulk)],
+            note="target: >= 0.7x the raw multi-row INSERT"),
+    ]
+
+
+# -- latency ----------------------------------------------------------------------------------
+
+def _produce(engine: sa.Engine, n: int, rate: float) -> dict[int, float]:
+    """Enqueue `stamp` jobs one per transaction at `rate`/s; run id -> time after commit."""
+    make = sessionmaker(engine, class_=flowq.Session)
+    commits: dict[int, float] = {}
+    interval, next_at = 1.0 / rate, time.perf_counter()
+    for i in range(n):
+        with make.begin() as s:
+            run = s.enqueue(stamp, n=i)
+        commits[run.id] = time.time()
+        next_at += interval
+        time.sleep(max(0.0, next_at - time.perf_counter()))
+    return commits
+
+
+def _pickups(engine: sa.Engine, commits: dict[int, float], since: float = 0.0) -> list[float]:
+    with engine.connect() as c:
+        rows = c.execute(sa.text("SELECT run_id, started FROM bench_stamps WHERE started >= :t"),
+                         {"t": since}).all()
+    return [(r.started - commits[r.run_id]) * 1000 for r in rows if r.run_id in commits]
+
+
+def _stamped(engine: sa.Engine, n: int) -> bool:
+    with engine.connect() as c:
+        return int(c.execute(sa.text("SELECT count(*) FROM bench_stamps")).scalar_one()) >= n
+
+
+def _measure(engine: sa.Engine, o: Options) -> list[float]:
+    """Produce `latency_jobs` at `rate`, wait for every stamp; the pickup latencies (ms)."""
+    commits = _produce(engine, o.latency_jobs, o.rate)
+    wait_for(lambda: _stamped(engine, len(commits)), 60, "the stamps", 0.1)
+    return _pickups(engine, commits)
+
+
+def _latency_rows(name: str, samples: list[list[float]]) -> list[Figure]:
+    return [Figure(f"{name} p50", "ms", [percentile(s, 50) for s in samples], False),
+            Figure(f"{name} p99", "ms", [percentile(s, 99) for s in samples], False),
+            Figure(f"{name} max", "ms", [max(s) for s in samples], False)]
+
+
+def latency(server: Server, o: Options) -> list[Row]:
+    ours: list[list[float]] = []
+    raw: list[list[float]] = []
+    with server.fresh_database() as url:
+        engine = engine_for(url)
+        try:
+            with WorkerGroup(url, processes=1, concurrency=o.concurrency) as workers:
+                workers.wait_ready(engine)
+                for _ in range(o.repeat):
+                    reset(engine)
+                    ours.append(_measure(engine, o))
+            for _ in range(o.repeat):
+                reset(engine)
+                with baselines.run_loops("listener", conninfo(url), 1) as loops:
+                    loops.go()
+                    raw.append(_measure(engine, o))
+        finally:
+            engine.dispose()
+    mine, refs = _latency_rows("pickup", ours), _latency_rows("raw LISTEN+claim", raw)
+    targets = {"p50": "target: p50 < 5 ms", "p99": "target: p99 < 25 ms"}
+    return [Row("latency", f, [r], note=targets.get(f.name.split()[-1], ""))
+            for f, r in zip(mine, refs, strict=True)]
+
+
+# -- soak -------------------------------------------------------------------------------------
+
+_SIZES = sa.text("""SELECT pg_total_relation_size('flowq.jobs') AS size,
+    (SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'flowq.jobs'::regclass) AS dead,
+    (SELECT count(*) FROM flowq.jobs) AS rows_""")
+
+
+def soak(server: Server, o: Options) -> list[Row]:
+    samples: list[dict[str, Any]] = []
+    with server.fresh_database() as url:
+        engine = engine_for(url)
+        try:
+            extra = ("--retention", str(o.soak_retention),
+                     "--prune-interval", str(max(1.0, o.soak_retention / 6)))
+            with WorkerGroup(url, processes=1, concurrency=o.concurrency, extra=extra,
+                             module=("flowq.bench.worker",)) as workers:
+                workers.wait_ready(engine)
+                stop = threading.Event()
+                shared: dict[int, float] = {}
+                producer = threading.Thread(target=_produce_into, args=(
+                    engine, o.rate, stop, shared), daemon=True)
+                start = time.time()
+                producer.start()
+                while time.time() - start < o.duration:
+                    time.sleep(o.sample_every)
+                    since = time.time() - o.sample_every
+                    with engine.connect() as c:
+                        s = c.execute(_SIZES).one()
+                    lat = _pickups(engine, dict(shared), since)
+                    samples.append({"t": round(time.time() - start, 1), "size_mb":
+                                    s.size / 2**20, "dead_tuples": int(s.dead or 0),
+                                    "rows": int(s.rows_), "p99_ms": percentile(lat, 99),
+                                    "jobs": len(lat)})
+                stop.set()
+                producer.join(timeout=10)
+        finally:
+            engine.dispose()
+    half = max(1, len(samples) // 2)
+    first, second = samples[:half], samples[half:] or samples[:half]
+
+    def peak(part: list[dict[str, Any]], key: str) -> list[float]:
+        return [max(float(s[key]) for s in part)]
+
+    rows = []
+    for key, unit, label in (("size_mb", "MB", "jobs table size"),
+                             ("dead_tuples", "tuples", "dead tuples"),
+                             ("p99_ms", "ms", "pickup p99")):
+        rows.append(Row("soak", Figure(f"{label}, peak in 2nd half", unit, peak(second, key),
+                                       False),
+                        [Figure("peak in 1st half", unit, peak(first, key), False)],
+                        extra={"series": [{"t": s["t"], key: s[key]} for s in samples]}))
+    rows[0].note = (f"{o.duration:.0f}s at {o.rate:g} jobs/s, pruner retention "
+                    f"{o.soak_retention:g}s; ratio ~1 = levelled off")
+    return rows
+
+
+def _produce_into(engine: sa.Engine, rate: float, stop: threading.Event,
+                  out: dict[int, float]) -> None:
+    make = sessionmaker(engine, class_=flowq.Session)
+    interval, next_at, i = 1.0 / rate, time.perf_counter(), 0
+    while not stop.is_set():
+        with make.begin() as s:
+            run = s.enqueue(stamp, n=i)
+        out[run.id] = time.time()
+        i += 1
+        next_at += interval
+        time.sleep(max(0.0, next_at - time.perf_counter()))

@@ -1,0 +1,490 @@
+"""The worker in-process against a real PostgreSQL: handlers, ctx, outcomes, queues, batching.
+
+Most tests enqueue, then `run_until_idle` (a real worker that stops once no due job is left)
+and assert on the rows. Tests that need the Worker object run it in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from tenacity import stop_after_attempt, wait_fixed
+
+import flowq
+from flowq.context import Context
+from flowq.testing import job_rows, run_until_idle, wait_until
+from flowq.worker import Worker, WorkerConfig
+
+ONE_TRY = flowq.Retry(stop=stop_after_attempt(1))
+
+
+def enqueue(engine: sa.Engine, task: Any, **kwargs: Any) -> int:
+    with engine.begin() as conn:
+        return flowq.enqueue(conn, task, **kwargs).id
+
+
+def only_row(engine: sa.Engine, where: str = "TRUE", **params: Any) -> Any:
+    [r] = job_rows(engine, where=where, **params)
+    return r
+
+
+@contextlib.contextmanager
+def running_worker(app: flowq.FlowQ, url: str, **config: Any) -> Iterator[Worker]:
+    """A real Worker on a thread, stopped (and joined) on exit."""
+    config.setdefault("poll_interval", 0.1)
+    config.setdefault("shutdown_grace", 5.0)
+    w = Worker(app, url, WorkerConfig(**config))
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            w.run(install_signals=False)
+        except BaseException as exc:  # surfaced in the test, not lost in the thread
+            errors.append(exc)
+
+    t = threading.Thread(target=run, name="test-worker", daemon=True)
+    t.start()
+    try:
+        yield w
+    finally:
+        w.stop()
+        t.join(30)
+        assert not t.is_alive(), "worker did not stop"
+        assert not errors, errors
+
+
+@pytest.fixture
+def ledger(engine: sa.Engine) -> sa.Engine:
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE ledger (job_id bigint, attempt int, note text)"))
+    return engine
+
+
+def ledger_rows(engine: sa.Engine) -> list[Any]:
+    with engine.connect() as conn:
+        return list(conn.execute(sa.text("SELECT * FROM ledger ORDER BY job_id, attempt")))
+
+
+# -- handlers and their context -----------------------------------------------------------
+
+
+def test_sync_and_async_handlers_run(app: flowq.FlowQ, engine: sa.Engine, db_url: str) -> None:
+    @app.task()
+    def add(ctx: Context, a: int, b: int) -> dict[str, int]:
+        return {"sum": a + b}
+
+    @app.task()
+    async def shout(ctx: Context, word: str) -> str:
+        await asyncio.sleep(0)
+        return word.upper()
+
+    enqueue(engine, add, a=2, b=3)
+    enqueue(engine, shout, word="hi")
+    run_until_idle(app, db_url)
+    rows = {r.task: r for r in job_rows(engine)}
+    assert rows["add"].status == "succeeded" and rows["add"].result == {"sum": 5}
+    assert rows["shout"].status == "succeeded" and rows["shout"].result == "HI"
+    assert all(r.attempts == 1 and r.finished_at is not None and r.locked_by is None
+               for r in rows.values())
+
+
+def test_ctx_identifies_the_job_and_its_attempt(app: flowq.FlowQ, engine: sa.Engine,
+                                               db_url: str) -> None:
+    seen: list[Context] = []
+    pipe = app.pipeline("flow")
+
+    @pipe.step(retry=flowq.Retry(wait=wait_fixed(0)))
+    def first(ctx: Context, n: int) -> dict[str, int]:
+        seen.append(ctx)
+        if ctx.attempt == 1:
+            raise RuntimeError("first try fails")
+        return {"n": n}
+
+    @pipe.step()
+    def second(ctx: Context, n: int) -> None:
+        seen.append(ctx)
+
+    run_a = enqueue(engine, pipe, n=1)
+    run_b = enqueue(engine, pipe, n=2)
+    run_until_idle(app, db_url)
+
+    def of(run: int, step: str) -> list[Context]:
+        return [c for c in seen if c.run_id == run and c.step == step]
+
+    a1, a2 = of(run_a, "first")
+    assert (a1.attempt, a2.attempt) == (1, 2)
+    assert a1.job_id == a2.job_id
+    assert a1.idempotency_key == a2.idempotency_key  # stable across retries
+    [a_second] = of(run_a, "second")
+    [b_first, _] = of(run_b, "first")
+    assert a_second.attempt == 1 and a_second.job_id != a1.job_id
+    keys = {a1.idempotency_key, a_second.idempotency_key, b_first.idempotency_key}
+    assert len(keys) == 3  # distinct across steps and runs
+    rows = {(r.run_id, r.step): r for r in job_rows(engine)}
+    assert rows[(run_a, "first")].id == a1.job_id and rows[(run_a, "first")].attempts == 2
+    assert rows[(run_a, "second")].id == a_second.job_id
+    assert all(r.status == "succeeded" for r in rows.values())
+    assert a1.task == "flow" and a1.queue == "default"
+
+
+def test_ctx_session_commits_with_success_and_rolls_back_on_failure(
+        app: flowq.FlowQ, ledger: sa.Engine, db_url: str) -> None:
+    @app.task(retry=flowq.Retry(wait=wait_fixed(0)))
+    def book(ctx: Context, fail_first: bool) -> None:
+        ctx.session.execute(sa.text("INSERT INTO ledger VALUES (:j, :a, 'x')"),
+                            {"j": ctx.job_id, "a": ctx.attempt})
+        if fail_first and ctx.attempt == 1:
+            raise RuntimeError("after writing")
+
+    ok = enqueue(ledger, book, fail_first=False)
+    flaky = enqueue(ledger, book, fail_first=True)
+    run_until_idle(app, db_url)
+    assert all(r.status == "succeeded" for r in job_rows(ledger))
+    assert [(r.job_id, r.attempt) for r in ledger_rows(ledger)] == [(ok, 1), (flaky, 2)]
+
+
+def test_ctx_session_writes_roll_back_when_the_job_dies(app: flowq.FlowQ, ledger: sa.Engine,
+                                                       db_url: str) -> None:
+    @app.task(retry=ONE_TRY)
+    def book(ctx: Context) -> None:
+        ctx.session.execute(sa.text("INSERT INTO ledger VALUES (1, 1, 'x')"))
+        raise ValueError("nope")
+
+    enqueue(ledger, book)
+    run_until_idle(app, db_url)
+    assert only_row(ledger).status == "dead"
+    assert ledger_rows(ledger) == []
+
+
+def test_committing_ctx_session_fails_the_attempt(app: flowq.FlowQ, ledger: sa.Engine,
+                                                  db_url: str) -> None:
+    @app.task(retry=ONE_TRY)
+    def sneaky(ctx: Context) -> None:
+        ctx.session.execute(sa.text("INSERT INTO ledger VALUES (1, 1, 'x')"))
+        ctx.session.commit()
+
+    enqueue(ledger, sneaky)
+    run_until_idle(app, db_url)
+    row = only_row(ledger)
+    assert row.status == "dead"
+    assert row.last_error.startswith("FlowqError: ctx.session is committed by flowq")
+    assert "do not call commit()" in row.last_error
+    assert ledger_rows(ledger) == []
+
+
+def test_handler_without_ctx_session_opens_no_session(app: flowq.FlowQ, ledger: sa.Engine,
+                                                     db_url: str) -> None:
+    @app.task()
+    def plain(ctx: Context) -> None:
+        pass
+
+    @app.task()
+    def writer(ctx: Context) -> None:
+        ctx.session.execute(sa.text("INSERT INTO ledger VALUES (1, 1, 'x')"))
+
+    for _ in range(5):
+        enqueue(ledger, plain)
+    w = Worker(app, db_url, WorkerConfig(poll_interval=0.1, concurrency=4))
+    checkouts: list[object] = []
+    sa.event.listen(w.engines["session"], "checkout", lambda *a: checkouts.append(a))
+    w.run(install_signals=False, until_idle=True)
+    assert len(job_rows(ledger, where="status = 'succeeded'")) == 5
+    assert checkouts == []
+
+    enqueue(ledger, writer)
+    w = Worker(app, db_url, WorkerConfig(poll_interval=0.1))
+    sa.event.listen(w.engines["session"], "checkout", lambda *a: checkouts.append(a))
+    w.run(install_signals=False, until_idle=True)
+    assert len(checkouts) == 1  # the listener sees the one session that was used
+
+
+# -- control flow and failures ----------------------------------------------------------
+
+
+def test_retry_step_reschedules_without_sleeping(app: flowq.FlowQ, engine: sa.Engine,
+                                                 db_url: str) -> None:
+    @app.task()
+    def later(ctx: Context) -> None:
+        raise flowq.RetryStep(after=120, reason="not yet")
+
+    enqueue(engine, later)
+    run_until_idle(app, db_url)
+    row = only_row(engine, "run_at > now() + interval '100 seconds'")
+    assert (row.status, row.attempts) == ("pending", 1)
+    assert row.last_error == "RetryStep: not yet"
+    assert row.locked_by is None
+
+
+def test_retry_step_ends_dead_at_the_attempt_cap(app: flowq.FlowQ, engine: sa.Engine,
+                                                 db_url: str) -> None:
+    calls: list[int] = []
+
+    @app.task(retry=flowq.Retry(stop=stop_after_attempt(3)))
+    def again(ctx: Context) -> None:
+        calls.append(ctx.attempt)
+        raise flowq.RetryStep()
+
+    enqueue(engine, again)
+    run_until_idle(app, db_url)
+    row = only_row(engine)
+    assert calls == [1, 2, 3]
+    assert (row.status, row.attempts) == ("dead", 3)
+    assert row.last_error.startswith("RetryStep")
+
+
+def test_cancel_run_ends_the_job_cancelled(app: flowq.FlowQ, engine: sa.Engine,
+                                           db_url: str) -> None:
+    pipe = app.pipeline("p")
+
+    @pipe.step()
+    def first(ctx: Context) -> None:
+        raise flowq.CancelRun("customer left")
+
+    @pipe.step()
+    def second(ctx: Context) -> None:  # pragma: no cover - must not run
+        raise AssertionError("ran after CancelRun")
+
+    enqueue(engine, pipe)
+    run_until_idle(app, db_url)
+    row = only_row(engine)  # no successor row
+    assert (row.status, row.attempts) == ("cancelled", 1)
+    assert row.last_error == "CancelRun: customer left"
+    assert row.finished_at is not None
+
+
+def test_exhausted_attempts_end_dead_with_the_error(app: flowq.FlowQ, engine: sa.Engine,
+                                                   db_url: str) -> None:
+    @app.task(retry=flowq.Retry(stop=stop_after_attempt(3), wait=wait_fixed(0)))
+    def broken(ctx: Context) -> None:
+        raise ValueError(f"bad input on attempt {ctx.attempt}")
+
+    enqueue(engine, broken)
+    run_until_idle(app, db_url)
+    row = only_row(engine)
+    assert (row.status, row.attempts) == ("dead", 3)
+    assert row.last_error.startswith("ValueError: bad input on attempt 3")
+    assert "Traceback" in row.last_error and "in broken" in row.last_error
+
+
+def test_failure_schedules_the_retry_by_policy(app: flowq.FlowQ, engine: sa.Engine,
+                                               db_url: str) -> None:
+    @app.task(retry=flowq.Retry(wait=wait_fixed(300)))
+    def flaky(ctx: Context) -> None:
+        raise ConnectionError("reset")
+
+    enqueue(engine, flaky)
+    run_until_idle(app, db_url)
+    row = only_row(engine, "run_at BETWEEN now() + interval '290 s' AND now() + interval '300 s'")
+    assert (row.status, row.attempts) == ("pending", 1)
+    assert row.last_error.startswith("ConnectionError: reset")
+
+
+def test_step_timeout_frees_the_slot_while_the_stuck_thread_sleeps(
+        app: flowq.FlowQ, engine: sa.Engine, db_url: str) -> None:
+    release = threading.Event()
+    stuck = threading.Event()
+    ran_while_stuck: list[bool] = []
+
+    @app.task(timeout=0.3, retry=ONE_TRY)
+    def slow(ctx: Context) -> str:
+        stuck.set()
+        release.wait(30)
+        return "late"
+
+    @app.task()
+    def quick(ctx: Context) -> None:
+        ran_while_stuck.append(stuck.is_set() and not release.is_set())
+
+    enqueue(engine, slow, priority=-1)  # claimed first, into the only slot
+    enqueue(engine, quick)
+    try:
+        run_until_idle(app, db_url, concurrency=1)
+    finally:
+        release.set()
+    rows = {r.task: r for r in job_rows(engine)}
+    assert ran_while_stuck == [True]
+    assert rows["quick"].status == "succeeded"
+    assert rows["slow"].status == "dead"
+    assert rows["slow"].last_error.startswith("StepTimeout: ")
+    assert "exceeded its timeout" in rows["slow"].last_error
+
+
+def test_async_step_timeout_fails_the_attempt(app: flowq.FlowQ, engine: sa.Engine,
+                                              db_url: str) -> None:
+    @app.task(timeout=0.2, retry=ONE_TRY)
+    async def slow(ctx: Context) -> None:
+        await asyncio.sleep(30)
+
+    enqueue(engine, slow)
+    run_until_idle(app, db_url)
+    row = only_row(engine)
+    assert row.status == "dead" and row.last_error.startswith("StepTimeout: ")
+
+
+@pytest.mark.parametrize(("value", "reason"), [
+    ({1, 2}, "builtins.set, which is not JSON"),
+    (math.nan, "nan, which JSON cannot represent"),
+    ({"s": "a\x00b"}, "NUL character"),
+])
+def test_non_json_result_fails_the_attempt_with_the_reason(
+        app: flowq.FlowQ, engine: sa.Engine, db_url: str, value: Any, reason: str) -> None:
+    @app.task(retry=ONE_TRY)
+    def weird(ctx: Context) -> Any:
+        return value
+
+    enqueue(engine, weird)
+    run_until_idle(app, db_url)
+    row = only_row(engine)
+    assert row.status == "dead"
+    assert row.last_error.startswith("InvalidResultError: step 'weird' returned a value")
+    assert reason in row.last_error
+    assert row.result is None
+
+
+def test_unknown_task_is_retried_later_with_a_clear_error(app: flowq.FlowQ, engine: sa.Engine,
+                                                         db_url: str) -> None:
+    @app.task()
+    def known(ctx: Context) -> None:
+        pass
+
+    enqueue(engine, "from_a_newer_producer", x=1)
+    run_until_idle(app, db_url, horizon=0)  # do not wait for the retry
+    row = only_row(engine, "run_at > now()")
+    assert (row.status, row.attempts) == ("pending", 1)
+    assert row.last_error.startswith("UnknownTaskError: no task or pipeline named "
+                                     "'from_a_newer_producer'")
+    assert "retried" in row.last_error
+
+
+def test_removed_step_is_retried_later_with_a_clear_error(app: flowq.FlowQ, engine: sa.Engine,
+                                                         db_url: str) -> None:
+    pipe = app.pipeline("p")
+
+    @pipe.step()
+    def kept(ctx: Context) -> None:
+        pass
+
+    with engine.begin() as conn:  # a row written before a deploy removed its step
+        conn.execute(sa.text("INSERT INTO flowq.jobs (task, step, step_index) "
+                             "VALUES ('p', 'gone', 1)"))
+    run_until_idle(app, db_url, horizon=0)
+    row = only_row(engine, "run_at > now()")
+    assert (row.status, row.attempts) == ("pending", 1)
+    assert row.last_error.startswith("UnknownTaskError: pipeline 'p' has no step named 'gone'")
+
+
+# -- claiming ------------------------------------------------------------------------------
+
+
+def test_worker_claims_only_its_queues(app: flowq.FlowQ, engine: sa.Engine,
+                                       db_url: str) -> None:
+    @app.task(queue="a")
+    def on_a(ctx: Context) -> None:
+        pass
+
+    @app.task(queue="b")
+    def on_b(ctx: Context) -> None:
+        pass
+
+    enqueue(engine, on_a)
+    enqueue(engine, on_b)
+    enqueue(engine, on_a, queue="c")
+    run_until_idle(app, db_url, queues=["a"])
+    assert {r.queue: r.status for r in job_rows(engine)} == {
+        "a": "succeeded", "b": "pending", "c": "pending"}
+    run_until_idle(app, db_url)  # default: every queue the app's tasks use (a and b)
+    assert {r.queue: r.status for r in job_rows(engine)} == {
+        "a": "succeeded", "b": "succeeded", "c": "pending"}
+
+
+def test_jobs_run_in_priority_order(app: flowq.FlowQ, engine: sa.Engine, db_url: str) -> None:
+    order: list[int] = []
+
+    @app.task()
+    def job(ctx: Context, p: int) -> None:
+        order.append(p)
+
+    for p in (5, -3, 0, 10, -7):
+        enqueue(engine, job, p=p, priority=p)
+    run_until_idle(app, db_url, concurrency=1)
+    assert order == [-7, -3, 0, 5, 10]
+
+
+def test_future_jobs_are_not_claimed_early(app: flowq.FlowQ, engine: sa.Engine,
+                                           db_url: str) -> None:
+    @app.task()
+    def job(ctx: Context) -> None:
+        pass
+
+    enqueue(engine, job, delay=3600)
+    enqueue(engine, job)
+    run_until_idle(app, db_url)
+    assert sorted((r.status, r.attempts) for r in job_rows(engine)) == [
+        ("pending", 0), ("succeeded", 1)]
+
+
+def test_claims_are_batched(app: flowq.FlowQ, engine: sa.Engine, db_url: str) -> None:
+    @app.task()
+    def job(ctx: Context, n: int) -> None:
+        pass
+
+    with engine.begin() as conn:
+        flowq.enqueue_many(conn, job, [{"n": n} for n in range(100)])
+    w = Worker(app, db_url, WorkerConfig(poll_interval=0.1, concurrency=8))
+    claims: list[int] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "SKIP LOCKED" in statement:
+            claims.append(1)
+
+    sa.event.listen(w.engines["claim"], "before_cursor_execute", count)
+    w.run(install_signals=False, until_idle=True)
+    assert w.claimed == 100
+    assert len(job_rows(engine, where="status = 'succeeded'")) == 100
+    # One statement per job is the slow path; claims wait for a batch of free slots.
+    assert len(claims) <= 40, f"{len(claims)} claim statements for 100 jobs"
+
+
+def test_running_worker_wakes_on_notify_and_stops_cleanly(app: flowq.FlowQ, engine: sa.Engine,
+                                                          db_url: str) -> None:
+    @app.task()
+    def job(ctx: Context) -> None:
+        pass
+
+    # A long poll interval: only the NOTIFY sent at commit can wake the worker in time.
+    with running_worker(app, db_url, poll_interval=60.0) as w:
+        assert w.listener is not None
+        wait_until(w.listener.connected.is_set, 10, message="LISTEN connection")
+        before = w.claimed
+        enqueue(engine, job)
+        wait_until(lambda: job_rows(engine, where="status = 'succeeded'"), 10,
+                   message="the notified job to succeed")
+        assert w.claimed == before + 1
+    assert job_rows(engine, where="status = 'running'") == []
+
+
+def test_stop_releases_unfinished_jobs_without_burning_the_attempt(
+        app: flowq.FlowQ, engine: sa.Engine, db_url: str) -> None:
+    release = threading.Event()
+    started = threading.Event()
+
+    @app.task()
+    def hold(ctx: Context) -> None:
+        started.set()
+        release.wait(30)
+
+    enqueue(engine, hold)
+    try:
+        with running_worker(app, db_url, shutdown_grace=0.2):
+            wait_until(started.is_set, 10, message="the handler to start")
+    finally:
+        release.set()
+    row = only_row(engine)
+    assert (row.status, row.attempts, row.locked_by) == ("pending", 0, None)

@@ -1,0 +1,188 @@
+"""Heartbeat, Reaper and Pruner, one `run_once()` at a time against a real PostgreSQL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+from flowq.queries import Queries
+from flowq.testing import job_rows
+from flowq.worker.maintenance import Heartbeat, Pruner, Reaper
+
+Q = Queries("flowq")
+DAY = 86400.0
+
+
+def add_job(conn: sa.Connection, *, run_id: int | None = None, status: str = "pending",
+            attempts: int = 0, max_attempts: int = 10, heartbeat_ago: float | None = None,
+            finished_ago: float | None = None, cancel_requested: bool = False) -> int:
+    """Insert one row in a given state; times are seconds before the database's now()."""
+    return int(conn.execute(sa.text("""
+        INSERT INTO flowq.jobs (run_id, task, step, status, attempts, max_attempts,
+                                locked_by, locked_at, heartbeat_at, finished_at,
+                                cancel_requested)
+        VALUES (COALESCE(:run_id, nextval('flowq.run_id_seq')), 't', 't', :status, :attempts,
+                :max_attempts, CASE WHEN :status = 'running' THEN 'old-worker' END,
+                now() - make_interval(secs => :hb), now() - make_interval(secs => :hb),
+                now() - make_interval(secs => :fin), :cancel)
+        RETURNING id"""), {
+        "run_id": run_id, "status": status, "attempts": attempts,
+        "max_attempts": max_attempts, "cancel": cancel_requested,
+        "hb": heartbeat_ago, "fin": finished_ago}).scalar_one())
+
+
+def rows_by_id(engine: sa.Engine) -> dict[int, Any]:
+    return {r.id: r for r in job_rows(engine)}
+
+
+# -- reaper ----------------------------------------------------------------------------------
+
+
+def test_reaper_requeues_stale_running_jobs_and_counts_the_attempt(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        stale = add_job(conn, status="running", attempts=2, heartbeat_ago=120)
+        fresh = add_job(conn, status="running", attempts=1, heartbeat_ago=1)
+        pending = add_job(conn)
+    assert Reaper(engine, Q, stale_after=30).run_once() == 1
+    rows = rows_by_id(engine)
+    r = rows[stale]
+    assert (r.status, r.attempts, r.locked_by, r.heartbeat_at) == ("pending", 2, None, None)
+    assert r.finished_at is None
+    assert r.last_error.startswith("WorkerLost: worker old-worker stopped heartbeating during "
+                                   "attempt 2 of 10")
+    assert rows[fresh].status == "running" and rows[fresh].locked_by == "old-worker"
+    assert rows[pending].status == "pending" and rows[pending].last_error is None
+    with engine.connect() as conn:  # due at once
+        assert conn.execute(sa.text("SELECT run_at <= now() FROM flowq.jobs WHERE id = :i"),
+                            {"i": stale}).scalar()
+    assert Reaper(engine, Q, stale_after=30).run_once() == 0  # nothing left to reap
+
+
+def test_reaper_buries_jobs_that_spent_their_attempts(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        poisoned = add_job(conn, status="running", attempts=3, max_attempts=3, heartbeat_ago=99)
+    assert Reaper(engine, Q, stale_after=30).run_once() == 1
+    r = rows_by_id(engine)[poisoned]
+    assert (r.status, r.attempts) == ("dead", 3)
+    assert r.finished_at is not None
+    assert r.last_error.startswith("WorkerLost:")
+
+
+def test_reaper_honours_cancel_requested(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        job = add_job(conn, status="running", attempts=1, heartbeat_ago=99,
+                      cancel_requested=True)
+    assert Reaper(engine, Q, stale_after=30).run_once() == 1
+    r = rows_by_id(engine)[job]
+    assert r.status == "cancelled" and r.finished_at is not None
+
+
+def test_reaper_respects_its_limit(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        for _ in range(5):
+            add_job(conn, status="running", attempts=1, heartbeat_ago=99)
+    reaper = Reaper(engine, Q, stale_after=30, limit=2)
+    assert [reaper.run_once() for _ in range(4)] == [2, 2, 1, 0]
+
+
+def test_only_one_reaper_runs_at_a_time(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        add_job(conn, status="running", attempts=1, heartbeat_ago=99)
+    with engine.connect() as other:
+        other.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext('flowq.reaper'))"))
+        assert Reaper(engine, Q, stale_after=30).run_once() == 0  # another pass holds it
+        other.rollback()
+    assert Reaper(engine, Q, stale_after=30).run_once() == 1
+
+
+# -- heartbeat ---------------------------------------------------------------------------
+
+
+def test_heartbeat_refreshes_held_jobs_and_reports_lost_ones(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        mine = add_job(conn, status="running", attempts=1, heartbeat_ago=20)
+        reaped = add_job(conn, status="running", attempts=1, heartbeat_ago=20)
+        taken = add_job(conn, status="running", attempts=2, heartbeat_ago=20)
+        conn.execute(sa.text("UPDATE flowq.jobs SET status = 'pending' WHERE id = :i"),
+                     {"i": reaped})
+    held = [(mine, 1), (reaped, 1), (taken, 1)]  # `taken` was re-claimed: attempts moved on
+    assert sorted(Heartbeat(engine, Q, lambda: held).run_once()) == sorted([reaped, taken])
+    with engine.connect() as conn:
+        ages = dict(conn.execute(sa.text(
+            "SELECT id, extract(epoch FROM now() - heartbeat_at) FROM flowq.jobs "
+            "WHERE heartbeat_at IS NOT NULL")).all())
+    assert ages[mine] < 10 and ages[taken] >= 19
+
+
+def test_heartbeat_with_nothing_held_sends_nothing(engine: sa.Engine) -> None:
+    statements: list[str] = []
+    sa.event.listen(engine, "before_cursor_execute",
+                    lambda conn, cur, stmt, *a: statements.append(stmt))
+    assert Heartbeat(engine, Q, lambda: []).run_once() == []
+    assert statements == []
+
+
+# -- pruner ------------------------------------------------------------------------------
+
+
+def test_pruner_deletes_whole_old_runs_and_keeps_the_rest(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        old = add_job(conn, status="succeeded", finished_ago=5 * DAY)
+        old_run = conn.execute(sa.text("SELECT run_id FROM flowq.jobs WHERE id = :i"),
+                               {"i": old}).scalar_one()
+        add_job(conn, run_id=old_run, status="succeeded", finished_ago=4 * DAY)
+        recent = add_job(conn, status="succeeded", finished_ago=DAY)
+        cancelled_old = add_job(conn, status="cancelled", finished_ago=5 * DAY)
+        # A run whose first step finished long ago but whose next step is still pending.
+        half = add_job(conn, status="succeeded", finished_ago=5 * DAY)
+        half_run = conn.execute(sa.text("SELECT run_id FROM flowq.jobs WHERE id = :i"),
+                                {"i": half}).scalar_one()
+        add_job(conn, run_id=half_run, status="pending")
+        # A run with an old step and a recently finished one: kept whole.
+        mixed = add_job(conn, status="succeeded", finished_ago=5 * DAY)
+        mixed_run = conn.execute(sa.text("SELECT run_id FROM flowq.jobs WHERE id = :i"),
+                                 {"i": mixed}).scalar_one()
+        add_job(conn, run_id=mixed_run, status="succeeded", finished_ago=60)
+        running_run = add_job(conn, status="succeeded", finished_ago=5 * DAY)
+        rr = conn.execute(sa.text("SELECT run_id FROM flowq.jobs WHERE id = :i"),
+                          {"i": running_run}).scalar_one()
+        add_job(conn, run_id=rr, status="running", attempts=1, heartbeat_ago=1)
+    assert Pruner(engine, Q, retention=3 * DAY).run_once() == 3
+    left = rows_by_id(engine)
+    assert old not in left and cancelled_old not in left
+    assert {recent, half, mixed, running_run} <= set(left)
+    assert len(left) == 7
+
+
+def test_pruner_keeps_dead_runs_for_dead_retention(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        dead_recent = add_job(conn, status="dead", finished_ago=5 * DAY)
+        dead_old = add_job(conn, status="dead", finished_ago=20 * DAY)
+    assert Pruner(engine, Q, retention=3 * DAY, dead_retention=14 * DAY).run_once() == 1
+    assert set(rows_by_id(engine)) == {dead_recent}
+
+
+def test_pruner_works_in_bounded_batches(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        for _ in range(7):
+            add_job(conn, status="succeeded", finished_ago=5 * DAY)
+    statements: list[str] = []
+    sa.event.listen(engine, "before_cursor_execute",
+                    lambda conn, cur, stmt, *a: statements.append(stmt))
+    pruner = Pruner(engine, Q, retention=DAY, limit=3, max_batches=2)
+    assert pruner.run_once() == 6  # two batches of at most 3 runs each
+    assert sum("DELETE FROM" in s for s in statements) == 2
+    assert pruner.run_once() == 1
+    assert pruner.run_once() == 0
+    assert job_rows(engine) == []
+
+
+def test_only_one_pruner_runs_at_a_time(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        add_job(conn, status="succeeded", finished_ago=5 * DAY)
+    with engine.connect() as other:
+        other.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext('flowq.pruner'))"))
+        assert Pruner(engine, Q, retention=DAY).run_once() == 0
+        other.rollback()
+    assert Pruner(engine, Q, retention=DAY).run_once() == 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,9 @@ from click.testing import CliRunner
 
 import flowq
 from flowq.cli import main
+from flowq.queries import Queries
 from flowq.runs import cancel_run, get_run, list_runs, retry_run
-from flowq.testing import job_rows, run_until_idle
+from flowq.testing import job_rows, run_until_idle, wait_until
 
 sys.path.insert(0, str(Path(__file__).parent / "apps"))
 import pipeline_app as pa
@@ -243,3 +245,40 @@ def test_a_connection_joins_the_callers_transaction(ledger: sa.Engine) -> None:
     with ledger.connect() as conn:
         cancel_run(conn, run.id)  # no transaction of the caller's: committed here
     assert get_run(ledger, run.id).status == "cancelled"
+
+
+def test_cancel_waits_for_a_completing_step_and_cancels_its_successor(ledger: sa.Engine
+                                                                      ) -> None:
+    """A completion in flight when cancel starts: cancel waits for it, then sees (and cancels)
+    the successor it inserted, which its first snapshot could not see."""
+    q = Queries("flowq")
+    run = enqueue(ledger, pa.chain3, n=1)
+    with ledger.connect() as worker:
+        with worker.begin():
+            claimed = worker.execute(q.claim_jobs, {"queue": "default", "limit": 1,
+                                                    "worker": "test"}).one()
+        tx = worker.begin()
+        worker.execute(q.complete_jobs, {"ids": [claimed.id], "attempts": [claimed.attempts],
+                                         "results": ['{"n": 1}']})
+        worker.execute(q.insert_steps, {
+            "run_ids": [run.id], "tasks": ["chain3"], "steps": ["flaky"], "indexes": [1],
+            "queues": ["default"], "priorities": [0], "max_attempts": [5],
+            "args": ['{"n": 1, "account": 10, "fail_times": 0, "sleep": 0}'],
+            "channel": "flowq"})
+        with ThreadPoolExecutor(1) as pool:
+            cancelling = pool.submit(cancel_run, ledger, run.id)
+            wait_until(lambda: someone_waits_for_a_lock(ledger), timeout=30,
+                       message="cancel to wait for the completion's row lock")
+            tx.commit()
+            res = cancelling.result(timeout=30)
+    assert [(s.step, s.status) for s in res.run.steps] == [
+        ("create", "succeeded"), ("flaky", "cancelled")]
+    assert res.cancelled == (res.run.steps[1].job_id,)
+    assert res.run.status == "cancelled"
+
+
+def someone_waits_for_a_lock(engine: sa.Engine) -> bool:
+    with engine.connect() as conn:
+        return bool(conn.execute(sa.text(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock'")).scalar())

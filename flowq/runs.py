@@ -209,6 +209,8 @@ def _select(conn: sa.Connection, q: Queries, run_id: int) -> RunInfo:
 def _check_id(run_id: object) -> int:
     if isinstance(run_id, bool) or not isinstance(run_id, int):
         raise RunNotFoundError(f"a run id is an integer, got {run_id!r}")
+    if not 0 < run_id < 2**63:  # a bigint: anything else would be a database error
+        raise RunNotFoundError(f"no run {run_id} exists (run ids are positive 64-bit integers)")
     return run_id
 
 

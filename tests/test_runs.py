@@ -71,6 +71,8 @@ def ledger_steps(engine: sa.Engine, run_id: int) -> list[str]:
 def test_unknown_run_is_a_clear_error(engine: sa.Engine, db_url: str) -> None:
     with pytest.raises(flowq.RunNotFoundError, match="no run 12345"):
         get_run(engine, 12345)
+    code, _, err = cli(db_url, "show", str(2**70))
+    assert code == 2 and "no run 1180591620717411303424 exists" in err
     for command in ("show", "cancel", "retry"):
         code, out, err = cli(db_url, command, "12345")
         assert code == 2

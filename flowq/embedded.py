@@ -159,8 +159,10 @@ class LocalPostgres:
 
     def restart(self) -> None:
         """Restart the server in place (fast shutdown): connections drop, data stays."""
-        self._run(["pg_ctl", "-D", str(self.datadir), "-m", "fast", "-w", "restart"],
-                  timeout=START_TIMEOUT + 10)
+        # `-l` as at start: without it the new postmaster inherits pg_ctl's captured stdout,
+        # and waiting for that pipe to close would hang until the timeout.
+        self._run(["pg_ctl", "-D", str(self.datadir), "-l", str(self.datadir / "server.log"),
+                   "-m", "fast", "-w", "restart"], timeout=START_TIMEOUT + 10)
 
     def stop(self) -> None:
         """Stop the server (fast shutdown) and, for a temporary directory, delete it."""

@@ -156,10 +156,6 @@ def worker(app_spec: str, database_url: str | None, queues: str | None, concurre
 
     configure_logging("json" if log_format == "json" else "text", log_level)
     url = require_url(database_url)
-    if processes > 1:
-        from flowq.worker.supervisor import supervise
-
-        sys.exit(supervise(processes))
     app = load_app(app_spec)
     config = WorkerConfig(queues=_queues(queues), concurrency=concurrency,
                           poll_interval=poll_interval, listen=not no_listen,
@@ -168,6 +164,14 @@ def worker(app_spec: str, database_url: str | None, queues: str | None, concurre
                           maintenance=not no_maintenance, job_log=job_log)
     w = Worker(app, url, config)
     ensure_schema(w.engines["claim"], app.schema)
+    if processes > 1:
+        # Checked above, once: a bad app, option or database would otherwise make every child
+        # exit at start and the supervisor restart them forever.
+        from flowq.worker.supervisor import supervise
+
+        for engine in w.engines.values():
+            engine.dispose()
+        sys.exit(supervise(processes))
     w.run()
 
 

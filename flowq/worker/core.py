@@ -118,7 +118,8 @@ class Worker:
             app, self.completer, concurrency=c.concurrency,
             session_factory=lambda: StepSession(bind=session_bind),
             on_slot_free=self._on_slot_free)
-        self.heartbeat = m.Heartbeat(self.engines["maintain"], self.q, self._held_claims)
+        self.heartbeat = m.Heartbeat(self.engines["maintain"], self.q, self._held_claims,
+                                     unsettled=self.executor.unsettled_claims)
         self.reaper = m.Reaper(self.engines["maintain"], self.q, stale_after=c.stale_after)
         self.pruner = m.Pruner(self.engines["maintain"], self.q, retention=c.retention,
                                dead_retention=c.dead_retention)

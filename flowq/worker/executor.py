@@ -132,6 +132,11 @@ class Executor:
         with self._lock:
             return [(r.job.id, r.job.attempts) for r in self._running.values()]
 
+    def unsettled_claims(self) -> list[tuple[int, int]]:
+        """The claims whose handler has not finished (nor been abandoned) yet."""
+        with self._lock:
+            return [(r.job.id, r.job.attempts) for r in self._running.values() if not r.done]
+
     # -- dispatch ---------------------------------------------------------------------------
 
     def submit(self, job: ClaimedJob) -> None:

@@ -43,10 +43,15 @@ class Heartbeat:
     """Refreshes the heartbeats of the claims returned by `claims()`."""
 
     def __init__(self, engine: sa.Engine, queries: Queries,
-                 claims: Callable[[], list[tuple[int, int]]]) -> None:
+                 claims: Callable[[], list[tuple[int, int]]],
+                 unsettled: Callable[[], list[tuple[int, int]]] | None = None) -> None:
         self.engine = engine
         self.q = queries
         self.claims = claims
+        # The claims whose handler is still running (default: `claims`). Only those can be
+        # reported lost: a claim whose outcome is being written may stop matching the fence
+        # because we just completed it ourselves (the completer reports a dropped outcome).
+        self.unsettled = unsettled or claims
 
     def run_once(self) -> list[int]:
         """Beat once; returns the ids that are no longer ours (lost to the reaper)."""
@@ -57,7 +62,10 @@ class Heartbeat:
             rows = conn.execute(self.q.heartbeat_jobs, {"ids": [c[0] for c in held],
                                                         "attempts": [c[1] for c in held]})
             alive = {r.id for r in rows}
-        lost = [i for i, _ in held if i not in alive]
+        # A job that completed between reading the claims and the UPDATE no longer matches
+        # either: only a claim whose handler still runs after the UPDATE was taken from us.
+        running = set(self.unsettled())
+        lost = [i for i, a in held if i not in alive and (i, a) in running]
         for job_id in lost:
             log_event(WARNING, "lost the claim on a running job (reaped after a stale "
                       "heartbeat); its result will be discarded", job_id=job_id)

@@ -2,13 +2,15 @@
 
 Each child is the same `flowq worker` command with `--processes 1`, so a child behaves
 exactly like a worker started by hand. SIGTERM/SIGINT are forwarded to every child (each
-drains within its grace period) and the supervisor exits 0 once all have exited cleanly. A
-child that dies on its own (crash, OOM kill) is restarted after a short backoff; the reaper
-requeues the jobs it held.
+drains within its grace period; SIGHUP is forwarded as SIGTERM) and the supervisor exits 0
+once all have exited cleanly. Children run in their own process groups, so a Ctrl-C reaches
+them once, through the supervisor. A child that dies on its own (crash, OOM kill) is
+restarted after a short backoff; the reaper requeues the jobs it held.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -41,10 +43,19 @@ def child_argv(argv: list[str]) -> list[str]:
     return [sys.executable, "-m", "flowq", *out, "--processes", "1"]
 
 
+def _spawn(cmd: list[str]) -> subprocess.Popen[bytes]:
+    # Each child in its own process group: Ctrl-C in a terminal signals the whole foreground
+    # group, and a child that got SIGINT from the terminal and again from `forward` would take
+    # it as the second signal and exit at once, without draining.
+    if sys.version_info >= (3, 11):
+        return subprocess.Popen(cmd, process_group=0)
+    return subprocess.Popen(cmd, preexec_fn=os.setpgrp)  # noqa: PLW1509 (no threads here)
+
+
 def supervise(processes: int, argv: list[str] | None = None) -> int:
     """Run `processes` children until signalled; the exit code for the supervisor."""
     cmd = child_argv(list(sys.argv[1:] if argv is None else argv))
-    children: list[subprocess.Popen[bytes]] = [subprocess.Popen(cmd) for _ in range(processes)]
+    children: list[subprocess.Popen[bytes]] = [_spawn(cmd) for _ in range(processes)]
     stopping = False
     signals = 0
 
@@ -54,10 +65,11 @@ def supervise(processes: int, argv: list[str] | None = None) -> int:
         signals += 1
         for child in children:
             if child.poll() is None:
-                child.send_signal(signum)
+                child.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGHUP, forward)  # the children no longer get the terminal's hangup
     log_event(INFO, "supervising worker processes", processes=processes,
               pids=",".join(str(c.pid) for c in children))
     while True:
@@ -71,7 +83,7 @@ def supervise(processes: int, argv: list[str] | None = None) -> int:
                           exit_code=code)
                 time.sleep(RESTART_BACKOFF)
                 if not stopping:
-                    children[i] = subprocess.Popen(cmd)
+                    children[i] = _spawn(cmd)
                     alive += 1
         if stopping and alive == 0:
             break

@@ -24,7 +24,8 @@ import sqlalchemy as sa
 import flowq
 from flowq.testing import job_rows, wait_until
 
-sys.path.insert(0, str(Path(__file__).parent / "apps"))
+APPS_DIR = Path(__file__).parent / "apps"
+sys.path.insert(0, str(APPS_DIR))
 import faulty_app  # noqa: E402
 import ledger_app  # noqa: E402
 
@@ -161,6 +162,35 @@ def test_ten_thousand_jobs_over_four_processes(ledger: sa.Engine, db_url: str,
     assert sup.wait(timeout=60) == 0
     assert children_of(sup.pid) == []
     assert status_counts(ledger) == {"succeeded": n}
+
+
+def test_ctrl_c_drains_the_children_of_the_supervisor(ledger: sa.Engine, db_url: str,
+                                                      tmp_path: Path,
+                                                      reap_children: list[int]) -> None:
+    """A terminal's Ctrl-C signals the whole foreground process group: each child must still
+    see one signal (and drain), not two (and exit at once)."""
+    enqueue_records(ledger, 4, sleep=2.0)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(APPS_DIR), os.environ.get("PYTHONPATH", "")])}
+    log = tmp_path / "supervisor.log"
+    with open(log, "wb") as out:
+        sup = subprocess.Popen(
+            [sys.executable, "-m", "flowq", "worker", "ledger_app:app", "--database-url", db_url,
+             "--processes", "2", "--concurrency", "2", *FAST],
+            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        wait_until(lambda: status_counts(ledger).get("running") == 4, timeout=60,
+                   message="both children running jobs")
+        reap_children.extend(children_of(sup.pid))
+        os.killpg(sup.pid, signal.SIGINT)
+        assert sup.wait(timeout=60) == 0, log.read_text()
+    finally:
+        if sup.poll() is None:
+            os.killpg(sup.pid, signal.SIGKILL)
+            sup.wait()
+    assert "second signal" not in log.read_text()
+    assert status_counts(ledger) == {"succeeded": 4}
+    assert assert_ledger_exact(ledger) == 4
 
 
 def test_sigkill_with_running_jobs_then_another_worker_finishes_them(

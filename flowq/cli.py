@@ -66,6 +66,9 @@ def load_app(spec: str) -> FlowQ:
     module_name, _, attr = spec.partition(":")
     if not module_name:
         raise ConfigurationError(f"expected MODULE:APP (e.g. myapp.jobs:app), got {spec!r}")
+    if module_name.startswith(".") or "/" in module_name or module_name.endswith(".py"):
+        raise ConfigurationError(f"expected MODULE:APP with a dotted module name, not a path "
+                                 f"(e.g. myapp.jobs:app), got {spec!r}")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:

@@ -408,6 +408,8 @@ def test_worker_against_a_url_where_nothing_listens(spawn_worker: Spawn) -> None
     ("ledger_app:no_such_app", "is not a flowq.FlowQ app"),
     ("ledger_app:LEDGER_DDL", "is not a flowq.FlowQ app"),
     (":app", "expected MODULE:APP"),
+    ("..relative:app", "a dotted module name, not a path"),
+    ("tests/apps/ledger_app.py:app", "a dotted module name, not a path"),
 ])
 def test_worker_with_a_bad_app_spec(db_url: str, spawn_worker: Spawn, spec: str,
                                     says: str) -> None:
@@ -475,17 +477,27 @@ def test_notify_wakes_an_idle_worker_long_before_its_poll(ledger: sa.Engine, db_
                                                           spawn_worker: Spawn) -> None:
     poll = 30.0
     w = spawn_worker("ledger_app:app", db_url, "--poll-interval", str(poll))
-    # Idle: the first poll has run (claim connection used) and LISTEN is in place.
-    wait_until(lambda: backends(ledger, "claim") and backends(ledger, "listen"), timeout=30,
-               message="the worker idle and listening")
-    with ledger.connect() as conn:
-        wait_until(lambda: conn.execute(sa.text(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND application_name LIKE 'flowq listen %' AND query LIKE 'LISTEN%'")).scalar(),
-            timeout=30, message="LISTEN issued")
+
+    def listening() -> list[int]:
+        # Idle: the first poll has run (claim connection used) and LISTEN is in place.
+        with ledger.connect() as conn:
+            return backends(ledger, "claim") and list(conn.execute(sa.text(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                "AND application_name LIKE 'flowq listen %' AND query LIKE 'LISTEN%'"
+            )).scalars())
+
+    listener = wait_until(listening, timeout=30, message="the worker idle and listening")
     enqueue_records(ledger, 1)
     wait_until(all_succeeded(ledger, 1), timeout=poll / 3, message="woken by NOTIFY")
-    assert assert_ledger_exact(ledger) == 1
+
+    # A dropped LISTEN connection is re-established, and wakes the worker again.
+    with ledger.connect() as conn:
+        conn.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": listener[0]})
+    wait_until(lambda: (pids := listening()) and pids != listener, timeout=30,
+               message="the listener back")
+    enqueue_records(ledger, 1, start=1)
+    wait_until(all_succeeded(ledger, 2), timeout=poll / 3, message="woken by NOTIFY again")
+    assert assert_ledger_exact(ledger) == 2
     w.signal(signal.SIGTERM)
     assert w.wait() == 0
 

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 
 from flowq.app import FlowQ, validate_queue
 from flowq.db import create_engine, ensure_schema, resolve_url
-from flowq.errors import ConfigurationError, FlowqError
+from flowq.errors import ConfigurationError, FlowqError, InvalidQueueError
 from flowq.schema import DEFAULT_SCHEMA
 
 __all__ = ["main"]
@@ -74,7 +74,9 @@ def load_app(spec: str) -> FlowQ:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
+        # Only when the missing module is the spec's module or one of its parents: a module
+        # that exists but imports a missing dependency must show that real error.
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
             raise ConfigurationError(
                 f"cannot import {module_name!r}: no such module (run from the directory that "
                 "contains it, or install it)") from None
@@ -117,9 +119,13 @@ def migrate(database_url: str | None, schema: str, sql: bool) -> None:
 
 
 def _queues(value: str | None) -> list[str] | None:
-    if not value:
+    if value is None:
         return None
-    return [validate_queue(q.strip()) for q in value.split(",") if q.strip()]
+    names = [validate_queue(q.strip()) for q in value.split(",") if q.strip()]
+    if not names:
+        # An empty list would silently mean "every queue": refuse it instead.
+        raise InvalidQueueError(f"--queues {value!r} names no queue: pass a,b or leave it out.")
+    return names
 
 
 @main.command()

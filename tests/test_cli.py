@@ -1,0 +1,265 @@
+"""The `flowq` command: migrate, worker, reap, prune, and one-sentence user errors (exit 2)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner, Result
+
+from flowq.cli import main
+from flowq.testing import job_rows
+
+APPS_DIR = Path(__file__).parent / "apps"
+
+NO_ENV = {"FLOWQ_DATABASE_URL": None, "DATABASE_URL": None}
+
+
+@pytest.fixture(autouse=True)
+def _restore_flowq_logger() -> Iterator[None]:
+    """`flowq worker` configures logging onto the runner's stderr; undo that afterwards."""
+    log = logging.getLogger("flowq")
+    saved = (log.handlers[:], log.level, log.propagate)
+    yield
+    log.handlers[:], log.level, log.propagate = saved[0], saved[1], saved[2]
+
+
+def flowq(*args: str, env: dict[str, str | None] | None = None) -> Result:
+    return CliRunner().invoke(main, list(args), env={**NO_ENV, **(env or {})})
+
+
+def assert_user_error(result: Result, *fragments: str) -> str:
+    """Exit code 2, no traceback, one line of `Error: <sentence>` on stderr."""
+    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
+    assert not isinstance(result.exception, Exception) or isinstance(result.exception,
+                                                                     SystemExit)
+    text = result.stderr.strip()
+    assert "Traceback" not in result.output
+    assert text.startswith("Error: ") and "\n" not in text, text
+    for fragment in fragments:
+        assert fragment in text, text
+    return text
+
+
+@pytest.fixture
+def app_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A module in the cwd defining `app` with a task on queue `q1`, plus non-apps."""
+    name = f"cliapp_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent("""
+        import flowq
+
+        app = flowq.FlowQ()
+        not_an_app = 42
+
+        @app.task(queue="q1")
+        def hello(ctx) -> None:
+            pass
+    """))
+    monkeypatch.chdir(tmp_path)
+    return name
+
+
+@pytest.fixture
+def closed_port_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"postgresql://postgres@127.0.0.1:{port}/nowhere?connect_timeout=3"
+
+
+# -- migrate ---------------------------------------------------------------------------------
+
+
+def test_migrate_is_idempotent(empty_db_url: str) -> None:
+    for _ in range(2):
+        result = flowq("migrate", "--database-url", empty_db_url)
+        assert result.exit_code == 0, result.output
+        assert "up to date" in result.output
+    engine = sa.create_engine(empty_db_url)
+    try:
+        assert job_rows(engine) == []
+    finally:
+        engine.dispose()
+
+
+def test_migrate_reads_the_url_from_the_environment(empty_db_url: str) -> None:
+    result = flowq("migrate", env={"FLOWQ_DATABASE_URL": empty_db_url})
+    assert result.exit_code == 0, result.output
+
+
+def test_migrate_sql_prints_the_ddl_without_a_database() -> None:
+    result = flowq("migrate", "--sql")
+    assert result.exit_code == 0, result.output
+    assert "CREATE TABLE flowq.jobs" in result.output
+    assert "jobs_pending_idx" in result.output
+    assert "alembic_version" in result.output
+
+
+# -- user errors -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", [["migrate"], ["reap"], ["prune"], ["worker", "x:app"]])
+def test_no_database_url_is_one_sentence(command: list[str]) -> None:
+    assert_user_error(flowq(*command), "no database given", "--database-url")
+
+
+@pytest.mark.parametrize("command", [["migrate"], ["reap"], ["prune"]])
+def test_non_postgresql_url_is_one_sentence(command: list[str]) -> None:
+    assert_user_error(flowq(*command, "--database-url", "mysql://u:p@localhost/db"),
+                      "needs PostgreSQL", "'mysql")
+
+
+def test_non_postgresql_url_for_the_worker(app_module: str) -> None:
+    assert_user_error(flowq("worker", f"{app_module}:app", "--database-url", "mysql://x/db"),
+                      "needs PostgreSQL")
+
+
+def test_garbage_url_is_one_sentence() -> None:
+    assert_user_error(flowq("migrate", "--database-url", "not a url"), "not a database URL")
+
+
+@pytest.mark.parametrize("command", [["migrate"], ["reap"], ["prune"]])
+def test_unreachable_server_is_one_sentence(command: list[str], closed_port_url: str) -> None:
+    text = assert_user_error(flowq(*command, "--database-url", closed_port_url))
+    assert "127.0.0.1" in text and ("cannot reach" in text or "cannot connect" in text)
+
+
+def test_unreachable_server_for_the_worker(app_module: str, closed_port_url: str) -> None:
+    text = assert_user_error(flowq("worker", f"{app_module}:app", "--database-url",
+                                   closed_port_url))
+    assert "cannot connect" in text or "cannot reach" in text
+
+
+@pytest.mark.parametrize("command", [["reap"], ["prune"]])
+def test_database_without_the_schema_says_to_migrate(command: list[str],
+                                                     empty_db_url: str) -> None:
+    assert_user_error(flowq(*command, "--database-url", empty_db_url), "flowq migrate")
+
+
+def test_worker_on_a_database_without_the_schema_says_to_migrate(app_module: str,
+                                                                 empty_db_url: str) -> None:
+    assert_user_error(flowq("worker", f"{app_module}:app", "--database-url", empty_db_url),
+                      "no flowq schema", "flowq migrate")
+
+
+@pytest.mark.parametrize(("spec", "fragment"), [
+    ("no_such_module_xyz:app", "cannot import 'no_such_module_xyz'"),
+    ("{mod}:missing", "is not a flowq.FlowQ app"),
+    ("{mod}:not_an_app", "is not a flowq.FlowQ app"),
+    (":app", "expected MODULE:APP"),
+])
+def test_bad_app_spec_is_one_sentence(app_module: str, db_url: str, spec: str,
+                                      fragment: str) -> None:
+    assert_user_error(flowq("worker", spec.format(mod=app_module), "--database-url", db_url),
+                      fragment)
+
+
+def test_app_module_with_a_missing_dependency_is_not_reported_as_missing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db_url: str) -> None:
+    # The module exists; what it imports does not. Its own name starts like the missing one.
+    missing = f"zz{uuid.uuid4().hex[:8]}"
+    name = f"{missing}_jobs"
+    (tmp_path / f"{name}.py").write_text(f"import {missing}\n")
+    monkeypatch.chdir(tmp_path)
+    result = flowq("worker", f"{name}:app", "--database-url", db_url)
+    assert result.exit_code != 0
+    assert f"cannot import {name!r}: no such module" not in result.output
+    assert isinstance(result.exception, ModuleNotFoundError)  # the real error, traceback kept
+    assert result.exception.name == missing
+
+
+@pytest.mark.parametrize("queues", ["bad queue!", "ok,no spaces here", ",", ""])
+def test_invalid_queues_is_one_sentence(app_module: str, db_url: str, queues: str) -> None:
+    assert_user_error(flowq("worker", f"{app_module}:app", "--database-url", db_url,
+                            "--queues", queues), "queue")
+
+
+def test_invalid_numbers_are_usage_errors(app_module: str, db_url: str) -> None:
+    result = flowq("worker", f"{app_module}:app", "--database-url", db_url,
+                   "--concurrency", "0")
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "--concurrency" in result.output
+
+
+# -- reap, prune, worker --help ------------------------------------------------------------
+
+
+def test_reap_runs_one_pass_and_reports(db_url: str) -> None:
+    engine = sa.create_engine(db_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text(
+                "INSERT INTO flowq.jobs (task, step, status, attempts, locked_by, heartbeat_at)"
+                " VALUES ('t', 't', 'running', 1, 'gone', now() - interval '5 minutes'),"
+                "        ('t', 't', 'running', 1, 'alive', now())"))
+        result = flowq("reap", "--database-url", db_url)
+        assert result.exit_code == 0, result.output
+        assert result.output.strip() == "reaped 1 job(s)."
+        assert sorted(r.status for r in job_rows(engine)) == ["pending", "running"]
+    finally:
+        engine.dispose()
+
+
+def test_prune_runs_one_pass_and_reports(db_url: str) -> None:
+    engine = sa.create_engine(db_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text(
+                "INSERT INTO flowq.jobs (task, step, status, finished_at) VALUES "
+                "('t', 't', 'succeeded', now() - interval '10 days'),"
+                "('t', 't', 'succeeded', now() - interval '1 day')"))
+        result = flowq("prune", "--database-url", db_url)
+        assert result.exit_code == 0, result.output
+        assert result.output.strip() == "pruned 1 row(s)."
+        result = flowq("prune", "--database-url", db_url, "--retention", "0")
+        assert result.output.strip() == "pruned 1 row(s)."
+        assert job_rows(engine) == []
+    finally:
+        engine.dispose()
+
+
+def test_worker_help_lists_the_options() -> None:
+    result = flowq("worker", "--help")
+    assert result.exit_code == 0
+    for option in ("--queues", "--concurrency", "--processes", "--database-url",
+                   "--poll-interval", "--no-listen", "--shutdown-grace", "--log-format",
+                   "--job-log"):
+        assert option in result.output, option
+
+
+# -- the real command ------------------------------------------------------------------------
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in NO_ENV}
+    env["PYTHONPATH"] = os.pathsep.join([str(APPS_DIR), env.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, "-m", "flowq", *args], capture_output=True,
+                          text=True, timeout=60, env=env)
+
+
+def test_python_m_flowq_migrate_sql() -> None:
+    proc = _run("migrate", "--sql")
+    assert proc.returncode == 0, proc.stderr
+    assert "CREATE TABLE flowq.jobs" in proc.stdout
+
+
+@pytest.mark.parametrize(("spec", "fragment"), [
+    ("ledger_app:app", "no flowq schema 'flowq': run `flowq migrate` first."),
+    ("nosuchmodule_abc:app", "cannot import 'nosuchmodule_abc'"),
+])
+def test_python_m_flowq_worker_user_errors(empty_db_url: str, spec: str, fragment: str) -> None:
+    proc = _run("worker", spec, "--database-url", empty_db_url)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    text = proc.stderr.strip()
+    assert text.startswith("Error: ") and "\n" not in text, text
+    assert fragment in text

@@ -109,7 +109,7 @@ def test_heartbeat_refreshes_held_jobs_and_reports_lost_ones(engine: sa.Engine) 
     held = [(mine, 1), (reaped, 1), (taken, 1)]  # `taken` was re-claimed: attempts moved on
     assert sorted(Heartbeat(engine, Q, lambda: held).run_once()) == sorted([reaped, taken])
     with engine.connect() as conn:
-        ages = dict(conn.execute(sa.text(
+        ages: dict[int, float] = dict(conn.execute(sa.text(
             "SELECT id, extract(epoch FROM now() - heartbeat_at) FROM flowq.jobs "
             "WHERE heartbeat_at IS NOT NULL")).all())
     assert ages[mine] < 10 and ages[taken] >= 19
@@ -158,7 +158,7 @@ def test_pruner_deletes_whole_old_runs_and_keeps_the_rest(engine: sa.Engine) -> 
 def test_pruner_keeps_dead_runs_for_dead_retention(engine: sa.Engine) -> None:
     with engine.begin() as conn:
         dead_recent = add_job(conn, status="dead", finished_ago=5 * DAY)
-        dead_old = add_job(conn, status="dead", finished_ago=20 * DAY)
+        add_job(conn, status="dead", finished_ago=20 * DAY)
     assert Pruner(engine, Q, retention=3 * DAY, dead_retention=14 * DAY).run_once() == 1
     assert set(rows_by_id(engine)) == {dead_recent}
 

@@ -64,7 +64,7 @@ def test_claim_uses_the_partial_pending_index(engine: sa.Engine) -> None:
     with engine.connect() as conn:
         raw = conn.execute(sa.text("EXPLAIN (FORMAT JSON) " + str(compiled))).scalar()
         conn.rollback()
-    plan = raw if isinstance(raw, list) else json.loads(raw)
+    plan = raw if isinstance(raw, list) else json.loads(str(raw))
     indexes = {n.get("Index Name") for n in _plan_nodes(plan)}
     assert "jobs_pending_idx" in indexes, json.dumps(plan, indent=1)
 
@@ -188,7 +188,7 @@ def test_fenced_writes_apply_when_the_claim_matches(engine: sa.Engine, claimed: 
     def apply(name: str) -> list[Any]:
         stmt, params = writes[name]
         with engine.begin() as conn:
-            return conn.execute(stmt, params).all()
+            return list(conn.execute(stmt, params).all())
 
     assert len(apply("heartbeat_jobs")) == 1
     [retried] = apply("retry_job")
@@ -211,7 +211,7 @@ def test_complete_and_end_and_release_with_a_matching_claim(engine: sa.Engine) -
         [ended] = conn.execute(Q.end_job, {"id": b.id, "attempts": 1, "status": "dead",
                                            "error": "E"}).all()
         assert ended.status == "dead"
-        [released] = conn.execute(Q.release_jobs, {"ids": [c.id], "attempts": [1]}).all()
+        [_released] = conn.execute(Q.release_jobs, {"ids": [c.id], "attempts": [1]}).all()
     ra, rb, rc = (row(engine, i) for i in (a.id, b.id, c.id))
     assert (ra.status, ra.result, ra.finished_at is not None) == ("succeeded", {"x": 1}, True)
     assert (rb.status, rb.last_error, rb.finished_at is not None) == ("dead", "E", True)

@@ -1,0 +1,69 @@
+"""Structured worker logs: one JSON object per line, or key=value text."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+from tenacity import wait_fixed
+
+import flowq
+from flowq.context import Context
+from flowq.testing import run_until_idle
+from flowq.worker.logs import configure_logging, log_event
+
+
+@pytest.fixture(autouse=True)
+def _restore_flowq_logger() -> Iterator[None]:
+    log = logging.getLogger("flowq")
+    saved = (log.handlers[:], log.level, log.propagate)
+    yield
+    log.handlers[:], log.level, log.propagate = saved[0], saved[1], saved[2]
+
+
+def test_json_logs_are_one_object_per_line_with_job_fields(
+        app: flowq.FlowQ, engine: sa.Engine, db_url: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    @app.task(retry=flowq.Retry(wait=wait_fixed(0)))
+    def work(ctx: Context) -> None:
+        if ctx.attempt == 1:
+            raise ValueError("first try\nfails")
+
+    with engine.begin() as conn:
+        job_id = flowq.enqueue(conn, work).id
+    configure_logging("json")
+    run_until_idle(app, db_url)
+    lines = capsys.readouterr().err.strip().splitlines()
+    records = [json.loads(line) for line in lines]  # every line is one JSON object
+    events = {r["event"]: r for r in records}
+    assert "worker started" in events and "worker stopped" in events
+    started = events["worker started"]
+    assert started["database"].endswith(db_url.rsplit("/", 1)[1])
+    assert (started["queues"], started["concurrency"]) == ("default", 10)
+    failed, done = events["job failed; retrying"], events["job succeeded"]
+    for rec, attempt in ((failed, 1), (done, 2)):
+        assert rec["task"] == "work" and rec["attempt"] == attempt
+        assert rec["job_id"] == job_id  # run id == job id for a single-step first row
+        assert isinstance(rec["duration_ms"], (int, float)) and rec["duration_ms"] >= 0
+        assert rec["ts"].endswith("Z")
+    assert failed["level"] == "warning" and failed["retry_in_s"] == 0
+    assert failed["error"] == "ValueError: first try"
+
+
+def test_text_logs_are_key_value(capsys: pytest.CaptureFixture[str]) -> None:
+    configure_logging("text")
+    log_event(logging.WARNING, "job failed; retrying", job_id=1, error="two words", empty="")
+    line = capsys.readouterr().err.strip()
+    assert "\n" not in line
+    assert 'WARNING job failed; retrying job_id=1 error="two words" empty=""' in line
+
+
+def test_level_filters_events(capsys: pytest.CaptureFixture[str]) -> None:
+    configure_logging("json", "WARNING")
+    log_event(logging.INFO, "job succeeded", job_id=1)
+    log_event(logging.ERROR, "job dead", job_id=2)
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert json.loads(line)["job_id"] == 2

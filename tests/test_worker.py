@@ -488,3 +488,107 @@ def test_stop_releases_unfinished_jobs_without_burning_the_attempt(
         release.set()
     row = only_row(engine)
     assert (row.status, row.attempts, row.locked_by) == ("pending", 0, None)
+
+
+# -- fencing in-process: a slow handler that lost its claim changes nothing ---------------
+
+
+def test_timed_out_handler_session_writes_roll_back(app: flowq.FlowQ, ledger: sa.Engine,
+                                                    db_url: str) -> None:
+    release = threading.Event()
+    finished = threading.Event()
+
+    @app.task(timeout=0.3, retry=ONE_TRY)
+    def slow(ctx: Context) -> None:
+        try:
+            ctx.session.execute(sa.text("INSERT INTO ledger VALUES (:j, 1, 'late')"),
+                                {"j": ctx.job_id})
+            release.wait(30)
+        finally:
+            finished.set()
+
+    enqueue(ledger, slow)
+    with running_worker(app, db_url, concurrency=1, maintenance=False):
+        wait_until(lambda: job_rows(ledger, where="status = 'dead'"), 10,
+                   message="the timed-out job to die")
+        release.set()
+        wait_until(finished.is_set, 10, message="the stuck handler to return")
+    assert ledger_rows(ledger) == []
+    assert only_row(ledger).last_error.startswith("StepTimeout")
+
+
+def test_reaped_handler_cannot_complete_and_its_writes_roll_back(
+        app: flowq.FlowQ, ledger: sa.Engine, db_url: str) -> None:
+    from flowq.queries import Queries
+    from flowq.worker.maintenance import Reaper
+
+    release = threading.Event()
+    first_started = threading.Event()
+
+    @app.task()
+    def pay(ctx: Context) -> str:
+        ctx.session.execute(sa.text("INSERT INTO ledger VALUES (:j, :a, 'paid')"),
+                            {"j": ctx.job_id, "a": ctx.attempt})
+        if ctx.attempt == 1:
+            first_started.set()
+            release.wait(30)  # a zombie: presumed dead by the reaper meanwhile
+        return f"attempt {ctx.attempt}"
+
+    job_id = enqueue(ledger, pay)
+    # No heartbeat during the test: it could refresh the row between our UPDATE and the reap.
+    with running_worker(app, db_url, concurrency=2, maintenance=False,
+                        heartbeat_interval=60, stale_after=121) as w:
+        wait_until(first_started.is_set, 10, message="attempt 1 to start")
+        with ledger.begin() as conn:
+            conn.execute(sa.text("UPDATE flowq.jobs SET heartbeat_at = now() - interval '1 h'"))
+        assert Reaper(ledger, Queries("flowq"), stale_after=30).run_once() == 1
+        wait_until(lambda: job_rows(ledger, where="status = 'succeeded'"), 10,
+                   message="attempt 2 to succeed in the other slot")
+        release.set()
+        wait_until(lambda: w.executor.in_flight == 0, 10, message="the zombie to settle")
+        w.completer.flush(10)
+    row = only_row(ledger)
+    assert (row.status, row.attempts, row.result) == ("succeeded", 2, "attempt 2")
+    assert [(r.job_id, r.attempt) for r in ledger_rows(ledger)] == [(job_id, 2)]
+
+
+def test_cancel_requested_while_running_creates_no_successor(app: flowq.FlowQ,
+                                                             engine: sa.Engine,
+                                                             db_url: str) -> None:
+    release = threading.Event()
+    started = threading.Event()
+    pipe = app.pipeline("p")
+
+    @pipe.step()
+    def first(ctx: Context) -> dict[str, int]:
+        started.set()
+        release.wait(30)
+        return {"n": 1}
+
+    @pipe.step()
+    def second(ctx: Context, n: int) -> None:  # pragma: no cover - must not run
+        raise AssertionError("ran after cancel")
+
+    enqueue(engine, pipe)
+    with running_worker(app, db_url, maintenance=False) as w:
+        wait_until(started.is_set, 10, message="the step to start")
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE flowq.jobs SET cancel_requested = true"))
+        release.set()
+        wait_until(lambda: w.executor.in_flight == 0, 10, message="the step to finish")
+        w.completer.flush(10)
+    row = only_row(engine)  # no row for the second step
+    assert row.step == "first" and row.status == "succeeded"
+
+
+def test_async_handler_can_use_ctx_session(app: flowq.FlowQ, ledger: sa.Engine,
+                                           db_url: str) -> None:
+    @app.task()
+    async def book(ctx: Context) -> None:
+        ctx.session.execute(sa.text("INSERT INTO ledger VALUES (:j, :a, 'async')"),
+                            {"j": ctx.job_id, "a": ctx.attempt})
+
+    job_id = enqueue(ledger, book)
+    run_until_idle(app, db_url)
+    assert only_row(ledger).status == "succeeded"
+    assert [(r.job_id, r.note) for r in ledger_rows(ledger)] == [(job_id, "async")]

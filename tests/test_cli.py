@@ -183,6 +183,12 @@ def test_invalid_queues_is_one_sentence(app_module: str, db_url: str, queues: st
                             "--queues", queues), "queue")
 
 
+def test_inconsistent_worker_options_are_one_sentence(app_module: str, db_url: str) -> None:
+    assert_user_error(flowq("worker", f"{app_module}:app", "--database-url", db_url,
+                            "--heartbeat-interval", "5", "--stale-after", "6"),
+                      "stale_after must exceed twice heartbeat_interval")
+
+
 def test_invalid_numbers_are_usage_errors(app_module: str, db_url: str) -> None:
     result = flowq("worker", f"{app_module}:app", "--database-url", db_url,
                    "--concurrency", "0")

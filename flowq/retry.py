@@ -45,14 +45,14 @@ def _max_attempts_of(stop: Any) -> int | None:
 class Retry:
     """A step's retry policy, in tenacity's vocabulary, executed durably in the database.
 
-    `stop` decides when to give up (default: after 10 attempts), `wait` how long to wait before
-    the next attempt (default: exponential with jitter, 1 s to 10 min), `retry` which failures
-    are worth retrying (default: every exception). `max_attempts` is a hard cap that also
-    bounds crashes and timeouts; it defaults to the cap read off `stop`, else 10.
+    `stop` decides when to give up (default: none beyond the attempt cap), `wait` how long to
+    wait before the next attempt (default: exponential with jitter, 1 s to 10 min), `retry`
+    which failures are worth retrying (default: every exception). `max_attempts` is a hard cap
+    that also bounds crashes and timeouts; it defaults to the cap read off `stop`, else 10, so
+    `Retry(max_attempts=20)` alone means 20 attempts.
     """
 
-    stop: stop_base | Any = field(default_factory=lambda: tenacity.stop_after_attempt(
-        DEFAULT_MAX_ATTEMPTS))
+    stop: stop_base | Any = None
     wait: wait_base | Any = DEFAULT_WAIT
     retry: retry_base | Any = field(default_factory=lambda: tenacity.retry_if_exception_type())
     max_attempts: int | None = None
@@ -82,6 +82,6 @@ class Retry:
         state.outcome = future
         if not self.retry(state):
             return None
-        if self.stop(state):
+        if self.stop is not None and self.stop(state):
             return None
         return max(0.0, float(self.wait(state)))

@@ -55,21 +55,32 @@ def _spawn(cmd: list[str]) -> subprocess.Popen[bytes]:
 def supervise(processes: int, argv: list[str] | None = None) -> int:
     """Run `processes` children until signalled; the exit code for the supervisor."""
     cmd = child_argv(list(sys.argv[1:] if argv is None else argv))
-    children: list[subprocess.Popen[bytes]] = [_spawn(cmd) for _ in range(processes)]
+    children: list[subprocess.Popen[bytes]] = []
     stopping = False
-    signals = 0
+    signalled: set[int] = set()
 
     def forward(signum: int, frame: FrameType | None) -> None:
-        nonlocal stopping, signals
+        nonlocal stopping
         stopping = True
-        signals += 1
         for child in children:
             if child.poll() is None:
+                signalled.add(child.pid)
                 child.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
 
+    def catch_up(child: subprocess.Popen[bytes]) -> None:
+        # A signal that came while `child` was being spawned was not forwarded to it.
+        if stopping and child.pid not in signalled:
+            signalled.add(child.pid)
+            child.send_signal(signal.SIGTERM)
+
+    # Handlers first, so a signal during the start is forwarded rather than fatal here.
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGHUP, forward)  # the children no longer get the terminal's hangup
+    for _ in range(processes):
+        children.append(_spawn(cmd))
+    for child in children:
+        catch_up(child)
     log_event(INFO, "supervising worker processes", processes=processes,
               pids=",".join(str(c.pid) for c in children))
     while True:
@@ -84,9 +95,12 @@ def supervise(processes: int, argv: list[str] | None = None) -> int:
                 time.sleep(RESTART_BACKOFF)
                 if not stopping:
                     children[i] = _spawn(cmd)
+                    catch_up(children[i])
                     alive += 1
         if stopping and alive == 0:
             break
         time.sleep(0.1)
-    codes = [c.returncode for c in children]
-    return 0 if all(c == 0 for c in codes) else 1
+    # A child still starting up when the signal came dies of it (its handler is not installed
+    # yet); it had claimed nothing, so that is a clean exit too.
+    clean = {0, -signal.SIGTERM, -signal.SIGINT}
+    return 0 if all(c.returncode in clean for c in children) else 1

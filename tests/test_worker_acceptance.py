@@ -215,6 +215,30 @@ def test_sigkill_with_running_jobs_then_another_worker_finishes_them(
     assert rescuer.wait() == 0
 
 
+def test_a_job_that_kills_every_worker_ends_dead(ledger: sa.Engine, db_url: str,
+                                                 spawn_worker: Spawn,
+                                                 reap_children: list[int]) -> None:
+    """Crashes count as attempts: the poison job goes dead, the supervisor restarts the
+    children it killed, and the other jobs are done exactly once."""
+    with ledger.begin() as conn:
+        poison = flowq.enqueue(conn, faulty_app.kill_worker)
+    enqueue_records(ledger, 20, sleep=0.05, task=faulty_app.record)
+    sup = spawn_worker("faulty_app:app", db_url, "--processes", "2", "--concurrency", "2",
+                       *FAST)
+    try:
+        wait_until(lambda: status_counts(ledger) == {"succeeded": 20, "dead": 1}, timeout=90,
+                   message="the poison job dead and the rest done")
+        reap_children.extend(children_of(sup.pid))
+        (row,) = job_rows(ledger, where="run_id = :r", r=poison.id)
+        assert row.attempts == 2 and "WorkerLost" in row.last_error
+        assert assert_ledger_exact(ledger) == 20
+        assert sup.log().count("worker process exited; restarting") == 2
+        sup.signal(signal.SIGTERM)
+        assert sup.wait(timeout=60) == 0
+    finally:
+        reap_children.extend(children_of(sup.pid))
+
+
 def flowq_reap(url: str) -> str:
     done = subprocess.run([sys.executable, "-m", "flowq", "reap", "--database-url", url,
                            "--stale-after", "1"], capture_output=True, text=True, timeout=60)

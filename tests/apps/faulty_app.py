@@ -4,11 +4,12 @@
 a separate autocommit connection (so the log survives the attempt's rollback); `returns_set`
 and `returns_nul` return what flowq cannot store. `record` writes a ledger row like
 ledger_app's; `noop` never touches ctx.session, so its success goes through the batched
-completer."""
+completer. `kill_worker` SIGKILLs the worker process running it."""
 
 from __future__ import annotations
 
 import os
+import signal
 import time
 from typing import Any
 
@@ -75,3 +76,9 @@ def record(ctx: Context, n: int, sleep: float = 0.0) -> None:
 def noop(ctx: Context, n: int) -> dict[str, int]:
     """Never touches ctx.session, so its success goes through the batched completer."""
     return {"n": n}
+
+
+@app.task(retry=flowq.Retry(stop=stop_after_attempt(2), wait=wait_fixed(0.1)))
+def kill_worker(ctx: Context) -> None:
+    """A poison job: kills the worker process running it, every time."""
+    os.kill(os.getpid(), signal.SIGKILL)

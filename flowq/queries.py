@@ -124,10 +124,13 @@ class Queries:
 
     @cached_property
     def release_jobs(self) -> TextClause:
-        """Hand unfinished jobs back at shutdown without burning the attempt."""
+        """Hand unfinished jobs back at shutdown without burning the attempt (or end them
+        `cancelled` when their run was cancelled while they ran)."""
         return self._t("""
             UPDATE {s}.jobs j
-               SET status = 'pending', attempts = j.attempts - 1, run_at = now(), """ + _UNLOCK + """
+               SET status = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'pending' END,
+                   finished_at = CASE WHEN j.cancel_requested THEN now() END,
+                   attempts = j.attempts - 1, run_at = now(), """ + _UNLOCK + """
               FROM unnest(CAST(:ids AS bigint[]), CAST(:attempts AS int[])) AS c(id, attempts)
              WHERE j.id = c.id AND j.attempts = c.attempts AND j.status = 'running'
             RETURNING j.id""")

@@ -225,3 +225,14 @@ def test_retry_job_cancels_when_the_run_was_cancelled(engine: sa.Engine, claimed
                                          "error": "x"}).all()
     assert r.status == "cancelled"
     assert row(engine, claimed.id).finished_at is not None
+
+
+def test_release_ends_a_cancelled_runs_step_instead_of_requeueing_it(
+        engine: sa.Engine, claimed: Any) -> None:
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE flowq.jobs SET cancel_requested = true"))
+        [released] = conn.execute(Q.release_jobs, {"ids": [claimed.id], "attempts": [1]}).all()
+    r = row(engine, claimed.id)
+    assert released.id == claimed.id
+    assert (r.status, r.attempts) == ("cancelled", 0)
+    assert r.finished_at is not None

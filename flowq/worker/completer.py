@@ -203,9 +203,15 @@ class Completer:
             assert isinstance(outcome, Failed)
             error = outcome.text[:_LOG_ERROR_CHARS]
             delay = None
-            if not outcome.permanent and job.attempts < job.max_attempts:
-                policy = outcome.retry if isinstance(outcome.retry, Retry) else _DEFAULT_RETRY
-                delay = policy.next_delay(job.attempts, outcome.error, job.age + item.duration)
+            elapsed = job.age + item.duration
+            if outcome.permanent:
+                pass
+            elif isinstance(outcome.retry, Retry):
+                # The step's policy knows its own cap; the row's copy may be stale (enqueued by
+                # name without the definition, or the policy changed in a deploy).
+                delay = outcome.retry.next_delay(job.attempts, outcome.error, elapsed)
+            elif job.attempts < job.max_attempts:
+                delay = _DEFAULT_RETRY.next_delay(job.attempts, outcome.error, elapsed)
         if delay is None:
             return self._end(conn, job, "dead", error)
         row = conn.execute(self.q.retry_job, {"id": job.id, "attempts": job.attempts,

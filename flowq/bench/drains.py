@@ -15,6 +15,7 @@ from sqlalchemy.orm import sessionmaker
 
 import flowq
 from flowq.bench import baselines
+from flowq.bench.app import app as bench_app
 from flowq.bench.harness import WorkerGroup, conninfo, reset, wait_for
 
 __all__ = ["db_clock", "enqueue_runs", "flowq_drain", "raw_drain", "wait_drained"]
@@ -35,9 +36,11 @@ def db_clock(engine: sa.Engine) -> float:
 
 def enqueue_runs(engine: sa.Engine, task: str, n: int) -> float:
     """Enqueue `n` runs of `task` in one transaction with enqueue_many; the DB clock after."""
+    definition = bench_app.get(task)  # the object, not the name: its queue and first step
+    assert definition is not None, task
     make = sessionmaker(engine, class_=flowq.Session)
     with make.begin() as s:
-        s.enqueue_many(task, [{"n": i} for i in range(n)])
+        s.enqueue_many(definition, [{"n": i} for i in range(n)])
     return db_clock(engine)
 
 

@@ -211,5 +211,10 @@ class WorkerGroup:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=10)
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        if " WARNING " in text or " ERROR " in text:
+            # Kept: a reaped job or a restarted process explains an outlier in the table.
+            print(f"flowq bench: worker warnings kept in {self.log}", file=sys.stderr)
+            return
         with contextlib.suppress(OSError):
             self.log.unlink()

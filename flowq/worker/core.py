@@ -114,6 +114,7 @@ class Worker:
         self._notified = False
         self._stopping = threading.Event()
         self._signals = 0
+        self._signalled: int | None = None  # set by the signal handler, acted on by the loop
         self.executor = Executor(
             app, self.completer, concurrency=c.concurrency,
             session_factory=lambda: StepSession(bind=session_bind),
@@ -209,6 +210,9 @@ class Worker:
         backlog = True
         backoff = 0.1
         while not self._stopping.is_set():
+            if self._signalled is not None:
+                self._begin_shutdown(self._signalled)
+                break
             self.executor.check_timeouts()
             free = c.concurrency - self.executor.in_flight
             now = time.monotonic()
@@ -283,18 +287,24 @@ class Worker:
 
     def _install_signals(self) -> None:
         def handler(signum: int, frame: FrameType | None) -> None:
+            # Runs in the main thread between any two bytecodes, possibly while that thread
+            # holds a plain Lock (the executor's, an Event's): taking one here would deadlock.
+            # So it only records the signal; the claim loop (awake at least every 0.25 s) acts.
             self._signals += 1
             if self._signals > 1:
                 log_event(WARNING, "second signal: exiting at once; the reaper will requeue "
                           "what was running")
                 os._exit(1)
-            log_event(INFO, "shutting down: no new claims; waiting for running jobs",
-                      signal=signal.Signals(signum).name, grace_s=self.config.shutdown_grace,
-                      running=self.executor.in_flight)
-            self.stop()
+            self._signalled = signum
 
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
+
+    def _begin_shutdown(self, signum: int) -> None:
+        log_event(INFO, "shutting down: no new claims; waiting for running jobs",
+                  signal=signal.Signals(signum).name, grace_s=self.config.shutdown_grace,
+                  running=self.executor.in_flight)
+        self.stop()
 
     def _shutdown(self) -> None:
         c = self.config

@@ -49,7 +49,7 @@ def _spawn(cmd: list[str]) -> subprocess.Popen[bytes]:
     # it as the second signal and exit at once, without draining.
     if sys.version_info >= (3, 11):
         return subprocess.Popen(cmd, process_group=0)
-    return subprocess.Popen(cmd, preexec_fn=os.setpgrp)  # noqa: PLW1509 (no threads here)
+    return subprocess.Popen(cmd, preexec_fn=os.setpgrp)  # safe: no threads here
 
 
 def supervise(processes: int, argv: list[str] | None = None) -> int:

@@ -9,6 +9,8 @@ fast.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import signal
 import socket
@@ -23,6 +25,7 @@ import sqlalchemy as sa
 
 import flowq
 from flowq.testing import job_rows, wait_until
+from flowq.worker import WorkerConfig
 
 APPS_DIR = Path(__file__).parent / "apps"
 sys.path.insert(0, str(APPS_DIR))
@@ -81,8 +84,8 @@ def assert_ledger_exact(engine: sa.Engine, task: str = "record") -> int:
 
 def ledger_rows(engine: sa.Engine, job_id: int) -> list[Any]:
     with engine.connect() as conn:
-        return conn.execute(sa.text("SELECT * FROM ledger WHERE job_id = :j"),
-                            {"j": job_id}).all()
+        return list(conn.execute(sa.text("SELECT * FROM ledger WHERE job_id = :j"),
+                                 {"j": job_id}))
 
 
 def held_by(engine: sa.Engine, pid: int) -> list[int]:
@@ -90,6 +93,11 @@ def held_by(engine: sa.Engine, pid: int) -> list[int]:
     rows = job_rows(engine, where="status = 'running' AND split_part(locked_by, ':', 2) = :p",
                     p=str(pid))
     return [r.id for r in rows]
+
+
+def holding(engine: sa.Engine, pid: int, n: int) -> Callable[[], list[int]]:
+    """A condition: the ids of the running jobs of worker `pid`, once there are `n` of them."""
+    return lambda: ids if len(ids := held_by(engine, pid)) == n else []
 
 
 def backends(engine: sa.Engine, role: str) -> list[int]:
@@ -122,10 +130,8 @@ def reap_children() -> Iterator[list[int]]:
     pids: list[int] = []
     yield pids
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def one_sentence(output: str) -> str:
@@ -146,7 +152,7 @@ def test_ten_thousand_jobs_over_four_processes(ledger: sa.Engine, db_url: str,
     sup = spawn_worker("ledger_app:app", db_url, "--processes", "4", "--concurrency", "8",
                        "--no-job-log", "--heartbeat-interval", "1", "--stale-after", "10",
                        "--poll-interval", "0.5")
-    children = wait_until(lambda: len(children_of(sup.pid)) == 4 and children_of(sup.pid),
+    children = wait_until(lambda: c if len(c := children_of(sup.pid)) == 4 else [],
                           timeout=30, message="four worker processes")
     reap_children.extend(children)
 
@@ -197,8 +203,7 @@ def test_sigkill_with_running_jobs_then_another_worker_finishes_them(
         ledger: sa.Engine, db_url: str, spawn_worker: Spawn) -> None:
     ids = enqueue_records(ledger, 12, sleep=1.0)
     victim = spawn_worker("ledger_app:app", db_url, "--concurrency", "4", *FAST)
-    killed = wait_until(lambda: len(held_by(ledger, victim.pid)) == 4
-                        and held_by(ledger, victim.pid), timeout=30,
+    killed = wait_until(holding(ledger, victim.pid, 4), timeout=30,
                         message="the victim holding four running jobs")
     victim.signal(signal.SIGKILL)
     victim.wait()
@@ -237,6 +242,13 @@ def test_a_job_that_kills_every_worker_ends_dead(ledger: sa.Engine, db_url: str,
         assert sup.wait(timeout=60) == 0
     finally:
         reap_children.extend(children_of(sup.pid))
+
+
+def test_default_bound_for_the_jobs_of_a_dead_worker() -> None:
+    """The SIGKILL test runs with short intervals; with the defaults, the same sequence (last
+    heartbeat, stale, next reap pass, NOTIFY or poll) ends well within the promised 60 s."""
+    c = WorkerConfig()
+    assert c.heartbeat_interval + c.stale_after + c.reap_interval + c.poll_interval < 60
 
 
 def flowq_reap(url: str) -> str:
@@ -297,7 +309,7 @@ def test_retries_follow_the_tenacity_policy_then_dead(engine: sa.Engine, db_url:
         starts = conn.execute(sa.text(
             "SELECT attempt, started_at FROM attempt_log ORDER BY attempt")).all()
     assert [a for a, _ in starts] == list(range(1, faulty_app.RETRY_ATTEMPTS + 1))
-    gaps = [(b - a).total_seconds() for (_, a), (_, b) in zip(starts, starts[1:])]
+    gaps = [(b - a).total_seconds() for (_, a), (_, b) in itertools.pairwise(starts)]
     assert all(g >= faulty_app.RETRY_WAIT for g in gaps), gaps
     assert "job dead" in w.log()
     w.signal(signal.SIGTERM)
@@ -310,8 +322,7 @@ def test_sigterm_lets_running_handlers_finish(ledger: sa.Engine, db_url: str,
                                               spawn_worker: Spawn) -> None:
     enqueue_records(ledger, 8, sleep=1.0)
     w = spawn_worker("ledger_app:app", db_url, "--concurrency", "4", *FAST)
-    in_flight = wait_until(lambda: len(held_by(ledger, w.pid)) == 4 and held_by(ledger, w.pid),
-                           timeout=30, message="four running jobs")
+    in_flight = wait_until(holding(ledger, w.pid, 4), timeout=30, message="four running jobs")
     w.signal(signal.SIGTERM)
     assert w.wait() == 0
 
@@ -327,7 +338,7 @@ def test_sigterm_releases_handlers_past_the_grace_period(ledger: sa.Engine, db_u
     enqueue_records(ledger, 3, sleep=10.0)
     w = spawn_worker("ledger_app:app", db_url, "--concurrency", "3", "--shutdown-grace", "0.5",
                      *FAST)
-    wait_until(lambda: len(held_by(ledger, w.pid)) == 3, timeout=30, message="running jobs")
+    wait_until(holding(ledger, w.pid, 3), timeout=30, message="running jobs")
     w.signal(signal.SIGTERM)
     assert w.wait(timeout=30) == 0
 
@@ -342,7 +353,7 @@ def test_second_sigterm_exits_at_once(ledger: sa.Engine, db_url: str,
     enqueue_records(ledger, 2, sleep=60.0)
     w = spawn_worker("ledger_app:app", db_url, "--concurrency", "2", "--shutdown-grace", "120",
                      *FAST)
-    wait_until(lambda: len(held_by(ledger, w.pid)) == 2, timeout=30, message="running jobs")
+    wait_until(holding(ledger, w.pid, 2), timeout=30, message="running jobs")
     w.signal(signal.SIGTERM)
     wait_until(lambda: "shutting down" in w.log(), timeout=10, message="the first signal")
     w.signal(signal.SIGTERM)
@@ -481,13 +492,14 @@ def test_terminated_connections_one_role_at_a_time(ledger: sa.Engine, db_url: st
 
     round_of_jobs()
     for role in ("claim", "complete", "maintain", "session", "listen"):
-        victims = wait_until(lambda: backends(ledger, role), timeout=30,
+        victims = wait_until(lambda r=role: backends(ledger, r), timeout=30,  # type: ignore[misc]
                              message=f"a {role} connection")
         with ledger.connect() as conn:
             conn.execute(sa.text("SELECT pg_terminate_backend(pid) FROM unnest(:p) AS pid"),
                          {"p": victims})
         if role == "listen":
-            wait_until(lambda: set(backends(ledger, role)) - set(victims), timeout=30,
+            old = set(victims)
+            wait_until(lambda: set(backends(ledger, "listen")) - old, timeout=30,  # noqa: B023
                        message="the listener reconnecting")
         round_of_jobs()
         assert w.proc.poll() is None, f"worker died after its {role} connection was killed"

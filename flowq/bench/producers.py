@@ -185,11 +185,14 @@ _SIZES = sa.text("""SELECT pg_total_relation_size('flowq.jobs') AS size,
 
 def soak(server: Server, o: Options) -> list[Row]:
     samples: list[dict[str, Any]] = []
+    # A short soak needs a short retention, or the pruner never gets to work within it.
+    retention = min(o.soak_retention, o.duration / 6)
+    sample_every = min(o.sample_every, o.duration / 12)
     with server.fresh_database() as url:
         engine = engine_for(url)
         try:
-            extra = ("--retention", str(o.soak_retention),
-                     "--prune-interval", str(max(1.0, o.soak_retention / 6)))
+            extra = ("--retention", str(retention),
+                     "--prune-interval", str(max(1.0, retention / 6)))
             with WorkerGroup(url, processes=1, concurrency=o.concurrency, extra=extra,
                              module=("flowq.bench.worker",)) as workers:
                 workers.wait_ready(engine)
@@ -200,8 +203,8 @@ def soak(server: Server, o: Options) -> list[Row]:
                 start = time.time()
                 producer.start()
                 while time.time() - start < o.duration:
-                    time.sleep(o.sample_every)
-                    since = time.time() - o.sample_every
+                    time.sleep(sample_every)
+                    since = time.time() - sample_every
                     with engine.connect() as c:
                         s = c.execute(_SIZES).one()
                     lat = _pickups(engine, dict(shared), since)
@@ -228,7 +231,7 @@ def soak(server: Server, o: Options) -> list[Row]:
                         [Figure("peak in 1st half", unit, peak(first, key), False)],
                         extra={"series": [{"t": s["t"], key: s[key]} for s in samples]}))
     rows[0].note = (f"{o.duration:.0f}s at {o.rate:g} jobs/s, pruner retention "
-                    f"{o.soak_retention:g}s; ratio ~1 = levelled off")
+                    f"{retention:g}s; ratio ~1 = levelled off")
     return rows
 
 

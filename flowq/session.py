@@ -208,6 +208,17 @@ def _build_insert() -> sa.Select[Any]:
     return sa.select(inserted.c.id, inserted.c.run_id, inserted.c.created, notify)
 
 
+def _build_plain_insert() -> sa.Insert:
+    """The keyless enqueue: one plain INSERT whose RETURNING also notifies (no CTE, no
+    conflict arbitration), since it is the hot path of every business transaction."""
+    return pg_insert(jobs).values(
+        task=sa.bindparam("task"), step=sa.bindparam("step"), queue=sa.bindparam("queue"),
+        priority=sa.bindparam("priority"), max_attempts=sa.bindparam("max_attempts"),
+        args=sa.cast(sa.bindparam("args", type_=sa.Text), JSONB), run_at=_due(),
+    ).returning(jobs.c.id, jobs.c.run_id, sa.true().label("created"),
+                sa.func.pg_notify(sa.bindparam("channel"), jobs.c.queue))
+
+
 def _build_insert_many() -> sa.Select[Any]:
     rows = sa.func.unnest(sa.cast(sa.bindparam("args", type_=ARRAY(sa.Text)), ARRAY(JSONB))
                           ).table_valued("value", with_ordinality="n").render_derived()
@@ -226,6 +237,7 @@ def _build_insert_many() -> sa.Select[Any]:
 
 
 _INSERT = _build_insert()
+_PLAIN_INSERT = _build_plain_insert()
 _INSERT_MANY = _build_insert_many()
 
 
@@ -246,8 +258,11 @@ def prepare_enqueue(task: Pipeline | str, args: Mapping[str, Any], *,
     """Validate one enqueue completely, without touching the database."""
     name, definition, schema, params = _common_params(
         task, queue=queue, priority=priority, run_at=run_at, delay=delay, schema=schema)
-    params["idempotency_key"] = _check_key(idempotency_key)
+    key = _check_key(idempotency_key)
     params["args"] = _args_json(name, definition, args)
+    if key is None:
+        return PreparedCall(_PLAIN_INSERT, params, _options(schema), schema, _enqueued)
+    params["idempotency_key"] = key
     return PreparedCall(_INSERT, params, _options(schema), schema, _enqueued)
 
 

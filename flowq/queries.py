@@ -86,19 +86,38 @@ class Queries:
             RETURNING j.id, j.cancel_requested""")
 
     @cached_property
-    def insert_steps(self) -> TextClause:
-        """Insert the next step of each run whose previous step just succeeded, and wake the
-        workers of their queues (delivered at commit)."""
+    def complete_steps(self) -> TextClause:
+        """`complete_jobs` plus, in the same statement, the next step of every run whose step
+        just succeeded (unless the run was cancelled meanwhile), waking the workers of their
+        queues. One statement, so it is atomic even in autocommit: no step is ever done
+        without its successor, nor a successor created for a step that was not ours."""
         return self._t("""
-            WITH inserted AS (
+            WITH done AS (
+                UPDATE {s}.jobs j
+                   SET status = 'succeeded', result = c.result, finished_at = now(), """ + _UNLOCK + """
+                  FROM unnest(CAST(:ids AS bigint[]), CAST(:attempts AS int[]),
+                              CAST(:results AS jsonb[])) AS c(id, attempts, result)
+                 WHERE j.id = c.id AND j.attempts = c.attempts AND j.status = 'running'
+                RETURNING j.id, j.run_id, j.priority, j.cancel_requested
+            ), inserted AS (
                 INSERT INTO {s}.jobs (run_id, task, step, step_index, queue, priority,
                                       max_attempts, args)
-                SELECT * FROM unnest(CAST(:run_ids AS bigint[]), CAST(:tasks AS text[]),
-                                     CAST(:steps AS text[]), CAST(:indexes AS smallint[]),
-                                     CAST(:queues AS text[]), CAST(:priorities AS smallint[]),
-                                     CAST(:max_attempts AS int[]), CAST(:args AS jsonb[]))
-                RETURNING queue)
-            SELECT pg_notify(:channel, q) FROM (SELECT DISTINCT queue AS q FROM inserted) d""")
+                SELECT d.run_id, n.task, n.step, n.step_index, n.queue, d.priority,
+                       n.max_attempts, n.args
+                  FROM done d
+                  JOIN unnest(CAST(:next_ids AS bigint[]), CAST(:tasks AS text[]),
+                              CAST(:steps AS text[]), CAST(:indexes AS smallint[]),
+                              CAST(:queues AS text[]), CAST(:max_attempts AS int[]),
+                              CAST(:args AS jsonb[]))
+                       AS n(id, task, step, step_index, queue, max_attempts, args)
+                    ON n.id = d.id
+                 WHERE NOT d.cancel_requested
+                RETURNING queue
+            )
+            SELECT d.id, d.cancel_requested,
+                   (SELECT count(pg_notify(:channel, q))
+                      FROM (SELECT DISTINCT queue AS q FROM inserted) x) AS woken
+              FROM done d""")
 
     @cached_property
     def retry_job(self) -> TextClause:

@@ -260,11 +260,10 @@ def test_cancel_waits_for_a_completing_step_and_cancels_its_successor(ledger: sa
             claimed = worker.execute(q.claim_jobs, {"queue": "default", "limit": 1,
                                                     "worker": "test"}).one()
         tx = worker.begin()
-        worker.execute(q.complete_jobs, {"ids": [claimed.id], "attempts": [claimed.attempts],
-                                         "results": ['{"n": 1}']})
-        worker.execute(q.insert_steps, {
-            "run_ids": [run.id], "tasks": ["chain3"], "steps": ["flaky"], "indexes": [1],
-            "queues": ["default"], "priorities": [0], "max_attempts": [5],
+        worker.execute(q.complete_steps, {
+            "ids": [claimed.id], "attempts": [claimed.attempts], "results": ['{"n": 1}'],
+            "next_ids": [claimed.id], "tasks": ["chain3"], "steps": ["flaky"], "indexes": [1],
+            "queues": ["default"], "max_attempts": [5],
             "args": ['{"n": 1, "account": 10, "fail_times": 0, "sleep": 0}'],
             "channel": "flowq"})
         with ThreadPoolExecutor(1) as pool:

@@ -153,7 +153,9 @@ class Completer:
     def _write(self, batch: Sequence[_Item]) -> None:
         successes = [i for i in batch if isinstance(i.outcome, Succeeded)]
         others = [i for i in batch if not isinstance(i.outcome, Succeeded)]
-        with self.engine.begin() as conn:
+        # The engine is in autocommit: each statement is atomic on its own and no outcome
+        # needs another's, so a batch costs one round trip per statement, no BEGIN/COMMIT.
+        with self.engine.connect() as conn:
             ours = self._write_successes(conn, successes) if successes else set()
             failed_logs = [(i, self._write_other(conn, i)) for i in others]
         for i in successes:
@@ -165,30 +167,30 @@ class Completer:
             self._log_other(i, status)
 
     def _write_successes(self, conn: sa.Connection, items: Sequence[_Item]) -> set[int]:
-        """Mark `items` succeeded and insert their successors; the ids that were still ours."""
-        rows = conn.execute(self.q.complete_jobs, {
-            "ids": [i.job.id for i in items],
-            "attempts": [i.job.attempts for i in items],
-            "results": [i.outcome.result for i in items],  # type: ignore[union-attr]
-        }).all()
-        ours = {r.id for r in rows}
-        cancelled = {r.id for r in rows if r.cancel_requested}
-        successors = [i for i in items if i.job.id in ours and i.job.id not in cancelled
-                      and i.outcome.next is not None]  # type: ignore[union-attr]
-        if successors:
-            nexts = [i.outcome.next for i in successors]  # type: ignore[union-attr]
-            conn.execute(self.q.insert_steps, {
-                "run_ids": [i.job.run_id for i in successors],
-                "tasks": [n.task for n in nexts if n],
-                "steps": [n.step.name for n in nexts if n],
-                "indexes": [n.step.index for n in nexts if n],
-                "queues": [n.step.queue for n in nexts if n],
-                "priorities": [i.job.priority for i in successors],
-                "max_attempts": [n.step.retry.attempt_cap for n in nexts if n],
-                "args": [n.args for n in nexts if n],
+        """Mark `items` succeeded and insert their successors, in one statement; the ids that
+        were still ours."""
+        done = [(i.job, i.outcome) for i in items if isinstance(i.outcome, Succeeded)]
+        params: dict[str, Any] = {
+            "ids": [job.id for job, _ in done],
+            "attempts": [job.attempts for job, _ in done],
+            "results": [out.result for _, out in done],
+        }
+        chained = [(job, out.next) for job, out in done if out.next is not None]
+        if not chained:
+            rows = conn.execute(self.q.complete_jobs, params).all()
+        else:
+            rows = conn.execute(self.q.complete_steps, {
+                **params,
+                "next_ids": [job.id for job, _ in chained],
+                "tasks": [n.task for _, n in chained],
+                "steps": [n.step.name for _, n in chained],
+                "indexes": [n.step.index for _, n in chained],
+                "queues": [n.step.queue for _, n in chained],
+                "max_attempts": [n.step.retry.attempt_cap for _, n in chained],
+                "args": [n.args for _, n in chained],
                 "channel": self.channel,
-            })
-        return ours
+            }).all()
+        return {r.id for r in rows}
 
     def _write_other(self, conn: sa.Connection, item: _Item) -> tuple[str, float] | None:
         """Retry, bury or cancel one job; (new status, delay) or None if it was not ours."""

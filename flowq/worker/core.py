@@ -131,6 +131,7 @@ class Worker:
             self.listener = Listener(conninfo, self.channel, self.queues, self._on_notify,
                                      application_name=f"flowq listen {c.name}"[:63])
         self._rotation = 0
+        self._batch_threshold = max(1, self.config.concurrency // 2)
         self._idle_horizon = 0.0
         self._housekeeper: threading.Thread | None = None
         self.claimed = 0
@@ -152,8 +153,11 @@ class Worker:
         self._notified = True
         self._wake.set()
 
-    def _on_slot_free(self) -> None:
-        self._wake.set()
+    def _on_slot_free(self, in_flight: int) -> None:
+        # Wake the claim loop only when it would claim: a batch's worth of free slots, or
+        # none busy. Waking it per finished job would cost a wake-up per job for nothing.
+        if in_flight == 0 or self.config.concurrency - in_flight >= self._batch_threshold:
+            self._wake.set()
 
     def _held_claims(self) -> list[tuple[int, int]]:
         return self.executor.running_claims() + self.completer.pending_claims()
@@ -208,7 +212,7 @@ class Worker:
 
     def _loop(self, until_idle: bool) -> None:
         c = self.config
-        batch_threshold = max(1, c.concurrency // 2)
+        batch_threshold = self._batch_threshold
         next_poll = 0.0
         backlog = True
         backoff = 0.1

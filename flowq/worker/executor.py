@@ -58,6 +58,7 @@ class _Running:
     job: ClaimedJob
     started: float
     deadline: float | None
+    resolved: tuple[Pipeline, Step[Any, Any]] | Failed  # resolved once, at submit
     lock: threading.Lock = field(default_factory=threading.Lock)
     done: bool = False  # set once, by whoever finishes first: the handler or the watchdog
 
@@ -85,7 +86,7 @@ class Executor:
 
     def __init__(self, app: FlowQ, completer: Completer, *, concurrency: int,
                  session_factory: Callable[[], StepSession],
-                 on_slot_free: Callable[[], None]) -> None:
+                 on_slot_free: Callable[[int], None]) -> None:
         self.app = app
         self.completer = completer
         self.concurrency = concurrency
@@ -143,7 +144,7 @@ class Executor:
         resolved = self._resolve(job)
         timeout = resolved[1].timeout if isinstance(resolved, tuple) else None
         now = time.monotonic()
-        rec = _Running(job, now, now + timeout if timeout else None)
+        rec = _Running(job, now, now + timeout if timeout else None, resolved)
         with self._lock:
             self._running[job.id] = rec
         if isinstance(resolved, tuple) and resolved[1].is_async:
@@ -167,8 +168,7 @@ class Executor:
             duration = now - rec.started
             exc = StepTimeout(f"step {rec.job.step!r} of {rec.job.task!r} exceeded its timeout "
                               f"of {rec.deadline - rec.started:.1f}s" if rec.deadline else "")
-            resolved = self._resolve(rec.job)
-            policy = resolved[1].retry if isinstance(resolved, tuple) else None
+            policy = rec.resolved[1].retry if isinstance(rec.resolved, tuple) else None
             self.completer.submit(rec.job, Failed(exc, f"StepTimeout: {exc}", retry=policy),
                                   duration)
             self._spawn()  # the stuck thread keeps its OS thread; the slot gets a new one
@@ -178,7 +178,8 @@ class Executor:
     def _finish_slot(self, rec: _Running) -> None:
         with self._lock:
             self._running.pop(rec.job.id, None)
-        self.on_slot_free()
+            in_flight = len(self._running)
+        self.on_slot_free(in_flight)
 
     # -- running a handler ------------------------------------------------------------------
 
@@ -246,7 +247,7 @@ class Executor:
             rec = self._work.get()
             if rec is None:
                 return
-            resolved = self._resolve(rec.job)
+            resolved = rec.resolved
             if isinstance(resolved, Failed):
                 self._settle(rec, None, resolved)
                 continue

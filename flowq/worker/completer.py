@@ -18,16 +18,17 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-import sqlalchemy as sa
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import TextClause
 
 from flowq.queries import Queries
 from flowq.retry import Retry
 from flowq.schema import notify_channel
+from flowq.worker.connection import DB_ERRORS, DedicatedConnection
 from flowq.worker.logs import log_event
 from flowq.worker.model import Cancelled, ClaimedJob, Failed, Outcome, Retried, Succeeded
 
@@ -40,6 +41,10 @@ _DEFAULT_RETRY: Final = Retry()
 
 INFO, WARNING, ERROR = 20, 30, 40
 
+# Runs one named statement and returns its rows as tuples: the completer's own dedicated
+# connection, or the connection of a handler's ctx.session.
+_Run = Callable[[TextClause, Mapping[str, Any]], list[tuple[Any, ...]]]
+
 
 @dataclass(frozen=True)
 class _Item:
@@ -51,8 +56,9 @@ class _Item:
 class Completer:
     """Writes outcomes; one background thread, started with `start()`."""
 
-    def __init__(self, engine: sa.Engine, queries: Queries, *, job_log: bool = True) -> None:
-        self.engine = engine
+    def __init__(self, conn: DedicatedConnection, queries: Queries, *, job_log: bool = True
+                 ) -> None:
+        self.conn = conn
         self.q = queries
         self.channel = notify_channel(queries.schema)
         self.job_log = job_log
@@ -105,7 +111,12 @@ class Completer:
         """Commit the handler's `ctx.session` writes together with its success, or roll them
         back if the claim is no longer ours. True when committed."""
         try:
-            ours = self._write_successes(session.connection(), [_Item(job, outcome, duration)])
+            conn = session.connection()
+
+            def run(clause: TextClause, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+                return [tuple(r) for r in conn.execute(clause, params)]
+
+            ours = self._write_successes(run, [_Item(job, outcome, duration)])
             if not ours:
                 session.rollback()
                 self._log_lost(job, "completion")
@@ -132,7 +143,7 @@ class Completer:
             try:
                 self._write(batch)
                 backoff = 0.05
-            except sa.exc.DBAPIError as exc:
+            except DB_ERRORS as exc:
                 log_event(WARNING, "completion write failed; retrying", error=_first_line(exc),
                           batch=len(batch), retry_in_s=round(backoff, 2))
                 with self._cond:
@@ -153,11 +164,11 @@ class Completer:
     def _write(self, batch: Sequence[_Item]) -> None:
         successes = [i for i in batch if isinstance(i.outcome, Succeeded)]
         others = [i for i in batch if not isinstance(i.outcome, Succeeded)]
-        # The engine is in autocommit: each statement is atomic on its own and no outcome
-        # needs another's, so a batch costs one round trip per statement, no BEGIN/COMMIT.
-        with self.engine.connect() as conn:
-            ours = self._write_successes(conn, successes) if successes else set()
-            failed_logs = [(i, self._write_other(conn, i)) for i in others]
+        # Autocommit: each statement is atomic on its own and no outcome needs another's, so
+        # a batch costs one round trip per statement, no BEGIN/COMMIT.
+        run = self.conn.execute
+        ours = self._write_successes(run, successes) if successes else set()
+        failed_logs = [(i, self._write_other(run, i)) for i in others]
         for i in successes:
             if i.job.id in ours:
                 self._log_success(i.job, i.duration)
@@ -166,7 +177,7 @@ class Completer:
         for i, status in failed_logs:
             self._log_other(i, status)
 
-    def _write_successes(self, conn: sa.Connection, items: Sequence[_Item]) -> set[int]:
+    def _write_successes(self, run: _Run, items: Sequence[_Item]) -> set[int]:
         """Mark `items` succeeded and insert their successors, in one statement; the ids that
         were still ours."""
         done = [(i.job, i.outcome) for i in items if isinstance(i.outcome, Succeeded)]
@@ -177,9 +188,9 @@ class Completer:
         }
         chained = [(job, out.next) for job, out in done if out.next is not None]
         if not chained:
-            rows = conn.execute(self.q.complete_jobs, params).all()
+            rows = run(self.q.complete_jobs, params)
         else:
-            rows = conn.execute(self.q.complete_steps, {
+            rows = run(self.q.complete_steps, {
                 **params,
                 "next_ids": [job.id for job, _ in chained],
                 "tasks": [n.task for _, n in chained],
@@ -189,15 +200,15 @@ class Completer:
                 "max_attempts": [n.step.retry.attempt_cap for _, n in chained],
                 "args": [n.args for _, n in chained],
                 "channel": self.channel,
-            }).all()
-        return {r.id for r in rows}
+            })
+        return {r[0] for r in rows}
 
-    def _write_other(self, conn: sa.Connection, item: _Item) -> tuple[str, float] | None:
+    def _write_other(self, run: _Run, item: _Item) -> tuple[str, float] | None:
         """Retry, bury or cancel one job; (new status, delay) or None if it was not ours."""
         job, outcome = item.job, item.outcome
         delay: float | None
         if isinstance(outcome, Cancelled):
-            return self._end(conn, job, "cancelled", f"CancelRun: {outcome.reason}")
+            return self._end(run, job, "cancelled", f"CancelRun: {outcome.reason}")
         if isinstance(outcome, Retried):
             error = f"RetryStep: {outcome.reason or 'retry requested by the handler'}"
             delay = outcome.delay if job.attempts < job.max_attempts else None
@@ -215,16 +226,16 @@ class Completer:
             elif job.attempts < job.max_attempts:
                 delay = _DEFAULT_RETRY.next_delay(job.attempts, outcome.error, elapsed)
         if delay is None:
-            return self._end(conn, job, "dead", error)
-        row = conn.execute(self.q.retry_job, {"id": job.id, "attempts": job.attempts,
-                                              "delay": delay, "error": error}).first()
-        return (row.status, delay) if row else None
+            return self._end(run, job, "dead", error)
+        rows = run(self.q.retry_job, {"id": job.id, "attempts": job.attempts, "delay": delay,
+                                      "error": error})
+        return (rows[0][0], delay) if rows else None
 
-    def _end(self, conn: sa.Connection, job: ClaimedJob, status: str,
+    def _end(self, run: _Run, job: ClaimedJob, status: str,
              error: str) -> tuple[str, float] | None:
-        row = conn.execute(self.q.end_job, {"id": job.id, "attempts": job.attempts,
-                                            "status": status, "error": error}).first()
-        return (row.status, 0.0) if row else None
+        rows = run(self.q.end_job, {"id": job.id, "attempts": job.attempts, "status": status,
+                                    "error": error})
+        return (rows[0][0], 0.0) if rows else None
 
     # -- logging ----------------------------------------------------------------------------
 

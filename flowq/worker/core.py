@@ -37,6 +37,7 @@ from flowq.queries import Queries
 from flowq.schema import notify_channel, schema_map
 from flowq.worker import maintenance as m
 from flowq.worker.completer import Completer
+from flowq.worker.connection import DB_ERRORS, DedicatedConnection
 from flowq.worker.executor import Executor
 from flowq.worker.listener import Listener
 from flowq.worker.logs import log_event
@@ -109,7 +110,10 @@ class Worker:
         session_bind = self.engines["session"]
         if smap:
             session_bind = session_bind.execution_options(schema_translate_map=smap)
-        self.completer = Completer(self.engines["complete"], self.q, job_log=c.job_log)
+        # The hot path (claims, completions) runs on dedicated psycopg connections.
+        self.claim_conn = DedicatedConnection(self.url, f"flowq claim {c.name}")
+        self.complete_conn = DedicatedConnection(self.url, f"flowq complete {c.name}")
+        self.completer = Completer(self.complete_conn, self.q, job_log=c.job_log)
         self._wake = threading.Event()
         self._notified = False
         self._stopping = threading.Event()
@@ -169,15 +173,14 @@ class Worker:
         out: list[ClaimedJob] = []
         n = len(self.queues)
         start, self._rotation = self._rotation, (self._rotation + 1) % n
-        with self.engines["claim"].connect() as conn:  # autocommit: each claim is atomic
-            for i in range(n):
-                want = limit - len(out)
-                if want <= 0:
-                    break
-                rows = conn.execute(self.q.claim_jobs, {
-                    "queue": self.queues[(start + i) % n], "limit": want,
-                    "worker": self.config.name})
-                out.extend(ClaimedJob.from_row(r) for r in rows)
+        for i in range(n):  # autocommit: each claim is one atomic statement
+            want = limit - len(out)
+            if want <= 0:
+                break
+            rows = self.claim_conn.execute(self.q.claim_jobs, {
+                "queue": self.queues[(start + i) % n], "limit": want,
+                "worker": self.config.name})
+            out.extend(ClaimedJob(*r) for r in rows)
         self.claimed += len(out)
         return out
 
@@ -229,7 +232,7 @@ class Worker:
                 try:
                     jobs = self.claim(free)
                     backoff = 0.1
-                except sa.exc.DBAPIError as exc:
+                except DB_ERRORS as exc:
                     log_event(WARNING, "claim failed; retrying", error=_first_line(exc),
                               retry_in_s=round(backoff, 2))
                     self._stopping.wait(backoff)
@@ -335,6 +338,8 @@ class Worker:
                   released=len(unfinished))
         for engine in self.engines.values():
             engine.dispose()
+        self.claim_conn.close()
+        self.complete_conn.close()
 
     def _release(self, claims: list[tuple[int, int]]) -> None:
         try:

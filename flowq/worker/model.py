@@ -12,7 +12,9 @@ __all__ = ["Cancelled", "ClaimedJob", "Failed", "NextStep", "Outcome", "Retried"
 
 @dataclass(frozen=True)
 class ClaimedJob:
-    """A row this worker claimed; `attempts` is the fence every later write is checked against."""
+    """A row this worker claimed; `attempts` is the fence every later write is checked against.
+
+    Fields are in the order `claim_jobs` returns its columns, so `ClaimedJob(*row)` builds it."""
 
     id: int
     run_id: int
@@ -26,13 +28,6 @@ class ClaimedJob:
     args: str
     cancel_requested: bool
     age: float
-
-    @classmethod
-    def from_row(cls, row: Any) -> ClaimedJob:
-        return cls(id=row.id, run_id=row.run_id, task=row.task, step=row.step,
-                   step_index=row.step_index, queue=row.queue, priority=row.priority,
-                   attempts=row.attempts, max_attempts=row.max_attempts, args=row.args,
-                   cancel_requested=row.cancel_requested, age=float(row.age))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,73 @@
+"""A dedicated autocommit psycopg connection for one hot-path thread (claims, completions).
+
+The claim loop and the completer each own one connection and send their named statements
+through psycopg directly, server-side prepared: no pool checkout, no BEGIN/COMMIT (each
+statement is atomic on its own), no SQLAlchemy row objects. Profiling showed SQLAlchemy's
+execute and row layers as a third of the worker's CPU per job on this path.
+
+A failed connection (server restart, `pg_terminate_backend`) is dropped and reopened on the
+next call; the caller sees the error once and retries its operation, which is safe because
+every write is fenced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any, Final
+
+import psycopg
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import psycopg as sa_psycopg
+from sqlalchemy.engine import URL
+from sqlalchemy.sql.elements import TextClause
+
+__all__ = ["DB_ERRORS", "DedicatedConnection", "raw_sql"]
+
+# What a database failure looks like on either path (SQLAlchemy's or psycopg's own).
+DB_ERRORS: Final = (sa.exc.DBAPIError, psycopg.Error)
+
+_DIALECT: Final = sa_psycopg.dialect()  # type: ignore[no-untyped-call]
+_compiled: dict[int, tuple[TextClause, str]] = {}
+
+
+def raw_sql(clause: TextClause) -> str:
+    """The psycopg (`%(name)s`) form of a named statement, compiled once."""
+    hit = _compiled.get(id(clause))
+    if hit is None or hit[0] is not clause:
+        hit = (clause, str(clause.compile(dialect=_DIALECT)))
+        _compiled[id(clause)] = hit
+    return hit[1]
+
+
+class DedicatedConnection:
+    """One autocommit connection, used by one thread at a time, reopened after a failure."""
+
+    def __init__(self, url: URL, application_name: str) -> None:
+        self.conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
+        self.application_name = application_name[:63]
+        self._conn: psycopg.Connection[Any] | None = None
+        self.statements = 0
+
+    def _open(self) -> psycopg.Connection[Any]:
+        self._conn = psycopg.connect(self.conninfo, autocommit=True, connect_timeout=10,
+                                     application_name=self.application_name)
+        return self._conn
+
+    def execute(self, clause: TextClause, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        """Run one statement; its rows as tuples (empty when it returns none)."""
+        conn = self._conn if self._conn is not None and not self._conn.closed else self._open()
+        self.statements += 1
+        try:
+            cur = conn.execute(raw_sql(clause), params, prepare=True)
+            return cur.fetchall() if cur.description is not None else []
+        except psycopg.Error:
+            if conn.closed or conn.broken:
+                self.close()
+            raise
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                conn.close()

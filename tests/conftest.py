@@ -155,7 +155,6 @@ def spawn_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
         if wp.proc.poll() is None:
             wp.proc.kill()
             wp.proc.wait(timeout=10)
-        # Children of a --processes supervisor are killed with their process group below.
     for wp in procs:
         with contextlib.suppress(Exception):
             print(f"--- {wp.log_path.name} (exit {wp.proc.returncode}) ---\n{wp.log()[-5000:]}")

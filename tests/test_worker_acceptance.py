@@ -199,6 +199,35 @@ def test_ctrl_c_drains_the_children_of_the_supervisor(ledger: sa.Engine, db_url:
     assert assert_ledger_exact(ledger) == 4
 
 
+def test_children_of_a_killed_supervisor_drain_and_exit(ledger: sa.Engine, db_url: str,
+                                                       spawn_worker: Spawn,
+                                                       reap_children: list[int]) -> None:
+    """Children live in their own process groups, so a SIGKILLed supervisor cannot take them
+    down with it: they notice it is gone, finish their jobs and exit instead of running on."""
+    enqueue_records(ledger, 4, sleep=1.0)
+    sup = spawn_worker("ledger_app:app", db_url, "--processes", "2", "--concurrency", "2",
+                       *FAST)
+    wait_until(lambda: status_counts(ledger).get("running") == 4, timeout=60,
+               message="both children running jobs")
+    children = children_of(sup.pid)
+    reap_children.extend(children)
+    sup.signal(signal.SIGKILL)
+    sup.wait()
+
+    def alive(pid: int) -> bool:
+        try:
+            return "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+        except OSError:
+            return False
+
+    def gone() -> bool:
+        return not any(alive(pid) for pid in children)
+
+    wait_until(gone, timeout=60, message="the orphaned children to exit")
+    assert status_counts(ledger) == {"succeeded": 4}
+    assert assert_ledger_exact(ledger) == 4
+
+
 def test_sigkill_with_running_jobs_then_another_worker_finishes_them(
         ledger: sa.Engine, db_url: str, spawn_worker: Spawn) -> None:
     ids = enqueue_records(ledger, 12, sleep=1.0)

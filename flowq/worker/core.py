@@ -42,6 +42,7 @@ from flowq.worker.executor import Executor
 from flowq.worker.listener import Listener
 from flowq.worker.logs import log_event
 from flowq.worker.model import ClaimedJob
+from flowq.worker.supervisor import SUPERVISOR_ENV
 
 __all__ = ["Worker", "WorkerConfig"]
 
@@ -135,6 +136,7 @@ class Worker:
             self.listener = Listener(conninfo, self.channel, self.queues, self._on_notify,
                                      application_name=f"flowq listen {c.name}"[:63])
         self._rotation = 0
+        self._orphaned = False
         self._batch_threshold = max(1, self.config.concurrency // 2)
         self._idle_horizon = 0.0
         self._housekeeper: threading.Thread | None = None
@@ -264,8 +266,14 @@ class Worker:
         c = self.config
         now = time.monotonic()
         next_beat, next_reap, next_prune = now + c.heartbeat_interval, now + 1.0, now + 5.0
+        supervisor = os.environ.get(SUPERVISOR_ENV)
         while not self._stopping.is_set():
             now = time.monotonic()
+            if supervisor and str(os.getppid()) != supervisor and not self._orphaned:
+                self._orphaned = True
+                log_event(WARNING, "the --processes supervisor is gone; shutting down",
+                          supervisor_pid=supervisor)
+                self._signalled = signal.SIGTERM  # the claim loop starts a clean shutdown
             for due, action, interval in (("beat", self.heartbeat.run_once, c.heartbeat_interval),
                                           ("reap", self.reaper.run_once, c.reap_interval),
                                           ("prune", self.pruner.run_once, c.prune_interval)):

@@ -22,6 +22,7 @@ from flowq.worker.logs import log_event
 
 __all__ = ["child_argv", "supervise"]
 
+SUPERVISOR_ENV: Final = "FLOWQ_SUPERVISOR_PID"
 RESTART_BACKOFF: Final = 1.0
 INFO, WARNING = 20, 30
 
@@ -47,9 +48,12 @@ def _spawn(cmd: list[str]) -> subprocess.Popen[bytes]:
     # Each child in its own process group: Ctrl-C in a terminal signals the whole foreground
     # group, and a child that got SIGINT from the terminal and again from `forward` would take
     # it as the second signal and exit at once, without draining.
+    # Outside the group, a SIGKILLed supervisor's children would run on as orphans: they are
+    # told who their supervisor is and stop by themselves when it is gone (see core.py).
+    env = {**os.environ, SUPERVISOR_ENV: str(os.getpid())}
     if sys.version_info >= (3, 11):
-        return subprocess.Popen(cmd, process_group=0)
-    return subprocess.Popen(cmd, preexec_fn=os.setpgrp)  # safe: no threads here
+        return subprocess.Popen(cmd, process_group=0, env=env)
+    return subprocess.Popen(cmd, preexec_fn=os.setpgrp, env=env)  # safe: no threads here
 
 
 def supervise(processes: int, argv: list[str] | None = None) -> int:

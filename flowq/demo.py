@@ -154,9 +154,9 @@ def _run(url: str, n_jobs: int) -> None:
     _part_one(engine, session_factory)
     committed, rolled_back = _part_two(session_factory, n_jobs)
 
-    click.secho("\n3. A worker drains the queue (concurrency 8)", bold=True)
+    click.secho("\n3. A worker drains the queue (concurrency 16)", bold=True)
     configure_logging("text", "ERROR")
-    worker = Worker(app, url, WorkerConfig(concurrency=8, job_log=False, poll_interval=0.2))
+    worker = Worker(app, url, WorkerConfig(concurrency=16, job_log=False, poll_interval=0.2))
     thread = threading.Thread(target=worker.run, kwargs={"install_signals": False},
                               daemon=True)
     total = committed + 1  # plus order 1 from part one

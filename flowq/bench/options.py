@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
-__all__ = ["DEFAULT_SCENARIOS", "SCENARIOS", "Options"]
+__all__ = ["DEFAULT_SCENARIOS", "OPT_IN", "SCENARIOS", "Options"]
 
-SCENARIOS: Final = ("drain", "drain-session", "pipeline", "enqueue", "latency", "scale", "soak")
-# soak runs for --duration (default 10 minutes), so it is opt-in: --scenario soak.
-DEFAULT_SCENARIOS: Final = SCENARIOS[:-1]
+SCENARIOS: Final = ("drain", "drain-session", "pipeline", "enqueue", "latency", "scale", "soak",
+                    "memory")
+# soak runs for --duration (default 10 minutes) and memory drains a million jobs, so both are
+# opt-in: --scenario soak, --scenario memory.
+OPT_IN: Final = ("soak", "memory")
+DEFAULT_SCENARIOS: Final = tuple(s for s in SCENARIOS if s not in OPT_IN)
 
 
 @dataclass
@@ -21,6 +24,10 @@ class Options:
     # No-op handlers finish at once, so the claim batch (about half the slots) sets the pace:
     # 128 slots per process measured best on a 2-core machine (32: 10.5k jobs/s, 128: 21k).
     concurrency: int = 128
+    # drain-session holds one ctx.session connection per running handler: at 2 x 128 that is
+    # ~270 server connections (the embedded server allows 300) and measured slower than 32
+    # (P=2, 20k jobs: C=128 823 jobs/s, C=32 1,086, C=8 1,034), so it has its own knob.
+    session_concurrency: int = 32
     repeat: int = 3
     bulk: int = 100_000           # enqueue: rows of the bulk enqueue_many
     transactions: int = 2_000     # enqueue: business transactions, with and without the job
@@ -33,13 +40,36 @@ class Options:
     duration: float = 600.0       # soak
     soak_retention: float = 60.0  # soak: pruner retention (seconds)
     sample_every: float = 10.0    # soak: seconds between samples
+    memory_jobs: int = 1_000_000  # memory: jobs drained (an explicit --jobs overrides it)
+    memory_chunk: int = 50_000    # memory: rows per enqueue_many statement
+    memory_sample_every: float = 2.0  # memory: seconds between RSS samples
+    # `jobs` and `concurrency` as built: memory and drain-session follow them once changed
+    # (--jobs, -c), and otherwise use their own defaults above.
+    _initial: tuple[int, int] = field(default=(0, 0), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._initial = (self.jobs, self.concurrency)
+
+    @property
+    def memory_n(self) -> int:
+        """Jobs the memory scenario drains: `--jobs` if it was given, else `memory_jobs`."""
+        return self.jobs if self.jobs != self._initial[0] else self.memory_jobs
+
+    @property
+    def session_c(self) -> int:
+        """drain-session's concurrency: `-c` if it was given, else `session_concurrency`."""
+        return (self.concurrency if self.concurrency != self._initial[1]
+                else self.session_concurrency)
 
     @classmethod
     def quick(cls) -> Options:
         return cls(jobs=300, processes=2, concurrency=8, repeat=1, bulk=1_000,
                    transactions=50, latency_jobs=20, rate=50.0, retained=5_000, pending=1_000,
                    claims=300, scale_processes=(1, 2), duration=10.0, soak_retention=2.0,
-                   sample_every=1.0)
+                   sample_every=1.0, session_concurrency=8, memory_jobs=2_000,
+                   memory_chunk=500, memory_sample_every=0.2)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        del d["_initial"]
+        return {**d, "memory_n": self.memory_n, "session_c": self.session_c}

@@ -1,5 +1,8 @@
 """The throughput scenarios: drain, drain-session, pipeline and scale.
 
+drain-session runs at `Options.session_c` (32 unless -c is given), not the drain's 128: each
+running handler holds a ctx.session connection, so 2 x 128 would need ~270 connections.
+
 Each takes the `Server` and the `Options` and returns `Row`s; each runs in a database of its
 own. flowq's figures come from real `flowq worker` processes (`WorkerGroup`), the references
 from raw psycopg loops (`baselines`) with the same process count, in the same database.
@@ -48,13 +51,14 @@ def drain_session(server: Server, o: Options) -> list[Row]:
     with server.fresh_database() as url:
         engine = engine_for(url)
         try:
-            ours = flowq_drain(url, engine, "ledger", o.jobs, 1, o.processes, o.concurrency,
+            ours = flowq_drain(url, engine, "ledger", o.jobs, 1, o.processes, o.session_c,
                                o.repeat)
             one = raw_drain(url, engine, "one_per_tx_ledger", "ledger", o.jobs, 1,
                             o.processes, o.repeat)
         finally:
             engine.dispose()
-    return [Row("drain-session", Figure(f"ctx.session jobs/s ({_pc(o)})", "jobs/s", ours),
+    pc = f"P={o.processes} C={o.session_c}"
+    return [Row("drain-session", Figure(f"ctx.session jobs/s ({pc})", "jobs/s", ours),
                 [Figure(f"raw 1/tx + row P={o.processes}", "jobs/s", one)],
                 note="target: >= 1x raw 1/tx + row (one commit per job either way)")]
 

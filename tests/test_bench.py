@@ -43,10 +43,19 @@ def test_unknown_scenario_is_a_usage_error() -> None:
     assert set(SCENARIOS) >= set(DEFAULT_SCENARIOS)
 
 
-def test_single_scenario_runs_alone(server_url: str) -> None:
+def test_named_scenarios_run_alone_including_opt_in_memory(server_url: str) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "flowq", "bench", "--quick", "--json", "--jobs", "60",
-         "--scenario", "drain", "--database-url", server_url],
+         "--scenario", "drain", "--scenario", "memory", "--database-url", server_url],
         capture_output=True, text=True, timeout=200, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
-    assert list(json.loads(done.stdout)["scenarios"]) == ["drain"]
+    doc = json.loads(done.stdout)
+    assert list(doc["scenarios"]) == ["drain", "memory"]
+    assert "memory" not in DEFAULT_SCENARIOS
+    end, peak = doc["scenarios"]["memory"]
+    extra = end["extra"]
+    assert extra["jobs"] == 60  # --jobs overrides the million
+    assert len(extra["processes"]) == 2  # --quick: P=2, one RSS series per worker process
+    for row in (end, peak):
+        assert row["flowq"]["values"][0] > 0, row  # MB, never a timing
+        assert math.isfinite(row["references"][0]["ratio"]), row

@@ -1,14 +1,15 @@
 """`flowq bench`: flowq's throughput and latency beside raw-SQL references, in one invocation.
 
 Scenarios (see `options.SCENARIOS`): drain, drain-session, pipeline, enqueue, latency, scale,
-and soak (opt-in: it runs for `--duration`). Each runs in a fresh database on one server: the
-one at `--database-url`, or a fresh embedded PostgreSQL with durable defaults (fsync on).
+and the opt-in soak (it runs for `--duration`) and memory (worker RSS over a 1M-job drain).
+Each runs in a fresh database on one server: the one at `--database-url`, or a fresh
+embedded PostgreSQL with durable defaults (fsync on).
 flowq's side always goes through real `flowq worker` processes running `flowq.bench.app:app`;
 the references are hand-written psycopg loops on the same table, same process count, measured
 in the same run, because absolute numbers drift from machine to machine and ratios do not.
 
 Modules: `options` (sizes and defaults), `harness` (server, databases, worker processes),
-`baselines` (raw loops), `drains` (timing a drain), `scenarios` and `producers` (the
+`baselines` (raw loops), `drains` (timing a drain), `scenarios`, `producers` and `memory` (the
 scenarios), `report` (table and JSON), `app` (the bench's handlers), `worker` (soak worker).
 """
 
@@ -25,11 +26,12 @@ __all__ = ["DEFAULT_SCENARIOS", "SCENARIOS", "Options", "run_bench"]
 
 
 def _registry() -> dict[str, Callable[[Server, Options], list[Row]]]:
-    from flowq.bench import producers, scenarios
+    from flowq.bench import memory, producers, scenarios
 
     return {"drain": scenarios.drain, "drain-session": scenarios.drain_session,
             "pipeline": scenarios.pipeline, "enqueue": producers.enqueue,
-            "latency": producers.latency, "scale": scenarios.scale, "soak": producers.soak}
+            "latency": producers.latency, "scale": scenarios.scale, "soak": producers.soak,
+            "memory": memory.memory}
 
 
 def run_bench(url: str | None, names: Sequence[str], options: Options,

@@ -94,7 +94,7 @@ class Reaper:
             log_event(ERROR if r.status == "dead" else WARNING,
                       "reaped a job whose worker stopped heartbeating", job_id=r.id,
                       run_id=r.run_id, task=r.task, step=r.step, attempt=r.attempts,
-                      now=r.status)
+                      status=r.status)
         return len(rows)
 
 

@@ -63,6 +63,7 @@ class Completer:
         self.channel = notify_channel(queries.schema)
         self.job_log = job_log
         self._items: list[_Item] = []
+        self._writing: list[_Item] = []  # the batch being written: its claims need heartbeats
         self._cond = threading.Condition()
         self._busy = 0
         self._stopping = False
@@ -84,7 +85,7 @@ class Completer:
     def pending_claims(self) -> list[tuple[int, int]]:
         """(id, attempts) of outcomes not yet written: they still need heartbeats."""
         with self._cond:
-            return [(i.job.id, i.job.attempts) for i in self._items]
+            return [(i.job.id, i.job.attempts) for i in (*self._writing, *self._items)]
 
     def flush(self, timeout: float) -> bool:
         """Wait until every queued outcome is written; False on timeout."""
@@ -139,6 +140,7 @@ class Completer:
                 if self._stopping and not self._items:
                     return
                 batch, self._items = self._items[:MAX_BATCH], self._items[MAX_BATCH:]
+                self._writing = batch
                 self._busy += 1
             try:
                 self._write(batch)
@@ -157,6 +159,7 @@ class Completer:
                 time.sleep(1.0)
             finally:
                 with self._cond:
+                    self._writing = []
                     self._busy -= 1
                     self.written += len(batch)
                     self._cond.notify_all()

@@ -5,6 +5,12 @@ through psycopg directly, server-side prepared: no pool checkout, no BEGIN/COMMI
 statement is atomic on its own), no SQLAlchemy row objects. Profiling showed SQLAlchemy's
 execute and row layers as a third of the worker's CPU per job on this path.
 
+Seq scans are disabled on these connections (`PLANNER_OPTIONS`): every hot statement is
+index-driven by design (the partial pending index, the primary key), but a queue that drained
+to empty gets analyzed empty, and until autoanalyze catches up with the next burst the
+planner would price a seq scan of the whole (bloated) table as cheap, turning a 1 ms claim
+into hundreds of ms and stalling the worker (seen in `flowq bench`).
+
 A failed connection (server restart, `pg_terminate_backend`) is dropped and reopened on the
 next call; the caller sees the error once and retries its operation, which is safe because
 every write is fenced.
@@ -22,10 +28,12 @@ from sqlalchemy.dialects.postgresql import psycopg as sa_psycopg
 from sqlalchemy.engine import URL
 from sqlalchemy.sql.elements import TextClause
 
-__all__ = ["DB_ERRORS", "DedicatedConnection", "raw_sql"]
+__all__ = ["DB_ERRORS", "PLANNER_OPTIONS", "DedicatedConnection", "raw_sql"]
 
 # What a database failure looks like on either path (SQLAlchemy's or psycopg's own).
 DB_ERRORS: Final = (sa.exc.DBAPIError, psycopg.Error)
+# Server settings for connections that only run flowq's index-driven statements.
+PLANNER_OPTIONS: Final = "-c enable_seqscan=off"
 
 _DIALECT: Final = sa_psycopg.dialect()  # type: ignore[no-untyped-call]
 _compiled: dict[int, tuple[TextClause, str]] = {}
@@ -51,7 +59,8 @@ class DedicatedConnection:
 
     def _open(self) -> psycopg.Connection[Any]:
         self._conn = psycopg.connect(self.conninfo, autocommit=True, connect_timeout=10,
-                                     application_name=self.application_name)
+                                     application_name=self.application_name,
+                                     options=PLANNER_OPTIONS)
         return self._conn
 
     def execute(self, clause: TextClause, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:

@@ -37,7 +37,7 @@ from flowq.queries import Queries
 from flowq.schema import notify_channel, schema_map
 from flowq.worker import maintenance as m
 from flowq.worker.completer import Completer
-from flowq.worker.connection import DB_ERRORS, DedicatedConnection
+from flowq.worker.connection import DB_ERRORS, PLANNER_OPTIONS, DedicatedConnection
 from flowq.worker.executor import Executor
 from flowq.worker.listener import Listener
 from flowq.worker.logs import log_event
@@ -104,7 +104,7 @@ class Worker:
         self.engines = {
             "claim": self._engine("claim", 1, autocommit=True),
             "complete": self._engine("complete", 2, autocommit=True),
-            "maintain": self._engine("maintain", 2),
+            "maintain": self._engine("maintain", 2, planner_options=PLANNER_OPTIONS),
             "session": self._engine("session", c.concurrency + 2),
         }
         smap = schema_map(app.schema)
@@ -142,7 +142,8 @@ class Worker:
         self._housekeeper: threading.Thread | None = None
         self.claimed = 0
 
-    def _engine(self, role: str, size: int, autocommit: bool = False) -> sa.Engine:
+    def _engine(self, role: str, size: int, autocommit: bool = False,
+                planner_options: str | None = None) -> sa.Engine:
         # No pre-ping: it would cost a round trip per checkout. A dropped connection raises,
         # is invalidated by SQLAlchemy, and the operation is retried by its caller.
         # Autocommit where every write is one self-contained statement (claims, completions):
@@ -151,7 +152,8 @@ class Worker:
             self.url, pool_size=size, max_overflow=2, pool_pre_ping=False,
             isolation_level="AUTOCOMMIT" if autocommit else "READ COMMITTED",
             connect_args={"application_name": f"flowq {role} {self.config.name}"[:63],
-                          "connect_timeout": 10})
+                          "connect_timeout": 10,
+                          **({"options": planner_options} if planner_options else {})})
 
     # -- signals from the parts ---------------------------------------------------------------
 

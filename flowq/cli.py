@@ -245,13 +245,14 @@ _register_subcommands()
 @url_option
 @click.option("--scenario", "scenarios", multiple=True, metavar="NAME",
               help="Run only this scenario (repeatable): drain, drain-session, pipeline, "
-              "enqueue, latency, scale, soak. Default: all but soak.")
+              "enqueue, latency, scale, soak, memory. Default: all but soak and memory.")
 @click.option("--jobs", "n_jobs", type=click.IntRange(1), default=None,
-              help="Jobs per drain (pipeline: steps) [default: 20000; --quick: 300].")
+              help="Jobs per drain (pipeline: steps; memory: the whole drain) "
+              "[default: 50000, memory 1000000; --quick: 300].")
 @click.option("--processes", "-p", type=click.IntRange(1, 64), default=None,
               help="Worker processes (and raw loop processes) [default: 2].")
 @click.option("--concurrency", "-c", type=click.IntRange(1, 1000), default=None,
-              help="Handlers per worker process [default: 32; --quick: 8].")
+              help="Handlers per worker process [default: 128, drain-session 32; --quick: 8].")
 @click.option("--repeat", type=click.IntRange(1), default=None,
               help="Runs per figure; the table shows median and min-max [default: 3].")
 @click.option("--duration", type=click.FloatRange(1.0), default=None,

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 import sqlalchemy as sa
+from ledger_app import write_ledger_row
 from tenacity import stop_after_attempt, wait_fixed
 
 import flowq
@@ -67,9 +68,7 @@ def record(ctx: Context, n: int, sleep: float = 0.0) -> None:
     """Like ledger_app.record: one ledger row, committed with the job's success."""
     if sleep:
         time.sleep(sleep)
-    ctx.session.execute(sa.text(
-        "INSERT INTO ledger (job_id, run_id, attempt, pid) VALUES (:j, :r, :a, :p)"),
-        {"j": ctx.job_id, "r": ctx.run_id, "a": ctx.attempt, "p": os.getpid()})
+    write_ledger_row(ctx)
 
 
 @app.task()

@@ -21,6 +21,11 @@ def record(ctx: Context, n: int, sleep: float = 0.0) -> None:
     """Sleep (to hold the job) then write one ledger row, committed with the job's success."""
     if sleep:
         time.sleep(sleep)
+    write_ledger_row(ctx)
+
+
+def write_ledger_row(ctx: Context) -> None:
+    """The one ledger row a job writes through ctx.session (shared by the test apps)."""
     ctx.session.execute(sa.text(
         "INSERT INTO ledger (job_id, run_id, attempt, pid) VALUES (:j, :r, :a, :p)"),
         {"j": ctx.job_id, "r": ctx.run_id, "a": ctx.attempt, "p": os.getpid()})

@@ -10,12 +10,19 @@ jsonb stores numbers as `numeric`, which turns `1e+20` into `1000000000000000000
 that Python writes with a positive exponent (|x| >= 1e16) would come back as an int. Such
 floats are written out in full with a `.0` so they come back as the same float. (-0.0 comes
 back as 0.0, the one float jsonb cannot keep; they compare equal.)
+
+Speed: `dumps_checked` sits on the enqueue and completion hot paths, so it encodes first with
+a strict encoder (refuses NaN and unknown types), walks only the containers for the one thing
+the encoder would silently change (non-string keys) and for depth, and scans the text for
+NUL and lone surrogates. The path-naming walk, `find_json_problem`, runs only when one of
+those says something is wrong, to write the message.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
@@ -52,7 +59,7 @@ def find_json_problem(value: Any, path: str, depth: int = 0) -> str | None:
         return f"{path} {problem}" if problem else None
     if t is int:
         return None
-    if t is float:
+    if isinstance(value, float):  # numpy.float64 and other subclasses encode as floats
         if math.isnan(value) or math.isinf(value):
             return f"{path} is {value!r}, which JSON cannot represent"
         return None
@@ -68,7 +75,7 @@ def find_json_problem(value: Any, path: str, depth: int = 0) -> str | None:
             if found:
                 return found
         return None
-    if t is list or t is tuple:
+    if isinstance(value, list | tuple):
         for i, v in enumerate(value):
             found = find_json_problem(v, f"{path}[{i}]", depth + 1)
             if found:
@@ -81,28 +88,63 @@ def find_json_problem(value: Any, path: str, depth: int = 0) -> str | None:
             "string or an id)")
 
 
+def _reject(value: Any) -> Any:
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False,
+                            default=_reject)
+_CONTAINERS = (dict, list, tuple)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _ENCODER.encode(value)
 
 
 def _dumps_keeping_floats(value: Any) -> str:
     """Like `_dumps`, but big floats in positional notation (see the module docstring)."""
-    if type(value) is float and abs(value) >= _EXPONENT_FROM:
+    if isinstance(value, float) and abs(value) >= _EXPONENT_FROM:
         # The shortest digits that read back as this float, positionally: an integer here.
         return f"{Decimal(repr(value)):f}.0"
     if isinstance(value, dict):
         return "{" + ",".join(f"{_dumps(k)}:{_dumps_keeping_floats(v)}"
                               for k, v in value.items()) + "}"
-    if type(value) is list or type(value) is tuple:
+    if isinstance(value, list | tuple):
         return "[" + ",".join(_dumps_keeping_floats(v) for v in value) + "]"
     return _dumps(value)
 
 
+def _shape_ok(value: Any, depth: int = 0) -> bool:
+    """Only string keys, and no deeper than the limit: what the encoder would not refuse."""
+    if depth > _MAX_DEPTH:
+        return False
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if type(k) is not str:
+                return False
+            if isinstance(v, _CONTAINERS) and not _shape_ok(v, depth + 1):
+                return False
+    elif isinstance(value, list | tuple):
+        for v in value:
+            if isinstance(v, _CONTAINERS) and not _shape_ok(v, depth + 1):
+                return False
+    return True
+
+
 def dumps_checked(value: Any, what: str) -> str:
     """Serialise `value` to compact JSON text, or raise JSONError naming `what` and the path."""
-    problem = find_json_problem(value, what)
-    if problem:
-        raise JSONError(problem)
-    text = _dumps(value)
+    try:
+        text: str | None = _dumps(value)
+    except (TypeError, ValueError, RecursionError):  # unknown type, NaN, circular, too deep
+        text = None
+    if (text is None or not _shape_ok(value) or "\\u0000" in text
+            or (not text.isascii() and _SURROGATE.search(text))):
+        problem = find_json_problem(value, what)
+        if problem:
+            raise JSONError(problem)
+        if text is None:  # pragma: no cover - the walk accepts nothing the encoder refuses
+            raise JSONError(f"{what} cannot be encoded as JSON")
+        # else: a false alarm, e.g. a string holding a literal backslash followed by "u0000"
     # The slow path only when an exponent may be present (possibly just inside a string).
     return _dumps_keeping_floats(value) if "e+" in text else text

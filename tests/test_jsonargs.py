@@ -21,11 +21,20 @@ class Color(enum.IntEnum):
     RED = 1
 
 
+class Money(float):
+    """A float subclass (numpy.float64 is one): encoded as the float it is."""
+
+
+class Items(list[Any]):
+    pass
+
+
 ACCEPTED: list[Any] = [
     None, True, False, 0, -7, 10**40, 0.1, 1.0, 1e-7, 5e-324, 1e16, 1e20, -2.5e17,
     1.7976931348623157e308, "", "plain", "ünïcödé ✓ 😀", "line\nbreak\ttab\u2028", "e+5",
     [], {}, [1, "a", None, [True]], {"a": {"b": [1.5, {"c": None}]}},
-    OrderedDict(a=1), Color.RED,
+    OrderedDict(a=1), Color.RED, Money(2.5), Money(1e20), Items([1, Items([2])]),
+    "a literal \\u0000 is not a NUL", {"k\\u0000": "\\"}, "\u00e9\u0000"[:1],
 ]
 
 
@@ -87,6 +96,28 @@ def test_depth_is_bounded() -> None:
         value = [value]
     with pytest.raises(JSONError, match="nested more than"):
         dumps_checked(value, "args")
+
+
+def test_circular_values_are_refused() -> None:
+    value: list[Any] = []
+    value.append(value)
+    with pytest.raises(JSONError, match="nested more than"):
+        dumps_checked({"a": value}, "args")
+
+
+@pytest.mark.parametrize("value", [
+    {"a": [1, {"b": {2: "x"}}]},          # a nested non-string key, which json would coerce
+    {"a": ["ok", "x\x00"]},               # a NUL deep inside
+    {"é": ["\udc80"]},                    # non-ASCII text and a lone surrogate
+    {"a": [Money("nan")]},                 # NaN in a float subclass
+])
+def test_fast_path_misses_nothing(value: Any) -> None:
+    """Whatever the one-pass encoder lets through must still be caught, with the path."""
+    problem = find_json_problem(value, "args")
+    assert problem is not None
+    with pytest.raises(JSONError) as info:
+        dumps_checked(value, "args")
+    assert str(info.value) == problem
 
 
 def test_first_problem_is_reported() -> None:

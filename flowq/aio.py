@@ -62,7 +62,7 @@ async def execute(target: AsyncTarget, call: PreparedCall[T]) -> T:
         result = await conn.execute(call.statement, call.params, execution_options=call.options)
     except sa.exc.ProgrammingError as exc:
         raise translate_error(exc, engine, call.schema) from None
-    return call.finish(result)
+    return call.finish(result.one())
 
 
 async def enqueue(target: AsyncTarget, task: Pipeline | str, /, *,

@@ -47,6 +47,11 @@ R = TypeVar("R")
 _APPS: weakref.WeakSet[FlowQ] = weakref.WeakSet()
 
 
+# How many distinct argument-name sets a step remembers as fitting (a **kwargs handler could
+# see unboundedly many).
+MAX_REMEMBERED_NAME_SETS = 256
+
+
 def validate_queue(queue: object) -> str:
     """Return `queue` if it is a plain queue name, else raise InvalidQueueError."""
     if not isinstance(queue, str) or not _QUEUE_RE.match(queue):
@@ -77,14 +82,22 @@ class Step(Generic[P, R]):
     index: int
     signature: inspect.Signature = field(repr=False)
     is_async: bool = False
+    # Argument-name sets known to bind: arguments are always keywords, so whether they bind
+    # depends on the names alone, and binding (~5 us) is most of checking a small call.
+    _fitting_names: set[tuple[str, ...]] = field(default_factory=set, init=False, repr=False)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
 
     def check_arguments(self, args: dict[str, Any], what: str = "arguments") -> None:
         """Raise InvalidArgumentsError unless `args` bind to the handler after `ctx`."""
+        names = tuple(args)
+        if names in self._fitting_names:
+            return
         try:
             self.signature.bind(None, **args)
+            if len(self._fitting_names) < MAX_REMEMBERED_NAME_SETS:
+                self._fitting_names.add(names)
         except TypeError as exc:
             # bind() names only its first complaint (often a missing argument), so name
             # misspelt ones too: they are usually the cause.

@@ -14,6 +14,15 @@ same key returns the existing run (`created=False`), whatever its arguments or s
 
 The preparation (`prepare_enqueue`, `prepare_enqueue_many`) is shared with the async twin in
 `flowq.aio`; only the few lines that execute differ.
+
+Speed: enqueue usually sits in a short business transaction, where one more round trip is most
+of its cost. On a psycopg 3 connection the INSERT is sent directly on the session's own DBAPI
+connection; when it is the transaction's first statement, in pipeline mode, so that psycopg's
+BEGIN travels in the same network write (no extra round trip at all). SQLAlchemy's execute
+layer (about 0.1 ms of Python per statement) is skipped. The statement is the
+same compiled SQL in the same transaction; SQLAlchemy's execute events and `echo` do not see
+it. Other drivers, and `enqueue_many` (whose cost is its rows, not a round trip), take the
+SQLAlchemy path.
 """
 
 from __future__ import annotations
@@ -26,10 +35,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar, Union, cast
 
+import psycopg
 import sqlalchemy as sa
+from psycopg.pq import TransactionStatus
+from psycopg.rows import tuple_row
 from sqlalchemy import orm
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, aggregate_order_by
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.postgresql import psycopg as sa_psycopg
 
 from flowq.app import DEFAULT_QUEUE, Pipeline, _validate_name, find_definition, validate_queue
 from flowq.db import is_missing_schema_error
@@ -71,7 +84,8 @@ class PreparedCall(Generic[T]):
     params: dict[str, Any]
     options: dict[str, Any]
     schema: str
-    finish: Callable[[sa.Result[Any]], T]
+    finish: Callable[[tuple[Any, ...]], T]  # reads the statement's one result row
+    direct: bool = False  # may take the psycopg pipeline path (see the module docstring)
 
 
 def _due_params(run_at: datetime | None, delay: float | timedelta | None) -> dict[str, Any]:
@@ -156,18 +170,11 @@ def _options(schema: str) -> dict[str, Any]:
     return {"schema_translate_map": smap} if smap else {}
 
 
-def _args_json(name: str, definition: Pipeline | None, args: Mapping[str, Any],
-               bound_keys: set[tuple[str, ...]] | None = None) -> str:
-    """Check and encode one set of arguments. `bound_keys` remembers the argument names that
-    already fit the signature (binding depends on names only), so a bulk enqueue binds each
-    distinct set of names once rather than once per row."""
+def _args_json(name: str, definition: Pipeline | None, args: Mapping[str, Any]) -> str:
+    """Check and encode one set of arguments."""
     args = args if type(args) is dict else dict(args)
     if definition is not None:
-        keys = tuple(args)
-        if bound_keys is None or keys not in bound_keys:
-            definition.first.check_arguments(args, what=f"arguments for {name!r}")
-            if bound_keys is not None:
-                bound_keys.add(keys)
+        definition.first.check_arguments(args, what=f"arguments for {name!r}")
     try:
         return dumps_checked(args, "args")
     except JSONError as exc:
@@ -250,13 +257,13 @@ _PLAIN_INSERT = _build_plain_insert()
 _INSERT_MANY = _build_insert_many()
 
 
-def _enqueued(result: sa.Result[Any]) -> Enqueued:
-    row = result.one()
-    return Enqueued(id=row.run_id, created=bool(row.created), job_id=row.id)
+def _enqueued(row: tuple[Any, ...]) -> Enqueued:
+    job_id, run_id, created = row[:3]
+    return Enqueued(id=run_id, created=bool(created), job_id=job_id)
 
 
-def _run_ids(result: sa.Result[Any]) -> list[int]:
-    return list(result.scalar_one())
+def _run_ids(row: tuple[Any, ...]) -> list[int]:
+    return list(row[0])
 
 
 def prepare_enqueue(task: Pipeline | str, args: Mapping[str, Any], *,
@@ -270,9 +277,9 @@ def prepare_enqueue(task: Pipeline | str, args: Mapping[str, Any], *,
     key = _check_key(idempotency_key)
     params["args"] = _args_json(name, definition, args)
     if key is None:
-        return PreparedCall(_PLAIN_INSERT, params, _options(schema), schema, _enqueued)
+        return PreparedCall(_PLAIN_INSERT, params, _options(schema), schema, _enqueued, True)
     params["idempotency_key"] = key
-    return PreparedCall(_INSERT, params, _options(schema), schema, _enqueued)
+    return PreparedCall(_INSERT, params, _options(schema), schema, _enqueued, True)
 
 
 def prepare_enqueue_many(task: Pipeline | str, args_list: Iterable[Mapping[str, Any]], *,
@@ -283,14 +290,13 @@ def prepare_enqueue_many(task: Pipeline | str, args_list: Iterable[Mapping[str, 
     name, definition, schema, params = _common_params(
         task, queue=queue, priority=priority, run_at=run_at, delay=delay, schema=schema)
     encoded: list[str] = []
-    bound_keys: set[tuple[str, ...]] = set()
     for i, item in enumerate(args_list):
         if not isinstance(item, Mapping):
             raise InvalidArgumentsError(
                 f"item {i} of enqueue_many is {type(item).__name__}, not a mapping of arguments"
             )
         try:
-            encoded.append(_args_json(name, definition, item, bound_keys))
+            encoded.append(_args_json(name, definition, item))
         except InvalidArgumentsError as exc:
             raise InvalidArgumentsError(f"item {i}: {exc}") from None
     if not encoded:
@@ -362,6 +368,55 @@ def _connection(target: Target, call: PreparedCall[Any]) -> sa.Connection:
     )
 
 
+_DIALECT = sa_psycopg.dialect()  # type: ignore[no-untyped-call]
+_PIPELINE = psycopg.Pipeline.is_supported()
+_compiled_sql: dict[tuple[int, str], tuple[sa.Executable, str]] = {}
+
+
+def _sql(statement: sa.Executable, schema: str) -> str:
+    """The psycopg SQL of one of this module's statements for `schema`, compiled once."""
+    key = (id(statement), schema)
+    hit = _compiled_sql.get(key)
+    if hit is None or hit[0] is not statement:
+        smap = schema_map(schema)
+        compiled = cast(sa.ClauseElement, statement).compile(
+            dialect=_DIALECT, schema_translate_map=smap, render_schema_translate=bool(smap))
+        hit = _compiled_sql[key] = (statement, compiled.string)
+    return hit[1]
+
+
+def _own_psycopg(conn: sa.Connection) -> psycopg.Connection[Any] | None:
+    """The psycopg connection under `conn`, if the direct path may use it."""
+    raw = conn.connection.dbapi_connection
+    if _PIPELINE and isinstance(raw, psycopg.Connection):
+        return raw
+    return None
+
+
+def _execute_direct(conn: sa.Connection, raw: psycopg.Connection[Any],
+                    call: PreparedCall[T]) -> T:
+    sql = _sql(call.statement, call.schema)
+    cur = raw.cursor(row_factory=tuple_row)
+    try:
+        if raw.info.transaction_status == TransactionStatus.IDLE:
+            with raw.pipeline():  # psycopg's BEGIN rides in the same write: no extra round trip
+                cur.execute(sql, call.params)
+        else:  # in a transaction already: a pipeline would only add its own overhead
+            cur.execute(sql, call.params)
+        row = cur.fetchone()
+    except psycopg.Error as exc:
+        if raw.broken or raw.closed:
+            conn.invalidate(exc)
+        if is_missing_schema_error(exc):
+            migrated_schemas.discard(conn.engine, call.schema)
+            raise schema_missing(call.schema) from None
+        # The exception SQLAlchemy itself would raise (IntegrityError, OperationalError, ...).
+        raise sa.exc.DBAPIError.instance(sql, call.params, exc, psycopg.Error,
+                                         dialect=conn.dialect) from exc
+    assert row is not None  # both statements return exactly one row
+    return call.finish(row)
+
+
 def execute(target: Target, call: PreparedCall[T]) -> T:
     """Run a prepared enqueue in `target`'s transaction."""
     conn = _connection(target, call)
@@ -369,11 +424,14 @@ def execute(target: Target, call: PreparedCall[T]) -> T:
         if conn.execute(SCHEMA_CHECK, schema_check_params(call.schema)).scalar() is None:
             raise schema_missing(call.schema)
         migrated_schemas.add(conn.engine, call.schema)
+    raw = _own_psycopg(conn) if call.direct else None
+    if raw is not None:
+        return _execute_direct(conn, raw, call)
     try:
         result = conn.execute(call.statement, call.params, execution_options=call.options)
     except sa.exc.ProgrammingError as exc:
         raise translate_error(exc, conn.engine, call.schema) from None
-    return call.finish(result)
+    return call.finish(result.one())
 
 
 def enqueue(target: Target, task: Pipeline | str, /, *, idempotency_key: str | None = None,

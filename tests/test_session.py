@@ -523,3 +523,65 @@ def test_tuples_come_back_as_lists(Session: sessionmaker[flowq.Session],
         s.enqueue("t", point=(1, 2), nested={"pair": ("a", ("b",))}, text="ü\u2028 ok")
     [row] = _rows(engine)
     assert row.args == {"point": [1, 2], "nested": {"pair": ["a", ["b"]]}, "text": "ü\u2028 ok"}
+
+
+# -- the direct (pipelined) path ------------------------------------------------------------
+
+
+def test_enqueue_first_in_the_transaction_rides_with_begin(
+        Session: sessionmaker[flowq.Session], engine: sa.Engine, listener: Listener) -> None:
+    """The enqueue opens the transaction (psycopg's BEGIN is pipelined with it): what follows
+    is still in that transaction, and a rollback takes the job with it."""
+    with Session() as s:
+        run = s.enqueue("t", n=1)
+        xid_then = s.execute(sa.text("SELECT txid_current()")).scalar()
+        job_xmin = s.execute(sa.text("SELECT xmin::text::bigint FROM flowq.jobs WHERE id = :i"),
+                             {"i": run.job_id}).scalar()
+        assert job_xmin == xid_then % 2**32
+        s.rollback()
+    assert _rows(engine) == []
+    assert listener.received() == []
+
+
+def test_a_failure_on_the_direct_path_is_sqlalchemys_exception(
+        Session: sessionmaker[flowq.Session], engine: sa.Engine) -> None:
+    with Session() as s:
+        with pytest.raises(sa.exc.DBAPIError):
+            s.execute(sa.text("SELECT 1 / 0"))
+        with pytest.raises(sa.exc.InternalError, match="current transaction is aborted"):
+            s.enqueue("t")
+        s.rollback()
+        s.enqueue("t")  # the session carries on after its rollback
+        s.commit()
+    assert _tasks(engine) == ["t"]
+
+
+def test_a_killed_connection_is_invalidated_and_the_next_session_works(
+        Session: sessionmaker[flowq.Session], engine: sa.Engine) -> None:
+    with Session() as s:
+        s.enqueue("t")  # also proves the schema check is done
+        s.commit()
+    with Session() as s:
+        pid = s.execute(sa.text("SELECT pg_backend_pid()")).scalar()
+        with engine.connect() as other:
+            other.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+        with pytest.raises(sa.exc.OperationalError):
+            s.enqueue("t")
+    with Session.begin() as s:
+        s.enqueue("t")
+    assert _tasks(engine) == ["t", "t"]
+
+
+def test_enqueue_inside_the_callers_own_pipeline(
+        Session: sessionmaker[flowq.Session], engine: sa.Engine) -> None:
+    """psycopg nests pipelines: the enqueue syncs what the caller queued, then its own."""
+    with Session() as s:
+        first = s.enqueue("t", n=1)  # outside: SQLAlchemy's own reads need results at once
+        raw = s.connection().connection.dbapi_connection
+        assert isinstance(raw, psycopg.Connection)
+        with raw.pipeline():
+            raw.execute("SELECT 1")
+            second = s.enqueue("t", n=2)
+        s.commit()
+    assert [r.run_id for r in _rows(engine)] == [first.id, second.id]
+

@@ -23,6 +23,15 @@ _CLAIMED = """j.id, j.run_id, j.task, j.step, j.step_index, j.queue, j.priority,
     j.max_attempts, j.args::text AS args, j.cancel_requested,
     extract(epoch FROM now() - j.created_at)::float8 AS age"""
 
+# The fence's status check, written so that no partial index can serve it (the planner cannot
+# prove `status = 'running'` from `... IS TRUE`). A fenced write must find its rows through the
+# primary key. Given the plain condition, a planner misled by a table analyzed empty (a queue
+# that drained, then a burst) chose a scan of `jobs_running_idx`, which holds an entry for
+# every job that ran since the last vacuum: each completion batch then cost O(jobs run), and
+# a drain stalled (seen in `flowq bench`).
+_STILL_RUNNING = "(status = 'running') IS TRUE"
+_STILL_RUNNING_J = "(j.status = 'running') IS TRUE"
+
 # Clears the claim on a row that goes back to pending or ends.
 _UNLOCK = "locked_by = NULL, locked_at = NULL, heartbeat_at = NULL"
 
@@ -70,7 +79,7 @@ class Queries:
         return self._t("""
             UPDATE {s}.jobs j SET heartbeat_at = now()
               FROM unnest(CAST(:ids AS bigint[]), CAST(:attempts AS int[])) AS c(id, attempts)
-             WHERE j.id = c.id AND j.attempts = c.attempts AND j.status = 'running'
+             WHERE j.id = c.id AND j.attempts = c.attempts AND """ + _STILL_RUNNING_J + """
             RETURNING j.id""")
 
     @cached_property
@@ -82,7 +91,7 @@ class Queries:
                SET status = 'succeeded', result = c.result, finished_at = now(), """ + _UNLOCK + """
               FROM unnest(CAST(:ids AS bigint[]), CAST(:attempts AS int[]),
                           CAST(:results AS jsonb[])) AS c(id, attempts, result)
-             WHERE j.id = c.id AND j.attempts = c.attempts AND j.status = 'running'
+             WHERE j.id = c.id AND j.attempts = c.attempts AND """ + _STILL_RUNNING_J + """
             RETURNING j.id, j.cancel_requested""")
 
     @cached_property
@@ -97,7 +106,7 @@ class Queries:
                    SET status = 'succeeded', result = c.result, finished_at = now(), """ + _UNLOCK + """
                   FROM unnest(CAST(:ids AS bigint[]), CAST(:attempts AS int[]),
                               CAST(:results AS jsonb[])) AS c(id, attempts, result)
-                 WHERE j.id = c.id AND j.attempts = c.attempts AND j.status = 'running'
+                 WHERE j.id = c.id AND j.attempts = c.attempts AND """ + _STILL_RUNNING_J + """
                 RETURNING j.id, j.run_id, j.priority, j.cancel_requested
             ), inserted AS (
                 INSERT INTO {s}.jobs (run_id, task, step, step_index, queue, priority,
@@ -120,6 +129,42 @@ class Queries:
               FROM done d""")
 
     @cached_property
+    def complete_job(self) -> TextClause:
+        """`complete_jobs` for one job, by primary key: what a `ctx.session` handler's own
+        transaction sends. No join, so no plan can turn it into a scan."""
+        return self._t("""
+            UPDATE {s}.jobs
+               SET status = 'succeeded', result = CAST(:result AS jsonb), finished_at = now(),
+                   """ + _UNLOCK + """
+             WHERE id = :id AND attempts = :attempts AND """ + _STILL_RUNNING + """
+            RETURNING id, cancel_requested""")
+
+    @cached_property
+    def complete_step(self) -> TextClause:
+        """`complete_steps` for one step and its successor, by primary key (see
+        `complete_job`)."""
+        return self._t("""
+            WITH done AS (
+                UPDATE {s}.jobs
+                   SET status = 'succeeded', result = CAST(:result AS jsonb),
+                       finished_at = now(), """ + _UNLOCK + """
+                 WHERE id = :id AND attempts = :attempts AND """ + _STILL_RUNNING + """
+                RETURNING id, run_id, priority, cancel_requested
+            ), inserted AS (
+                INSERT INTO {s}.jobs (run_id, task, step, step_index, queue, priority,
+                                      max_attempts, args)
+                SELECT d.run_id, CAST(:task AS text), CAST(:step AS text),
+                       CAST(:step_index AS smallint), CAST(:queue AS text), d.priority,
+                       CAST(:max_attempts AS int), CAST(:args AS jsonb)
+                  FROM done d
+                 WHERE NOT d.cancel_requested
+                RETURNING queue
+            )
+            SELECT d.id, d.cancel_requested,
+                   (SELECT count(pg_notify(:channel, queue)) FROM inserted) AS woken
+              FROM done d""")
+
+    @cached_property
     def retry_job(self) -> TextClause:
         """Send a failed attempt back to pending after :delay seconds (or end it `cancelled` if
         its run was cancelled meanwhile); returns the new status, or nothing if not ours."""
@@ -129,7 +174,7 @@ class Queries:
                    finished_at = CASE WHEN cancel_requested THEN now() END,
                    run_at = now() + make_interval(secs => :delay),
                    last_error = :error, """ + _UNLOCK + """
-             WHERE id = :id AND attempts = :attempts AND status = 'running'
+             WHERE id = :id AND attempts = :attempts AND """ + _STILL_RUNNING + """
             RETURNING status, run_at""")
 
     @cached_property
@@ -138,7 +183,7 @@ class Queries:
         return self._t("""
             UPDATE {s}.jobs
                SET status = :status, finished_at = now(), last_error = :error, """ + _UNLOCK + """
-             WHERE id = :id AND attempts = :attempts AND status = 'running'
+             WHERE id = :id AND attempts = :attempts AND """ + _STILL_RUNNING + """
             RETURNING status""")
 
     @cached_property
@@ -151,7 +196,7 @@ class Queries:
                    finished_at = CASE WHEN j.cancel_requested THEN now() END,
                    attempts = j.attempts - 1, run_at = now(), """ + _UNLOCK + """
               FROM unnest(CAST(:ids AS bigint[]), CAST(:attempts AS int[])) AS c(id, attempts)
-             WHERE j.id = c.id AND j.attempts = c.attempts AND j.status = 'running'
+             WHERE j.id = c.id AND j.attempts = c.attempts AND """ + _STILL_RUNNING_J + """
             RETURNING j.id""")
 
     @cached_property

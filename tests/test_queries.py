@@ -6,6 +6,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 
@@ -141,6 +142,12 @@ def _fenced_writes(job_id: int, attempts: int) -> list[tuple[str, sa.TextClause,
     return [
         ("heartbeat_jobs", Q.heartbeat_jobs, arrays),
         ("complete_jobs", Q.complete_jobs, {**arrays, "results": ['{"ok": 1}']}),
+        ("complete_job", Q.complete_job, {"id": job_id, "attempts": attempts,
+                                          "result": '{"ok": 1}'}),
+        ("complete_step", Q.complete_step, {
+            "id": job_id, "attempts": attempts, "result": "{}", "task": "t", "step": "next",
+            "step_index": 1, "queue": "default", "max_attempts": 3, "args": "{}",
+            "channel": "flowq"}),
         ("retry_job", Q.retry_job, {"id": job_id, "attempts": attempts, "delay": 5.0,
                                     "error": "boom"}),
         ("end_job", Q.end_job, {"id": job_id, "attempts": attempts, "status": "dead",
@@ -149,12 +156,15 @@ def _fenced_writes(job_id: int, attempts: int) -> list[tuple[str, sa.TextClause,
     ]
 
 
+FENCED = ["heartbeat_jobs", "complete_jobs", "complete_job", "complete_step", "retry_job",
+          "end_job", "release_jobs"]
+
+
 def _snapshot(engine: sa.Engine, job_id: int) -> tuple[Any, ...]:
     return tuple(row(engine, job_id))
 
 
-@pytest.mark.parametrize("name", ["heartbeat_jobs", "complete_jobs", "retry_job", "end_job",
-                                  "release_jobs"])
+@pytest.mark.parametrize("name", FENCED)
 def test_fenced_write_with_a_stale_attempt_changes_nothing(engine: sa.Engine, claimed: Any,
                                                            name: str) -> None:
     with engine.begin() as conn:  # make heartbeat_at distinguishable from now()
@@ -168,8 +178,7 @@ def test_fenced_write_with_a_stale_attempt_changes_nothing(engine: sa.Engine, cl
 
 
 @pytest.mark.parametrize("status", ["pending", "succeeded", "dead", "cancelled"])
-@pytest.mark.parametrize("name", ["heartbeat_jobs", "complete_jobs", "retry_job", "end_job",
-                                  "release_jobs"])
+@pytest.mark.parametrize("name", FENCED)
 def test_fenced_write_on_a_row_no_longer_running_changes_nothing(
         engine: sa.Engine, claimed: Any, name: str, status: str) -> None:
     with engine.begin() as conn:  # e.g. reaped, or ended by another worker
@@ -236,3 +245,64 @@ def test_release_ends_a_cancelled_runs_step_instead_of_requeueing_it(
     assert released.id == claimed.id
     assert (r.status, r.attempts) == ("cancelled", 0)
     assert r.finished_at is not None
+
+
+def test_single_step_completion_inserts_the_successor(engine: sa.Engine, claimed: Any) -> None:
+    writes = {n: (s, p) for n, s, p in _fenced_writes(claimed.id, claimed.attempts)}
+    stmt, params = writes["complete_step"]
+    with engine.begin() as conn:
+        [done] = conn.execute(stmt, params).all()
+    assert (done.id, done.cancel_requested, done.woken) == (claimed.id, False, 1)
+    successor = job_rows(engine, where="id <> :id", id=claimed.id)
+    assert [(r.step, r.step_index, r.status, r.max_attempts) for r in successor] == [
+        ("next", 1, "pending", 3)]
+
+
+# -- plans when the statistics lie ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["claim_jobs", "heartbeat_jobs", "complete_jobs",
+                                  "complete_steps", "release_jobs", "complete_job"])
+def test_hot_statements_stay_index_lookups_on_a_table_analyzed_empty(engine: sa.Engine,
+                                                                     name: str) -> None:
+    """A queue that drained is analyzed empty; the next burst must not get whole-table plans
+    (a completion batch hash-joined over the whole running index took seconds in the bench)."""
+    from flowq.worker.connection import PLANNER_OPTIONS
+
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text("VACUUM ANALYZE flowq.jobs"))  # empty: reltuples = 0
+    with engine.begin() as conn:  # a burst: 20,000 jobs, 1,000 running, a batch of 200
+        ids = insert_jobs(conn, 20_000)
+        conn.execute(sa.text("UPDATE flowq.jobs SET status = 'running', attempts = 1 "
+                             "WHERE id <= :last"), {"last": ids[999]})
+    batch = ids[:200]
+    params: dict[str, Any] = {
+        "claim_jobs": {"queue": "default", "limit": 100, "worker": "w"},
+        "heartbeat_jobs": {"ids": batch, "attempts": [1] * 200},
+        "release_jobs": {"ids": batch, "attempts": [1] * 200},
+        "complete_jobs": {"ids": batch, "attempts": [1] * 200, "results": ["{}"] * 200},
+        "complete_steps": {"ids": batch, "attempts": [1] * 200, "results": ["{}"] * 200,
+                           "next_ids": batch, "tasks": ["t"] * 200, "steps": ["s"] * 200,
+                           "indexes": [1] * 200, "queues": ["q"] * 200,
+                           "max_attempts": [3] * 200, "args": ["{}"] * 200,
+                           "channel": "flowq"},
+        "complete_job": {"id": ids[0], "attempts": 1, "result": "{}"},
+    }[name]
+    # complete_job runs on the handler's own session: no planner options there.
+    options = {} if name == "complete_job" else {"options": PLANNER_OPTIONS}
+    url = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(url, **options) as conn:
+        from flowq.worker.connection import raw_sql
+
+        stmt = getattr(Q, name)
+        plan = conn.execute("EXPLAIN (FORMAT JSON) " + raw_sql(stmt), params).fetchone()
+        conn.rollback()
+    assert plan is not None
+    nodes = list(_plan_nodes(plan[0]))
+    scans = [n for n in nodes if n.get("Relation Name") == "jobs" and "Scan" in n["Node Type"]]
+    shown = json.dumps(plan[0], indent=1)
+    assert scans, shown
+    for scan in scans:  # a lookup, never a walk over a whole index or the heap
+        assert scan["Node Type"] == "Index Scan", shown
+        assert scan["Index Name"] in ("jobs_pkey", "jobs_pending_idx"), shown
+        assert "Index Cond" in scan, shown

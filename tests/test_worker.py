@@ -586,3 +586,41 @@ def test_async_handler_can_use_ctx_session(app: flowq.FlowQ, ledger: sa.Engine,
     run_until_idle(app, db_url)
     assert only_row(ledger).status == "succeeded"
     assert [(r.job_id, r.note) for r in ledger_rows(ledger)] == [(job_id, "async")]
+
+
+def test_a_stalled_completer_throttles_claiming(app: flowq.FlowQ, engine: sa.Engine,
+                                                db_url: str) -> None:
+    """Outcomes the completer cannot write yet are claims still held: the worker stops claiming
+    instead of turning the whole backlog into `running` rows that all need heartbeats."""
+    @app.task()
+    def quick(ctx: Context) -> None:
+        pass
+
+    with engine.begin() as conn:
+        flowq.enqueue_many(conn, quick, [{} for _ in range(200)])
+    w = Worker(app, db_url, WorkerConfig(poll_interval=0.05, concurrency=4, shutdown_grace=5))
+    gate = threading.Event()
+    write = w.completer._write
+
+    def stalled(batch: Any) -> None:
+        gate.wait(30)
+        write(batch)
+
+    w.completer._write = stalled  # type: ignore[method-assign]
+    t = threading.Thread(target=w.run, kwargs={"install_signals": False}, daemon=True)
+    t.start()
+    try:
+        wait_until(lambda: w.completer.queued >= 8, 10, message="outcomes to pile up")
+        for _ in range(10):  # give the claim loop every chance to over-claim
+            w._wake.set()
+            threading.Event().wait(0.05)
+        running = len(job_rows(engine, where="status = 'running'"))
+        # in flight (4) + queued (up to 2 x 4) + the batch stuck in the write (up to 2 x 4)
+        assert 8 <= running <= 20
+    finally:
+        gate.set()
+    wait_until(lambda: len(job_rows(engine, where="status = 'succeeded'")) == 200, 30,
+               message="the backlog to drain once the completer recovers")
+    w.stop()
+    t.join(30)
+    assert not t.is_alive()

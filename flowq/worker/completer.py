@@ -71,6 +71,7 @@ class Completer:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.written = 0
+        self.on_written: Callable[[], None] | None = None  # after each batch (wakes claims)
 
     # -- public ---------------------------------------------------------------------------
 
@@ -83,6 +84,11 @@ class Completer:
         with self._cond:
             self._items.append(_Item(job, outcome, duration))
             self._cond.notify()
+
+    @property
+    def queued(self) -> int:
+        """Outcomes waiting for the next batch (not counting the one being written)."""
+        return len(self._items)
 
     def pending_claims(self) -> list[tuple[int, int]]:
         """(id, attempts) of outcomes not yet written: they still need heartbeats."""
@@ -170,6 +176,8 @@ class Completer:
                     self._busy -= 1
                     self.written += len(batch)
                     self._cond.notify_all()
+                if self.on_written is not None:
+                    self.on_written()
 
     def _write(self, batch: Sequence[_Item]) -> None:
         successes = [i for i in batch if isinstance(i.outcome, Succeeded)]
@@ -191,6 +199,8 @@ class Completer:
         """Mark `items` succeeded and insert their successors, in one statement; the ids that
         were still ours."""
         done = [(i.job, i.outcome) for i in items if isinstance(i.outcome, Succeeded)]
+        if len(done) == 1:
+            return self._write_success(run, *done[0])
         params: dict[str, Any] = {
             "ids": [job.id for job, _ in done],
             "attempts": [job.attempts for job, _ in done],
@@ -210,6 +220,21 @@ class Completer:
                 "max_attempts": [n.step.retry.attempt_cap for _, n in chained],
                 "args": [n.args for _, n in chained],
                 "channel": self.channel,
+            })
+        return {r[0] for r in rows}
+
+    def _write_success(self, run: _Run, job: ClaimedJob, outcome: Succeeded) -> set[int]:
+        """One success (a `ctx.session` job, or a batch of one), by primary key."""
+        params: dict[str, Any] = {"id": job.id, "attempts": job.attempts,
+                                  "result": outcome.result}
+        nxt = outcome.next
+        if nxt is None:
+            rows = run(self.q.complete_job, params)
+        else:
+            rows = run(self.q.complete_step, {
+                **params, "task": nxt.task, "step": nxt.step.name, "step_index": nxt.step.index,
+                "queue": nxt.step.queue, "max_attempts": nxt.step.retry.attempt_cap,
+                "args": nxt.args, "channel": self.channel,
             })
         return {r[0] for r in rows}
 

@@ -116,6 +116,7 @@ class Worker:
         self.complete_conn = DedicatedConnection(self.url, f"flowq complete {c.name}")
         self.completer = Completer(self.complete_conn, self.q, job_log=c.job_log)
         self._wake = threading.Event()
+        self.completer.on_written = self._wake.set
         self._notified = False
         self._stopping = threading.Event()
         self._signals = 0
@@ -166,6 +167,13 @@ class Worker:
         # none busy. Waking it per finished job would cost a wake-up per job for nothing.
         if in_flight == 0 or self.config.concurrency - in_flight >= self._batch_threshold:
             self._wake.set()
+
+    def _free_slots(self) -> int:
+        """Slots a claim may fill. Outcomes the completer has not written yet are claims still
+        held: past a concurrency's worth of them they take slots too, so a slow database
+        throttles claiming instead of piling up `running` rows that all need heartbeats."""
+        c = self.config.concurrency
+        return c - self.executor.in_flight - max(0, self.completer.queued - c)
 
     def _held_claims(self) -> list[tuple[int, int]]:
         return self.executor.running_claims() + self.completer.pending_claims()
@@ -228,7 +236,7 @@ class Worker:
                 self._begin_shutdown(self._signalled)
                 break
             self.executor.check_timeouts()
-            free = c.concurrency - self.executor.in_flight
+            free = self._free_slots()
             now = time.monotonic()
             notified, self._notified = self._notified, False
             due_poll = now >= next_poll
@@ -251,7 +259,7 @@ class Worker:
                     if self.completer.flush(30.0) and not self._has_due_jobs():
                         return
                     continue
-                if backlog and c.concurrency - self.executor.in_flight >= batch_threshold:
+                if backlog and self._free_slots() >= batch_threshold:
                     continue
             timeout = max(0.0, next_poll - time.monotonic())
             if until_idle:

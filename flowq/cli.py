@@ -252,7 +252,7 @@ _register_subcommands()
 @click.option("--processes", "-p", type=click.IntRange(1, 64), default=None,
               help="Worker processes (and raw loop processes) [default: 2].")
 @click.option("--concurrency", "-c", type=click.IntRange(1, 1000), default=None,
-              help="Handlers per worker process [default: 128, drain-session 32; --quick: 8].")
+              help="Handlers per worker process [default: 128, drain-session 8; --quick: 8].")
 @click.option("--repeat", type=click.IntRange(1), default=None,
               help="Runs per figure; the table shows median and min-max [default: 3].")
 @click.option("--duration", type=click.FloatRange(1.0), default=None,

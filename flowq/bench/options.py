@@ -24,10 +24,10 @@ class Options:
     # No-op handlers finish at once, so the claim batch (about half the slots) sets the pace:
     # 128 slots per process measured best on a 2-core machine (32: 10.5k jobs/s, 128: 21k).
     concurrency: int = 128
-    # drain-session holds one ctx.session connection per running handler: at 2 x 128 that is
-    # ~270 server connections (the embedded server allows 300) and measured slower than 32
-    # (P=2, 20k jobs: C=128 823 jobs/s, C=32 1,086, C=8 1,034), so it has its own knob.
-    session_concurrency: int = 32
+    # drain-session holds one ctx.session connection per running handler (2 x 128 would be
+    # ~270 server connections) and each job is its own transaction, so fewer threads do
+    # better: P=2, 30k jobs: C=4 1,099 jobs/s, C=8 1,653, C=16 1,456, C=32 1,349.
+    session_concurrency: int = 8
     repeat: int = 3
     bulk: int = 100_000           # enqueue: rows of the bulk enqueue_many
     transactions: int = 2_000     # enqueue: business transactions, with and without the job

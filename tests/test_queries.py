@@ -267,7 +267,7 @@ def test_hot_statements_stay_index_lookups_on_a_table_analyzed_empty(engine: sa.
                                                                      name: str) -> None:
     """A queue that drained is analyzed empty; the next burst must not get whole-table plans
     (a completion batch hash-joined over the whole running index took seconds in the bench)."""
-    from flowq.worker.connection import PLANNER_OPTIONS
+    from flowq.worker.connection import HOT_PATH_OPTIONS
 
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(sa.text("VACUUM ANALYZE flowq.jobs"))  # empty: reltuples = 0
@@ -289,7 +289,7 @@ def test_hot_statements_stay_index_lookups_on_a_table_analyzed_empty(engine: sa.
         "complete_job": {"id": ids[0], "attempts": 1, "result": "{}"},
     }[name]
     # complete_job runs on the handler's own session: no planner options there.
-    options = {} if name == "complete_job" else {"options": PLANNER_OPTIONS}
+    options = {} if name == "complete_job" else {"options": HOT_PATH_OPTIONS}
     url = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
     with psycopg.connect(url, **options) as conn:
         from flowq.worker.connection import raw_sql

@@ -624,3 +624,24 @@ def test_a_stalled_completer_throttles_claiming(app: flowq.FlowQ, engine: sa.Eng
     w.stop()
     t.join(30)
     assert not t.is_alive()
+
+
+def test_connection_settings_of_each_role(app: flowq.FlowQ, db_url: str) -> None:
+    """Hot-path connections never seq-scan and plan every execution; maintenance passes are
+    cancelled if they run away, rather than holding their locks."""
+    @app.task()
+    def noop(ctx: Context) -> None:
+        pass
+
+    w = Worker(app, db_url, WorkerConfig())
+    try:
+        settings = "SELECT current_setting('enable_seqscan'), current_setting('plan_cache_mode'), " \
+                   "current_setting('statement_timeout')"
+        assert w.claim_conn.execute(sa.text(settings), {}) == [
+            ("off", "force_custom_plan", "0")]
+        with w.engines["maintain"].connect() as conn:
+            assert tuple(conn.execute(sa.text(settings)).one()) == ("off", "auto", "30s")
+    finally:
+        w.claim_conn.close()
+        for engine in w.engines.values():
+            engine.dispose()

@@ -36,12 +36,20 @@ from sqlalchemy.dialects.postgresql import psycopg as sa_psycopg
 from sqlalchemy.engine import URL
 from sqlalchemy.sql.elements import TextClause
 
-__all__ = ["DB_ERRORS", "PLANNER_OPTIONS", "DedicatedConnection", "raw_sql"]
+__all__ = ["DB_ERRORS", "HOT_PATH_OPTIONS", "MAINTENANCE_OPTIONS", "PLANNER_OPTIONS",
+           "DedicatedConnection", "raw_sql"]
 
 # What a database failure looks like on either path (SQLAlchemy's or psycopg's own).
 DB_ERRORS: Final = (sa.exc.DBAPIError, psycopg.Error)
 # Server settings for connections that only run flowq's index-driven statements.
-PLANNER_OPTIONS: Final = "-c enable_seqscan=off -c plan_cache_mode=force_custom_plan"
+PLANNER_OPTIONS: Final = "-c enable_seqscan=off"
+# The claim and completion connections also plan every execution (see the module docstring).
+HOT_PATH_OPTIONS: Final = PLANNER_OPTIONS + " -c plan_cache_mode=force_custom_plan"
+# Heartbeats, reaper and pruner: a pass that runs away (a bad plan on a table whose statistics
+# lie) is cancelled and retried on the next interval instead of holding its locks for minutes
+# (seen once in `flowq bench`: a prune busy for 7 minutes blocked a TRUNCATE, and the claims
+# queued behind it).
+MAINTENANCE_OPTIONS: Final = PLANNER_OPTIONS + " -c statement_timeout=30s"
 
 _DIALECT: Final = sa_psycopg.dialect()  # type: ignore[no-untyped-call]
 _compiled: dict[int, tuple[TextClause, str]] = {}
@@ -68,7 +76,7 @@ class DedicatedConnection:
     def _open(self) -> psycopg.Connection[Any]:
         self._conn = psycopg.connect(self.conninfo, autocommit=True, connect_timeout=10,
                                      application_name=self.application_name,
-                                     options=PLANNER_OPTIONS)
+                                     options=HOT_PATH_OPTIONS)
         return self._conn
 
     def execute(self, clause: TextClause, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:

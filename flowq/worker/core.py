@@ -37,7 +37,7 @@ from flowq.queries import Queries
 from flowq.schema import notify_channel, schema_map
 from flowq.worker import maintenance as m
 from flowq.worker.completer import Completer
-from flowq.worker.connection import DB_ERRORS, PLANNER_OPTIONS, DedicatedConnection
+from flowq.worker.connection import DB_ERRORS, MAINTENANCE_OPTIONS, DedicatedConnection
 from flowq.worker.executor import Executor
 from flowq.worker.listener import Listener
 from flowq.worker.logs import log_event
@@ -104,7 +104,7 @@ class Worker:
         self.engines = {
             "claim": self._engine("claim", 1, autocommit=True),
             "complete": self._engine("complete", 2, autocommit=True),
-            "maintain": self._engine("maintain", 2, planner_options=PLANNER_OPTIONS),
+            "maintain": self._engine("maintain", 2, planner_options=MAINTENANCE_OPTIONS),
             "session": self._engine("session", c.concurrency + 2),
         }
         smap = schema_map(app.schema)

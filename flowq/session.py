@@ -426,6 +426,11 @@ def execute(target: Target, call: PreparedCall[T]) -> T:
         migrated_schemas.add(conn.engine, call.schema)
     raw = _own_psycopg(conn) if call.direct else None
     if raw is not None:
+        if not conn.in_transaction():
+            # What SQLAlchemy's own execute would do (autobegin): without it, the caller's
+            # `conn.commit()` would see no transaction and do nothing, and the job would be
+            # rolled back when the connection goes back to the pool.
+            conn.begin()
         return _execute_direct(conn, raw, call)
     try:
         result = conn.execute(call.statement, call.params, execution_options=call.options)

@@ -585,3 +585,17 @@ def test_enqueue_inside_the_callers_own_pipeline(
         s.commit()
     assert [r.run_id for r in _rows(engine)] == [first.id, second.id]
 
+
+
+def test_a_plain_connection_commits_the_job(engine: sa.Engine) -> None:
+    """SQLAlchemy autobegins on execute; the direct path must too, or `conn.commit()` would
+    find no transaction and the job would be rolled back with the pooled connection."""
+    for _ in range(2):  # the second time the schema check is cached: enqueue sends the only SQL
+        with engine.connect() as conn:
+            flowq.enqueue(conn, "t")
+            assert conn.in_transaction()
+            conn.commit()
+    with engine.connect() as conn:
+        flowq.enqueue(conn, "t")
+        conn.rollback()
+    assert _tasks(engine) == ["t", "t"]

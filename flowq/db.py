@@ -8,24 +8,43 @@ says what to do: an unreachable server, or a database without flowq's schema.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Final
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import psycopg as sa_psycopg
 from sqlalchemy.engine import URL, make_url
 
 from flowq.errors import DatabaseUnavailableError, FlowqError, SchemaMissingError
-from flowq.schema import DEFAULT_SCHEMA, validate_schema_name
+from flowq.schema import DEFAULT_SCHEMA, schema_map, validate_schema_name
 
 __all__ = [
     "create_engine",
     "describe_url",
     "ensure_schema",
     "normalize_url",
+    "raw_sql",
     "resolve_url",
     "schema_exists",
 ]
 
 URL_ENV_VARS = ("FLOWQ_DATABASE_URL", "DATABASE_URL")
+
+_PSYCOPG: Final = sa_psycopg.dialect()  # type: ignore[no-untyped-call]
+_compiled: dict[tuple[int, str | None], tuple[sa.ClauseElement, str]] = {}
+
+
+def raw_sql(statement: sa.ClauseElement, schema: str | None = None) -> str:
+    """The psycopg (`%(name)s`) SQL of one of flowq's module-level statements, compiled once,
+    for sending on a psycopg connection directly; `schema` renders flowq's tables in another
+    schema (the named statements of `flowq.queries` already have theirs)."""
+    key = (id(statement), schema)
+    hit = _compiled.get(key)
+    if hit is None or hit[0] is not statement:  # an id can be reused once a statement is gone
+        smap = schema_map(schema) if schema is not None else None
+        compiled = statement.compile(dialect=_PSYCOPG, schema_translate_map=smap,
+                                     render_schema_translate=bool(smap))
+        hit = _compiled[key] = (statement, compiled.string)
+    return hit[1]
 
 
 def normalize_url(url: str | URL) -> URL:

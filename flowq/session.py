@@ -42,10 +42,9 @@ from psycopg.rows import tuple_row
 from sqlalchemy import orm
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, aggregate_order_by
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.postgresql import psycopg as sa_psycopg
 
 from flowq.app import DEFAULT_QUEUE, Pipeline, _validate_name, find_definition, validate_queue
-from flowq.db import is_missing_schema_error
+from flowq.db import is_missing_schema_error, raw_sql
 from flowq.errors import (
     ConfigurationError,
     InvalidArgumentsError,
@@ -368,37 +367,21 @@ def _connection(target: Target, call: PreparedCall[Any]) -> sa.Connection:
     )
 
 
-_DIALECT = sa_psycopg.dialect()  # type: ignore[no-untyped-call]
 _PIPELINE = psycopg.Pipeline.is_supported()
-_compiled_sql: dict[tuple[int, str], tuple[sa.Executable, str]] = {}
-
-
-def _sql(statement: sa.Executable, schema: str) -> str:
-    """The psycopg SQL of one of this module's statements for `schema`, compiled once."""
-    key = (id(statement), schema)
-    hit = _compiled_sql.get(key)
-    if hit is None or hit[0] is not statement:
-        smap = schema_map(schema)
-        compiled = cast(sa.ClauseElement, statement).compile(
-            dialect=_DIALECT, schema_translate_map=smap, render_schema_translate=bool(smap))
-        hit = _compiled_sql[key] = (statement, compiled.string)
-    return hit[1]
 
 
 def _own_psycopg(conn: sa.Connection) -> psycopg.Connection[Any] | None:
     """The psycopg connection under `conn`, if the direct path may use it."""
     raw = conn.connection.dbapi_connection
-    if _PIPELINE and isinstance(raw, psycopg.Connection):
-        return raw
-    return None
+    return raw if isinstance(raw, psycopg.Connection) else None
 
 
 def _execute_direct(conn: sa.Connection, raw: psycopg.Connection[Any],
                     call: PreparedCall[T]) -> T:
-    sql = _sql(call.statement, call.schema)
+    sql = raw_sql(cast(sa.ClauseElement, call.statement), call.schema)
     cur = raw.cursor(row_factory=tuple_row)
     try:
-        if raw.info.transaction_status == TransactionStatus.IDLE:
+        if _PIPELINE and raw.info.transaction_status == TransactionStatus.IDLE:
             with raw.pipeline():  # psycopg's BEGIN rides in the same write: no extra round trip
                 cur.execute(sql, call.params)
         else:  # in a transaction already: a pipeline would only add its own overhead

@@ -1,7 +1,8 @@
 """The throughput scenarios: drain, drain-session, pipeline and scale.
 
-drain-session runs at `Options.session_c` (32 unless -c is given), not the drain's 128: each
-running handler holds a ctx.session connection, so 2 x 128 would need ~270 connections.
+drain-session runs at `Options.session_c` (8 unless -c is given), not the drain's 128: each
+running handler holds a ctx.session connection and commits its own transaction (see
+`Options.session_concurrency`).
 
 Each takes the `Server` and the `Options` and returns `Row`s; each runs in a database of its
 own. flowq's figures come from real `flowq worker` processes (`WorkerGroup`), the references

@@ -23,14 +23,13 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import psycopg
-from psycopg.rows import tuple_row
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import TextClause
 
 from flowq.queries import Queries
 from flowq.retry import Retry
 from flowq.schema import notify_channel
-from flowq.worker.connection import DB_ERRORS, DedicatedConnection, raw_sql
+from flowq.worker.connection import DB_ERRORS, DedicatedConnection, fetch_rows
 from flowq.worker.logs import log_event
 from flowq.worker.model import Cancelled, ClaimedJob, Failed, Outcome, Retried, Succeeded
 
@@ -125,9 +124,7 @@ class Completer:
 
             def run(clause: TextClause, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
                 if isinstance(raw, psycopg.Connection):
-                    cur = raw.cursor(row_factory=tuple_row)
-                    cur.execute(raw_sql(clause), params, prepare=True)
-                    return cur.fetchall() if cur.description is not None else []
+                    return fetch_rows(raw, clause, params)
                 return [tuple(r) for r in conn.execute(clause, params)]
 
             ours = self._write_successes(run, [_Item(job, outcome, duration)])

@@ -32,12 +32,14 @@ from typing import Any, Final
 
 import psycopg
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import psycopg as sa_psycopg
+from psycopg.rows import tuple_row
 from sqlalchemy.engine import URL
 from sqlalchemy.sql.elements import TextClause
 
+from flowq.db import raw_sql
+
 __all__ = ["DB_ERRORS", "HOT_PATH_OPTIONS", "MAINTENANCE_OPTIONS", "PLANNER_OPTIONS",
-           "DedicatedConnection", "raw_sql"]
+           "DedicatedConnection", "fetch_rows", "raw_sql"]
 
 # What a database failure looks like on either path (SQLAlchemy's or psycopg's own).
 DB_ERRORS: Final = (sa.exc.DBAPIError, psycopg.Error)
@@ -51,17 +53,13 @@ HOT_PATH_OPTIONS: Final = PLANNER_OPTIONS + " -c plan_cache_mode=force_custom_pl
 # queued behind it).
 MAINTENANCE_OPTIONS: Final = PLANNER_OPTIONS + " -c statement_timeout=30s"
 
-_DIALECT: Final = sa_psycopg.dialect()  # type: ignore[no-untyped-call]
-_compiled: dict[int, tuple[TextClause, str]] = {}
-
-
-def raw_sql(clause: TextClause) -> str:
-    """The psycopg (`%(name)s`) form of a named statement, compiled once."""
-    hit = _compiled.get(id(clause))
-    if hit is None or hit[0] is not clause:
-        hit = (clause, str(clause.compile(dialect=_DIALECT)))
-        _compiled[id(clause)] = hit
-    return hit[1]
+def fetch_rows(conn: psycopg.Connection[Any], clause: TextClause,
+               params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    """Run one named statement on `conn`, server-side prepared; its rows as tuples (empty when
+    it returns none)."""
+    cur = conn.cursor(row_factory=tuple_row)
+    cur.execute(raw_sql(clause), params, prepare=True)
+    return cur.fetchall() if cur.description is not None else []
 
 
 class DedicatedConnection:
@@ -84,8 +82,7 @@ class DedicatedConnection:
         conn = self._conn if self._conn is not None and not self._conn.closed else self._open()
         self.statements += 1
         try:
-            cur = conn.execute(raw_sql(clause), params, prepare=True)
-            return cur.fetchall() if cur.description is not None else []
+            return fetch_rows(conn, clause, params)
         except psycopg.Error:
             if conn.closed or conn.broken:
                 self.close()

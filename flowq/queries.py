@@ -3,8 +3,13 @@
 The worker never writes SQL itself: it calls `Queries(schema).claim_jobs` and friends. Each
 statement is compiled once per schema (the schema name is a validated identifier, so it is
 safe to format in). Every write after the claim is fenced: it only touches a row that is
-still `running` with the same `attempts` the worker claimed it with, so a worker presumed
-dead that comes back can change nothing. All times are the database's `now()`.
+still `running` under the lease the worker claimed it with. A lease comes from a sequence on
+every claim and is never reused, so a worker presumed dead that comes back can change
+nothing, however often the job was claimed, released or retried since. All times are the
+database's `now()`.
+
+A statement that exists for a batch and for one row (`complete_jobs`/`complete_job`, ...)
+is written once (`_rows` gives it either shape).
 """
 
 from __future__ import annotations
@@ -18,9 +23,9 @@ from flowq.schema import validate_schema_name
 
 __all__ = ["Queries"]
 
-# The columns a worker needs of a claimed row.
-_CLAIMED = """j.id, j.run_id, j.task, j.step, j.step_index, j.queue, j.priority, j.attempts,
-    j.max_attempts, j.args::text AS args, j.cancel_requested,
+# The columns a worker needs of a claimed row, in `ClaimedJob`'s field order.
+_CLAIMED = """j.id, j.lease, j.run_id, j.task, j.step, j.step_index, j.queue, j.priority,
+    j.attempts, j.max_attempts, j.args::text AS args, j.cancel_requested,
     extract(epoch FROM now() - j.created_at)::float8 AS age"""
 
 # The fence's status check, written so that no partial index can serve it (the planner cannot
@@ -29,11 +34,40 @@ _CLAIMED = """j.id, j.run_id, j.task, j.step, j.step_index, j.queue, j.priority,
 # that drained, then a burst) chose a scan of `jobs_running_idx`, which holds an entry for
 # every job that ran since the last vacuum: each completion batch then cost O(jobs run), and
 # a drain stalled (seen in `flowq bench`).
-_STILL_RUNNING = "(status = 'running') IS TRUE"
-_STILL_RUNNING_J = "(j.status = 'running') IS TRUE"
+_FENCE = "j.id = c.id AND j.lease = c.lease AND (j.status = 'running') IS TRUE"
 
-# Clears the claim on a row that goes back to pending or ends.
+# Clears the claim on a row that goes back to pending or ends. The lease stays: it is the
+# last claim's token, and the next claim draws a new one.
 _UNLOCK = "locked_by = NULL, locked_at = NULL, heartbeat_at = NULL"
+
+_Columns = tuple[tuple[str, str], ...]
+_CLAIM_KEY: _Columns = (("id", "bigint"), ("lease", "bigint"))
+_SUCCESSOR: _Columns = (("id", "bigint"), ("task", "text"), ("step", "text"),
+                        ("step_index", "smallint"), ("queue", "text"),
+                        ("max_attempts", "int"), ("args", "jsonb"))
+
+
+def plural(name: str) -> str:
+    """The bind parameter of a column in a batch statement: `id` -> `ids`."""
+    if name.endswith("s"):
+        return name
+    return name + ("es" if name.endswith("x") else "s")
+
+
+def _rows(alias: str, columns: _Columns, *, single: bool, prefix: str = "") -> str:
+    """The rows a fenced statement applies to, as a FROM item `alias(columns)`.
+
+    One definition, two shapes: a batch is `unnest` over array parameters (`:ids`,
+    `:leases`, ...), a single row a one-row VALUES over scalars (`:id`, `:lease`, ...). The
+    planner pulls a one-row VALUES up into constants, so the single shape is a plain lookup by
+    primary key with no join to misplan (it runs on a handler's `ctx.session` connection,
+    which has none of the hot path's planner settings)."""
+    names = ", ".join(name for name, _ in columns)
+    if single:
+        values = ", ".join(f"CAST(:{prefix}{name} AS {type_})" for name, type_ in columns)
+        return f"(VALUES ({values})) AS {alias}({names})"
+    arrays = ", ".join(f"CAST(:{prefix}{plural(name)} AS {type_}[])" for name, type_ in columns)
+    return f"unnest({arrays}) AS {alias}({names})"
 
 
 class Queries:
@@ -47,9 +81,10 @@ class Queries:
 
     @cached_property
     def claim_jobs(self) -> TextClause:
-        """Claim up to :limit due jobs of :queue for :worker. A CTE, so that the LIMIT binds the
-        locking subquery and the UPDATE can never touch more rows than were picked; SKIP
-        LOCKED lets concurrent workers pick disjoint rows without waiting on each other."""
+        """Claim up to :limit due jobs of :queue for :worker, each under a new lease. A CTE, so
+        that the LIMIT binds the locking subquery and the UPDATE can never touch more rows
+        than were picked; SKIP LOCKED lets concurrent workers pick disjoint rows without
+        waiting on each other."""
         return self._t(f"""
             WITH picked AS (
                 SELECT id FROM {{s}}.jobs
@@ -59,7 +94,8 @@ class Queries:
                 FOR UPDATE SKIP LOCKED
             )
             UPDATE {{s}}.jobs j
-               SET status = 'running', attempts = j.attempts + 1, locked_by = :worker,
+               SET status = 'running', attempts = j.attempts + 1,
+                   lease = nextval('{{s}}.lease_seq'), locked_by = :worker,
                    locked_at = now(), heartbeat_at = now()
               FROM picked WHERE j.id = picked.id
             RETURNING {_CLAIMED}""")
@@ -75,51 +111,51 @@ class Queries:
 
     @cached_property
     def heartbeat_jobs(self) -> TextClause:
-        """Refresh the heartbeat of this worker's running jobs; returns the ids still ours."""
-        return self._t("""
-            UPDATE {s}.jobs j SET heartbeat_at = now()
-              FROM unnest(CAST(:ids AS bigint[]), CAST(:attempts AS int[])) AS c(id, attempts)
-             WHERE j.id = c.id AND j.attempts = c.attempts AND """ + _STILL_RUNNING_J + """
+        """Refresh the heartbeat of this worker's claims (:ids, :leases); returns the ids
+        still ours."""
+        return self._t(f"""
+            UPDATE {{s}}.jobs j SET heartbeat_at = now()
+              FROM {_rows("c", _CLAIM_KEY, single=False)}
+             WHERE {_FENCE}
             RETURNING j.id""")
 
-    @cached_property
-    def complete_jobs(self) -> TextClause:
-        """Mark claimed jobs succeeded with their results; returns the rows that were still ours
-        (with whether their run was cancelled meanwhile, so no successor is created)."""
-        return self._t("""
-            UPDATE {s}.jobs j
-               SET status = 'succeeded', result = c.result, finished_at = now(), """ + _UNLOCK + """
-              FROM unnest(CAST(:ids AS bigint[]), CAST(:attempts AS int[]),
-                          CAST(:results AS jsonb[])) AS c(id, attempts, result)
-             WHERE j.id = c.id AND j.attempts = c.attempts AND """ + _STILL_RUNNING_J + """
+    def _complete(self, *, single: bool) -> TextClause:
+        claims = _rows("c", (*_CLAIM_KEY, ("result", "jsonb")), single=single)
+        return self._t(f"""
+            UPDATE {{s}}.jobs j
+               SET status = 'succeeded', result = c.result, finished_at = now(), {_UNLOCK}
+              FROM {claims}
+             WHERE {_FENCE}
             RETURNING j.id, j.cancel_requested""")
 
     @cached_property
-    def complete_steps(self) -> TextClause:
-        """`complete_jobs` plus, in the same statement, the next step of every run whose step
-        just succeeded (unless the run was cancelled meanwhile), waking the workers of their
-        queues. One statement, so it is atomic even in autocommit: no step is ever done
-        without its successor, nor a successor created for a step that was not ours."""
-        return self._t("""
+    def complete_jobs(self) -> TextClause:
+        """Mark claims (:ids, :leases) succeeded with :results; returns the rows that were
+        still ours (with whether their run was cancelled meanwhile)."""
+        return self._complete(single=False)
+
+    @cached_property
+    def complete_job(self) -> TextClause:
+        """`complete_jobs` for one claim (:id, :lease, :result), by primary key: what a
+        `ctx.session` handler's own transaction sends."""
+        return self._complete(single=True)
+
+    def _complete_steps(self, *, single: bool) -> TextClause:
+        claims = _rows("c", (*_CLAIM_KEY, ("result", "jsonb")), single=single)
+        successors = _rows("n", _SUCCESSOR, single=single, prefix="next_")
+        return self._t(f"""
             WITH done AS (
-                UPDATE {s}.jobs j
-                   SET status = 'succeeded', result = c.result, finished_at = now(), """ + _UNLOCK + """
-                  FROM unnest(CAST(:ids AS bigint[]), CAST(:attempts AS int[]),
-                              CAST(:results AS jsonb[])) AS c(id, attempts, result)
-                 WHERE j.id = c.id AND j.attempts = c.attempts AND """ + _STILL_RUNNING_J + """
+                UPDATE {{s}}.jobs j
+                   SET status = 'succeeded', result = c.result, finished_at = now(), {_UNLOCK}
+                  FROM {claims}
+                 WHERE {_FENCE}
                 RETURNING j.id, j.run_id, j.priority, j.cancel_requested
             ), inserted AS (
-                INSERT INTO {s}.jobs (run_id, task, step, step_index, queue, priority,
-                                      max_attempts, args)
+                INSERT INTO {{s}}.jobs (run_id, task, step, step_index, queue, priority,
+                                        max_attempts, args)
                 SELECT d.run_id, n.task, n.step, n.step_index, n.queue, d.priority,
                        n.max_attempts, n.args
-                  FROM done d
-                  JOIN unnest(CAST(:next_ids AS bigint[]), CAST(:tasks AS text[]),
-                              CAST(:steps AS text[]), CAST(:indexes AS smallint[]),
-                              CAST(:queues AS text[]), CAST(:max_attempts AS int[]),
-                              CAST(:args AS jsonb[]))
-                       AS n(id, task, step, step_index, queue, max_attempts, args)
-                    ON n.id = d.id
+                  FROM done d JOIN {successors} ON n.id = d.id
                  WHERE NOT d.cancel_requested
                 RETURNING queue
             )
@@ -129,74 +165,57 @@ class Queries:
               FROM done d""")
 
     @cached_property
-    def complete_job(self) -> TextClause:
-        """`complete_jobs` for one job, by primary key: what a `ctx.session` handler's own
-        transaction sends. No join, so no plan can turn it into a scan."""
-        return self._t("""
-            UPDATE {s}.jobs
-               SET status = 'succeeded', result = CAST(:result AS jsonb), finished_at = now(),
-                   """ + _UNLOCK + """
-             WHERE id = :id AND attempts = :attempts AND """ + _STILL_RUNNING + """
-            RETURNING id, cancel_requested""")
+    def complete_steps(self) -> TextClause:
+        """`complete_jobs` plus, in the same statement, the next step of every run whose step
+        just succeeded (`:next_ids` names the claim each successor follows; none when the
+        run was cancelled meanwhile), waking the workers of their queues. One statement, so
+        it is atomic even in autocommit: no step is ever done without its successor, nor a
+        successor created for a step that was not ours."""
+        return self._complete_steps(single=False)
 
     @cached_property
     def complete_step(self) -> TextClause:
-        """`complete_steps` for one step and its successor, by primary key (see
-        `complete_job`)."""
-        return self._t("""
-            WITH done AS (
-                UPDATE {s}.jobs
-                   SET status = 'succeeded', result = CAST(:result AS jsonb),
-                       finished_at = now(), """ + _UNLOCK + """
-                 WHERE id = :id AND attempts = :attempts AND """ + _STILL_RUNNING + """
-                RETURNING id, run_id, priority, cancel_requested
-            ), inserted AS (
-                INSERT INTO {s}.jobs (run_id, task, step, step_index, queue, priority,
-                                      max_attempts, args)
-                SELECT d.run_id, CAST(:task AS text), CAST(:step AS text),
-                       CAST(:step_index AS smallint), CAST(:queue AS text), d.priority,
-                       CAST(:max_attempts AS int), CAST(:args AS jsonb)
-                  FROM done d
-                 WHERE NOT d.cancel_requested
-                RETURNING queue
-            )
-            SELECT d.id, d.cancel_requested,
-                   (SELECT count(pg_notify(:channel, queue)) FROM inserted) AS woken
-              FROM done d""")
+        """`complete_steps` for one claim and its successor (`:next_id`, `:next_task`, ...),
+        by primary key (see `complete_job`)."""
+        return self._complete_steps(single=True)
 
     @cached_property
     def retry_job(self) -> TextClause:
         """Send a failed attempt back to pending after :delay seconds (or end it `cancelled` if
-        its run was cancelled meanwhile); returns the new status, or nothing if not ours."""
-        return self._t("""
-            UPDATE {s}.jobs
+        its run was cancelled meanwhile); returns the new status and run_at, or nothing if
+        the claim is no longer ours."""
+        return self._t(f"""
+            UPDATE {{s}}.jobs j
                SET status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'pending' END,
                    finished_at = CASE WHEN cancel_requested THEN now() END,
                    run_at = now() + make_interval(secs => :delay),
-                   last_error = :error, """ + _UNLOCK + """
-             WHERE id = :id AND attempts = :attempts AND """ + _STILL_RUNNING + """
-            RETURNING status, run_at""")
+                   last_error = :error, {_UNLOCK}
+              FROM {_rows("c", _CLAIM_KEY, single=True)}
+             WHERE {_FENCE}
+            RETURNING j.status, j.run_at""")
 
     @cached_property
     def end_job(self) -> TextClause:
-        """End a claimed job as :status (`dead` or `cancelled`) with :error."""
-        return self._t("""
-            UPDATE {s}.jobs
-               SET status = :status, finished_at = now(), last_error = :error, """ + _UNLOCK + """
-             WHERE id = :id AND attempts = :attempts AND """ + _STILL_RUNNING + """
-            RETURNING status""")
+        """End a claim as :status (`dead` or `cancelled`) with :error."""
+        return self._t(f"""
+            UPDATE {{s}}.jobs j
+               SET status = :status, finished_at = now(), last_error = :error, {_UNLOCK}
+              FROM {_rows("c", _CLAIM_KEY, single=True)}
+             WHERE {_FENCE}
+            RETURNING j.status""")
 
     @cached_property
     def release_jobs(self) -> TextClause:
-        """Hand unfinished jobs back at shutdown without burning the attempt (or end them
-        `cancelled` when their run was cancelled while they ran)."""
-        return self._t("""
-            UPDATE {s}.jobs j
+        """Hand unfinished claims back at shutdown without burning the attempt (or end them
+        `cancelled` when their run was cancelled while they ran). Giving the attempt back is
+        safe: the fence is the lease, which the next claim renews."""
+        return self._t(f"""
+            UPDATE {{s}}.jobs j
                SET status = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'pending' END,
                    finished_at = CASE WHEN j.cancel_requested THEN now() END,
-                   attempts = j.attempts - 1, run_at = now(), """ + _UNLOCK + """
-              FROM unnest(CAST(:ids AS bigint[]), CAST(:attempts AS int[])) AS c(id, attempts)
-             WHERE j.id = c.id AND j.attempts = c.attempts AND """ + _STILL_RUNNING_J + """
+                   attempts = greatest(j.attempts - 1, 0), run_at = now(), {_UNLOCK}
+              FROM {_rows("c", _CLAIM_KEY, single=False)}
+             WHERE {_FENCE}
             RETURNING j.id""")
 
     @cached_property

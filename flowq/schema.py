@@ -26,6 +26,7 @@ __all__ = [
     "TERMINAL_STATUSES",
     "Status",
     "jobs",
+    "lease_seq",
     "metadata",
     "notify_channel",
     "run_id_seq",
@@ -44,6 +45,8 @@ _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 metadata = sa.MetaData(schema=DEFAULT_SCHEMA)
 
 run_id_seq = sa.Sequence("run_id_seq", metadata=metadata, schema=DEFAULT_SCHEMA)
+# The fence token: every claim draws a new one, so a lease never repeats (see `jobs.lease`).
+lease_seq = sa.Sequence("lease_seq", metadata=metadata, schema=DEFAULT_SCHEMA)
 
 jobs = sa.Table(
     "jobs",
@@ -71,6 +74,9 @@ jobs = sa.Table(
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False,
               server_default=sa.func.now()),
     sa.Column("finished_at", sa.DateTime(timezone=True)),
+    # The current claim's fence token, from `lease_seq`; NULL until the first claim. Every
+    # write after a claim matches (id, lease), so a worker that lost its claim changes nothing.
+    sa.Column("lease", sa.BigInteger),
     sa.CheckConstraint(
         "status IN ('pending', 'running', 'succeeded', 'dead', 'cancelled')",
         name="jobs_status_check",

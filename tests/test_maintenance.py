@@ -8,6 +8,7 @@ import sqlalchemy as sa
 
 from flowq.queries import Queries
 from flowq.testing import job_rows
+from flowq.worker.connection import DedicatedConnection
 from flowq.worker.maintenance import Heartbeat, Pruner, Reaper
 
 Q = Queries("flowq")
@@ -16,20 +17,25 @@ DAY = 86400.0
 
 def add_job(conn: sa.Connection, *, run_id: int | None = None, status: str = "pending",
             attempts: int = 0, max_attempts: int = 10, heartbeat_ago: float | None = None,
-            finished_ago: float | None = None, cancel_requested: bool = False) -> int:
+            finished_ago: float | None = None, cancel_requested: bool = False,
+            lease: int | None = None) -> int:
     """Insert one row in a given state; times are seconds before the database's now()."""
     return int(conn.execute(sa.text("""
         INSERT INTO flowq.jobs (run_id, task, step, status, attempts, max_attempts,
                                 locked_by, locked_at, heartbeat_at, finished_at,
-                                cancel_requested)
+                                cancel_requested, lease)
         VALUES (COALESCE(:run_id, nextval('flowq.run_id_seq')), 't', 't', :status, :attempts,
                 :max_attempts, CASE WHEN :status = 'running' THEN 'old-worker' END,
                 now() - make_interval(secs => :hb), now() - make_interval(secs => :hb),
-                now() - make_interval(secs => :fin), :cancel)
+                now() - make_interval(secs => :fin), :cancel, :lease)
         RETURNING id"""), {
         "run_id": run_id, "status": status, "attempts": attempts,
         "max_attempts": max_attempts, "cancel": cancel_requested,
-        "hb": heartbeat_ago, "fin": finished_ago}).scalar_one())
+        "hb": heartbeat_ago, "fin": finished_ago, "lease": lease}).scalar_one())
+
+
+def heartbeat(engine: sa.Engine, held: list[tuple[int, int]]) -> Heartbeat:
+    return Heartbeat(DedicatedConnection(engine.url, "test heartbeat"), Q, lambda: held)
 
 
 def rows_by_id(engine: sa.Engine) -> dict[int, Any]:
@@ -101,13 +107,14 @@ def test_only_one_reaper_runs_at_a_time(engine: sa.Engine) -> None:
 
 def test_heartbeat_refreshes_held_jobs_and_reports_lost_ones(engine: sa.Engine) -> None:
     with engine.begin() as conn:
-        mine = add_job(conn, status="running", attempts=1, heartbeat_ago=20)
-        reaped = add_job(conn, status="running", attempts=1, heartbeat_ago=20)
-        taken = add_job(conn, status="running", attempts=2, heartbeat_ago=20)
+        mine = add_job(conn, status="running", attempts=1, heartbeat_ago=20, lease=11)
+        reaped = add_job(conn, status="running", attempts=1, heartbeat_ago=20, lease=12)
+        taken = add_job(conn, status="running", attempts=1, heartbeat_ago=20, lease=14)
         conn.execute(sa.text("UPDATE flowq.jobs SET status = 'pending' WHERE id = :i"),
                      {"i": reaped})
-    held = [(mine, 1), (reaped, 1), (taken, 1)]  # `taken` was re-claimed: attempts moved on
-    assert sorted(Heartbeat(engine, Q, lambda: held).run_once()) == sorted([reaped, taken])
+    # `taken` was re-claimed under a new lease (its attempts may well be the same again)
+    held = [(mine, 11), (reaped, 12), (taken, 13)]
+    assert sorted(heartbeat(engine, held).run_once()) == sorted([reaped, taken])
     with engine.connect() as conn:
         ages: dict[int, float] = dict(conn.execute(sa.text(
             "SELECT id, extract(epoch FROM now() - heartbeat_at) FROM flowq.jobs "
@@ -116,11 +123,9 @@ def test_heartbeat_refreshes_held_jobs_and_reports_lost_ones(engine: sa.Engine) 
 
 
 def test_heartbeat_with_nothing_held_sends_nothing(engine: sa.Engine) -> None:
-    statements: list[str] = []
-    sa.event.listen(engine, "before_cursor_execute",
-                    lambda conn, cur, stmt, *a: statements.append(stmt))
-    assert Heartbeat(engine, Q, lambda: []).run_once() == []
-    assert statements == []
+    beat = heartbeat(engine, [])
+    assert beat.run_once() == []
+    assert beat.conn.statements == 0
 
 
 # -- pruner ------------------------------------------------------------------------------

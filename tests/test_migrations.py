@@ -21,7 +21,7 @@ from flowq.migrations import VERSION_TABLE, downgrade, migrate, sql_script
 from flowq.schema import DEFAULT_SCHEMA, metadata
 
 REPO = Path(__file__).resolve().parent.parent
-HEAD = "0001"
+HEAD = "0002"
 
 
 @pytest.fixture

@@ -282,7 +282,7 @@ def test_per_step_timeout_and_attempt_cap(ledger: sa.Engine, db_url: str,
     assert (capped.status, capped.attempts, capped.max_attempts) == ("dead", 2, 2)
     assert capped.last_error.startswith("ValueError: always fails (attempt 2)")
     # The timed-out attempt's late result is discarded, its ctx.session writes rolled back.
-    wait_until(lambda: "late result of a timed-out handler discarded" in worker.log(),
+    wait_until(lambda: "late result of an abandoned attempt discarded" in worker.log(),
                timeout=30, message="the abandoned attempt to return")
     assert [r.attempt for r in rows(ledger, "SELECT attempt FROM pipeline_ledger "
                                             "WHERE step = 'slow_once'")] == [2]

@@ -137,27 +137,31 @@ def claimed(engine: sa.Engine) -> Any:
     return job
 
 
-def _fenced_writes(job_id: int, attempts: int) -> list[tuple[str, sa.TextClause, dict[str, Any]]]:
-    arrays = {"ids": [job_id], "attempts": [attempts]}
+def _fenced_writes(job_id: int, lease: int) -> list[tuple[str, sa.TextClause, dict[str, Any]]]:
+    arrays = {"ids": [job_id], "leases": [lease]}
     return [
         ("heartbeat_jobs", Q.heartbeat_jobs, arrays),
         ("complete_jobs", Q.complete_jobs, {**arrays, "results": ['{"ok": 1}']}),
-        ("complete_job", Q.complete_job, {"id": job_id, "attempts": attempts,
+        ("complete_job", Q.complete_job, {"id": job_id, "lease": lease,
                                           "result": '{"ok": 1}'}),
+        ("complete_steps", Q.complete_steps, {
+            **arrays, "results": ["{}"], "next_ids": [job_id], "next_tasks": ["t"],
+            "next_steps": ["next"], "next_step_indexes": [1], "next_queues": ["default"],
+            "next_max_attempts": [3], "next_args": ["{}"], "channel": "flowq"}),
         ("complete_step", Q.complete_step, {
-            "id": job_id, "attempts": attempts, "result": "{}", "task": "t", "step": "next",
-            "step_index": 1, "queue": "default", "max_attempts": 3, "args": "{}",
-            "channel": "flowq"}),
-        ("retry_job", Q.retry_job, {"id": job_id, "attempts": attempts, "delay": 5.0,
+            "id": job_id, "lease": lease, "result": "{}", "next_id": job_id, "next_task": "t",
+            "next_step": "next", "next_step_index": 1, "next_queue": "default",
+            "next_max_attempts": 3, "next_args": "{}", "channel": "flowq"}),
+        ("retry_job", Q.retry_job, {"id": job_id, "lease": lease, "delay": 5.0,
                                     "error": "boom"}),
-        ("end_job", Q.end_job, {"id": job_id, "attempts": attempts, "status": "dead",
+        ("end_job", Q.end_job, {"id": job_id, "lease": lease, "status": "dead",
                                 "error": "boom"}),
         ("release_jobs", Q.release_jobs, arrays),
     ]
 
 
-FENCED = ["heartbeat_jobs", "complete_jobs", "complete_job", "complete_step", "retry_job",
-          "end_job", "release_jobs"]
+FENCED = ["heartbeat_jobs", "complete_jobs", "complete_job", "complete_steps",
+          "complete_step", "retry_job", "end_job", "release_jobs"]
 
 
 def _snapshot(engine: sa.Engine, job_id: int) -> tuple[Any, ...]:
@@ -165,12 +169,12 @@ def _snapshot(engine: sa.Engine, job_id: int) -> tuple[Any, ...]:
 
 
 @pytest.mark.parametrize("name", FENCED)
-def test_fenced_write_with_a_stale_attempt_changes_nothing(engine: sa.Engine, claimed: Any,
-                                                           name: str) -> None:
+def test_fenced_write_with_a_stale_lease_changes_nothing(engine: sa.Engine, claimed: Any,
+                                                         name: str) -> None:
     with engine.begin() as conn:  # make heartbeat_at distinguishable from now()
         conn.execute(sa.text("UPDATE flowq.jobs SET heartbeat_at = now() - interval '1 minute'"))
     before = _snapshot(engine, claimed.id)
-    stmt, params = next((s, p) for n, s, p in _fenced_writes(claimed.id, claimed.attempts - 1)
+    stmt, params = next((s, p) for n, s, p in _fenced_writes(claimed.id, claimed.lease - 1)
                         if n == name)
     with engine.begin() as conn:
         assert conn.execute(stmt, params).all() == []
@@ -184,7 +188,7 @@ def test_fenced_write_on_a_row_no_longer_running_changes_nothing(
     with engine.begin() as conn:  # e.g. reaped, or ended by another worker
         conn.execute(sa.text("UPDATE flowq.jobs SET status = :s"), {"s": status})
     before = _snapshot(engine, claimed.id)
-    stmt, params = next((s, p) for n, s, p in _fenced_writes(claimed.id, claimed.attempts)
+    stmt, params = next((s, p) for n, s, p in _fenced_writes(claimed.id, claimed.lease)
                         if n == name)
     with engine.begin() as conn:
         assert conn.execute(stmt, params).all() == []
@@ -192,7 +196,7 @@ def test_fenced_write_on_a_row_no_longer_running_changes_nothing(
 
 
 def test_fenced_writes_apply_when_the_claim_matches(engine: sa.Engine, claimed: Any) -> None:
-    writes = {n: (s, p) for n, s, p in _fenced_writes(claimed.id, claimed.attempts)}
+    writes = {n: (s, p) for n, s, p in _fenced_writes(claimed.id, claimed.lease)}
 
     def apply(name: str) -> list[Any]:
         stmt, params = writes[name]
@@ -214,13 +218,14 @@ def test_complete_and_end_and_release_with_a_matching_claim(engine: sa.Engine) -
         insert_jobs(conn, 3)
         a, b, c = claim(conn)
     with engine.begin() as conn:
-        [done] = conn.execute(Q.complete_jobs, {"ids": [a.id], "attempts": [1],
+        [done] = conn.execute(Q.complete_jobs, {"ids": [a.id], "leases": [a.lease],
                                                 "results": ['{"x": 1}']}).all()
         assert done.id == a.id and done.cancel_requested is False
-        [ended] = conn.execute(Q.end_job, {"id": b.id, "attempts": 1, "status": "dead",
+        [ended] = conn.execute(Q.end_job, {"id": b.id, "lease": b.lease, "status": "dead",
                                            "error": "E"}).all()
         assert ended.status == "dead"
-        [_released] = conn.execute(Q.release_jobs, {"ids": [c.id], "attempts": [1]}).all()
+        [_released] = conn.execute(Q.release_jobs, {"ids": [c.id],
+                                                    "leases": [c.lease]}).all()
     ra, rb, rc = (row(engine, i) for i in (a.id, b.id, c.id))
     assert (ra.status, ra.result, ra.finished_at is not None) == ("succeeded", {"x": 1}, True)
     assert (rb.status, rb.last_error, rb.finished_at is not None) == ("dead", "E", True)
@@ -230,8 +235,8 @@ def test_complete_and_end_and_release_with_a_matching_claim(engine: sa.Engine) -
 def test_retry_job_cancels_when_the_run_was_cancelled(engine: sa.Engine, claimed: Any) -> None:
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE flowq.jobs SET cancel_requested = true"))
-        [r] = conn.execute(Q.retry_job, {"id": claimed.id, "attempts": 1, "delay": 1.0,
-                                         "error": "x"}).all()
+        [r] = conn.execute(Q.retry_job, {"id": claimed.id, "lease": claimed.lease,
+                                         "delay": 1.0, "error": "x"}).all()
     assert r.status == "cancelled"
     assert row(engine, claimed.id).finished_at is not None
 
@@ -240,7 +245,8 @@ def test_release_ends_a_cancelled_runs_step_instead_of_requeueing_it(
         engine: sa.Engine, claimed: Any) -> None:
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE flowq.jobs SET cancel_requested = true"))
-        [released] = conn.execute(Q.release_jobs, {"ids": [claimed.id], "attempts": [1]}).all()
+        [released] = conn.execute(Q.release_jobs, {"ids": [claimed.id],
+                                                   "leases": [claimed.lease]}).all()
     r = row(engine, claimed.id)
     assert released.id == claimed.id
     assert (r.status, r.attempts) == ("cancelled", 0)
@@ -248,7 +254,7 @@ def test_release_ends_a_cancelled_runs_step_instead_of_requeueing_it(
 
 
 def test_single_step_completion_inserts_the_successor(engine: sa.Engine, claimed: Any) -> None:
-    writes = {n: (s, p) for n, s, p in _fenced_writes(claimed.id, claimed.attempts)}
+    writes = {n: (s, p) for n, s, p in _fenced_writes(claimed.id, claimed.lease)}
     stmt, params = writes["complete_step"]
     with engine.begin() as conn:
         [done] = conn.execute(stmt, params).all()
@@ -262,7 +268,8 @@ def test_single_step_completion_inserts_the_successor(engine: sa.Engine, claimed
 
 
 @pytest.mark.parametrize("name", ["claim_jobs", "heartbeat_jobs", "complete_jobs",
-                                  "complete_steps", "release_jobs", "complete_job"])
+                                  "complete_steps", "release_jobs", "complete_job",
+                                  "complete_step", "retry_job", "end_job"])
 def test_hot_statements_stay_index_lookups_on_a_table_analyzed_empty(engine: sa.Engine,
                                                                      name: str) -> None:
     """A queue that drained is analyzed empty; the next burst must not get whole-table plans
@@ -273,23 +280,31 @@ def test_hot_statements_stay_index_lookups_on_a_table_analyzed_empty(engine: sa.
         conn.execute(sa.text("VACUUM ANALYZE flowq.jobs"))  # empty: reltuples = 0
     with engine.begin() as conn:  # a burst: 20,000 jobs, 1,000 running, a batch of 200
         ids = insert_jobs(conn, 20_000)
-        conn.execute(sa.text("UPDATE flowq.jobs SET status = 'running', attempts = 1 "
-                             "WHERE id <= :last"), {"last": ids[999]})
+        conn.execute(sa.text("UPDATE flowq.jobs SET status = 'running', attempts = 1, "
+                             "lease = id WHERE id <= :last"), {"last": ids[999]})
     batch = ids[:200]
+    leases = batch
     params: dict[str, Any] = {
         "claim_jobs": {"queue": "default", "limit": 100, "worker": "w"},
-        "heartbeat_jobs": {"ids": batch, "attempts": [1] * 200},
-        "release_jobs": {"ids": batch, "attempts": [1] * 200},
-        "complete_jobs": {"ids": batch, "attempts": [1] * 200, "results": ["{}"] * 200},
-        "complete_steps": {"ids": batch, "attempts": [1] * 200, "results": ["{}"] * 200,
-                           "next_ids": batch, "tasks": ["t"] * 200, "steps": ["s"] * 200,
-                           "indexes": [1] * 200, "queues": ["q"] * 200,
-                           "max_attempts": [3] * 200, "args": ["{}"] * 200,
-                           "channel": "flowq"},
-        "complete_job": {"id": ids[0], "attempts": 1, "result": "{}"},
+        "heartbeat_jobs": {"ids": batch, "leases": leases},
+        "release_jobs": {"ids": batch, "leases": leases},
+        "complete_jobs": {"ids": batch, "leases": leases, "results": ["{}"] * 200},
+        "complete_steps": {"ids": batch, "leases": leases, "results": ["{}"] * 200,
+                           "next_ids": batch, "next_tasks": ["t"] * 200,
+                           "next_steps": ["s"] * 200, "next_step_indexes": [1] * 200,
+                           "next_queues": ["q"] * 200, "next_max_attempts": [3] * 200,
+                           "next_args": ["{}"] * 200, "channel": "flowq"},
+        "complete_job": {"id": ids[0], "lease": ids[0], "result": "{}"},
+        "complete_step": {"id": ids[0], "lease": ids[0], "result": "{}", "next_id": ids[0],
+                          "next_task": "t", "next_step": "s", "next_step_index": 1,
+                          "next_queue": "q", "next_max_attempts": 3, "next_args": "{}",
+                          "channel": "flowq"},
+        "retry_job": {"id": ids[0], "lease": ids[0], "delay": 1.0, "error": "e"},
+        "end_job": {"id": ids[0], "lease": ids[0], "status": "dead", "error": "e"},
     }[name]
-    # complete_job runs on the handler's own session: no planner options there.
-    options = {} if name == "complete_job" else {"options": HOT_PATH_OPTIONS}
+    # The single-row writes run on the handler's own session too: no planner options there.
+    single = name in ("complete_job", "complete_step", "retry_job", "end_job")
+    options = {} if single else {"options": HOT_PATH_OPTIONS}
     url = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
     with psycopg.connect(url, **options) as conn:
         from flowq.worker.connection import raw_sql
@@ -306,3 +321,34 @@ def test_hot_statements_stay_index_lookups_on_a_table_analyzed_empty(engine: sa.
         assert scan["Node Type"] == "Index Scan", shown
         assert scan["Index Name"] in ("jobs_pkey", "jobs_pending_idx"), shown
         assert "Index Cond" in scan, shown
+
+
+def test_a_lease_never_repeats_so_an_old_claim_writes_nothing(engine: sa.Engine,
+                                                              claimed: Any) -> None:
+    """`attempts` goes down on release and back to 0 on `runs retry`, so an old claim's attempt
+    number comes round again; its lease never does (issue 9, defect 13)."""
+    from flowq.runs import retry_run
+
+    old = claimed
+    with engine.begin() as conn:
+        conn.execute(Q.release_jobs, {"ids": [old.id], "leases": [old.lease]})
+        [again] = claim(conn)
+    assert again.attempts == old.attempts and again.lease > old.lease
+    for _name, stmt, params in _fenced_writes(old.id, old.lease):
+        with engine.begin() as conn:
+            assert conn.execute(stmt, params).all() == []
+    with engine.begin() as conn:
+        conn.execute(Q.end_job, {"id": again.id, "lease": again.lease, "status": "dead",
+                                 "error": "E"})
+    retry_run(engine, again.run_id)
+    with engine.begin() as conn:
+        [third] = claim(conn)
+    assert third.attempts == old.attempts == 1
+    assert len({old.lease, again.lease, third.lease}) == 3
+    before = _snapshot(engine, old.id)
+    for stale in (old, again):
+        for _name, stmt, params in _fenced_writes(stale.id, stale.lease):
+            with engine.begin() as conn:
+                assert conn.execute(stmt, params).all() == []
+    assert _snapshot(engine, old.id) == before
+    assert row(engine, old.id).status == "running"

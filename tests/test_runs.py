@@ -261,10 +261,10 @@ def test_cancel_waits_for_a_completing_step_and_cancels_its_successor(ledger: sa
                                                     "worker": "test"}).one()
         tx = worker.begin()
         worker.execute(q.complete_steps, {
-            "ids": [claimed.id], "attempts": [claimed.attempts], "results": ['{"n": 1}'],
-            "next_ids": [claimed.id], "tasks": ["chain3"], "steps": ["flaky"], "indexes": [1],
-            "queues": ["default"], "max_attempts": [5],
-            "args": ['{"n": 1, "account": 10, "fail_times": 0, "sleep": 0}'],
+            "ids": [claimed.id], "leases": [claimed.lease], "results": ['{"n": 1}'],
+            "next_ids": [claimed.id], "next_tasks": ["chain3"], "next_steps": ["flaky"],
+            "next_step_indexes": [1], "next_queues": ["default"], "next_max_attempts": [5],
+            "next_args": ['{"n": 1, "account": 10, "fail_times": 0, "sleep": 0}'],
             "channel": "flowq"})
         with ThreadPoolExecutor(1) as pool:
             cancelling = pool.submit(cancel_run, ledger, run.id)

@@ -645,3 +645,46 @@ def test_connection_settings_of_each_role(app: flowq.FlowQ, db_url: str) -> None
         w.claim_conn.close()
         for engine in w.engines.values():
             engine.dispose()
+
+
+def test_a_prune_waiting_on_a_lock_does_not_delay_heartbeats(app: flowq.FlowQ,
+                                                             engine: sa.Engine,
+                                                             db_url: str) -> None:
+    """The pruner waits on a row lock (here: an operator's SELECT ... FOR UPDATE) for up to its
+    statement timeout; the heartbeat has its own thread and connection, so the live job is
+    not reaped meanwhile (issue 9, #12)."""
+    import time
+
+    from flowq.queries import Queries
+    from flowq.worker.maintenance import Reaper
+
+    @app.task()
+    def hold(ctx: Context, seconds: float) -> None:
+        time.sleep(seconds)
+
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO flowq.jobs (task, step, status, finished_at) "
+                             "VALUES ('old', 'old', 'succeeded', now() - interval '10 days')"))
+    job = enqueue(engine, hold, seconds=10)
+    reaper = Reaper(engine, Queries("flowq"), stale_after=2.0)
+    with engine.connect() as blocker, running_worker(
+            app, db_url, heartbeat_interval=0.5, stale_after=2.0, prune_interval=0.5,
+            retention=60.0, reap_interval=60.0):
+        blocker.execute(sa.text("SELECT id FROM flowq.jobs WHERE task = 'old' FOR UPDATE"))
+        wait_until(lambda: only_row(engine, "id = :id", id=job).status == "running",
+                   timeout=10, message="the job to start")
+        with engine.connect() as conn:
+            wait_until(lambda: conn.execute(sa.text(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND application_name LIKE 'flowq maintain%'")).scalar(), timeout=15,
+                message="the pruner to wait on the lock")
+        reaped = 0
+        deadline = time.monotonic() + 4.0  # two stale periods while the pruner is stuck
+        while time.monotonic() < deadline:
+            reaped += reaper.run_once()
+            time.sleep(0.25)
+        blocker.rollback()
+        assert reaped == 0
+        wait_until(lambda: only_row(engine, "id = :id", id=job).status == "succeeded",
+                   timeout=20, message="the job to finish")
+    assert only_row(engine, "id = :id", id=job).attempts == 1

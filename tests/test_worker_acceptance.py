@@ -416,8 +416,10 @@ def test_unknown_task_is_retried_later_and_the_worker_keeps_running(
     assert w.wait() == 0
 
 
-def test_non_json_results_fail_the_attempt_cleanly(engine: sa.Engine, db_url: str,
-                                                   spawn_worker: Spawn) -> None:
+def test_non_json_results_fail_the_step_for_good(engine: sa.Engine, db_url: str,
+                                                spawn_worker: Spawn) -> None:
+    """Running the handler again would repeat its side effects and return the same value, so
+    a result that cannot be stored ends the step `dead` after one attempt."""
     with engine.begin() as conn:
         as_set = flowq.enqueue(conn, faulty_app.returns_set)
         with_nul = flowq.enqueue(conn, faulty_app.returns_nul)
@@ -428,7 +430,7 @@ def test_non_json_results_fail_the_attempt_cleanly(engine: sa.Engine, db_url: st
     for run_id, reason in ((as_set.id, "is a builtins.set, which is not JSON"),
                            (with_nul.id, "contains a NUL character")):
         row = rows[run_id]
-        assert row.attempts == 2 and row.result is None and row.locked_by is None
+        assert row.attempts == 1 and row.result is None and row.locked_by is None
         assert row.last_error.startswith("InvalidResultError:") and reason in row.last_error
     assert w.proc.poll() is None
     w.signal(signal.SIGTERM)

@@ -1,17 +1,23 @@
-"""Completer: records outcomes in the database, fenced, batched where that is safe.
+"""Completer: writes the outcomes the executor decided, fenced, batched where that is safe.
 
 Outcomes of handlers that did not use `ctx.session` are queued and written by one thread in
-batches: all the successes of a batch in one `UPDATE … FROM unnest(…)`, their pipeline
-successors in one INSERT, in one transaction. While a batch is being written the next one
-accumulates, so batching grows with load and costs no latency when idle.
+batches: all the successes of a batch in one `UPDATE … FROM unnest(…)` that also inserts
+their pipeline successors, each other outcome (retry, dead, cancelled) by primary key.
+While a batch is being written the next one accumulates, so batching grows with load and
+costs no latency when idle. Handlers that used `ctx.session` are completed on that session
+instead (`complete_in_session`), so their writes and the step's success commit together.
 
-Handlers that used `ctx.session` are completed on that session instead (`complete_in_session`)
-so their writes and the step's success commit together, or not at all.
+Every write is a compare-and-set on the claim, (id, lease) and `running`: a row this worker
+no longer owns (reaped, released, cancelled) is left alone and the outcome is dropped with a
+log line. Re-sending a write that already committed is harmless for the same reason.
 
-Every write is a compare-and-set on (id, attempts, status = 'running'): a row this worker no
-longer owns (reaped, released, cancelled) is left alone and the outcome is dropped with a log
-line. A database error keeps the batch and retries it; re-sending an already committed batch
-is harmless because the fence then matches nothing.
+One outcome must never hold up the others. When the database is unavailable (connection
+lost, server shutting down, read-only, out of connections) the batch waits and is retried
+with backoff, for at most `GIVE_UP_AFTER` seconds; then its outcomes are dropped (their
+claims stop heartbeating and the reaper requeues them). When a batch fails for any other
+reason (a value the database refuses), its outcomes are written one by one, and one that
+still fails is recorded by a minimal fallback write: `dead`, "outcome could not be
+recorded: …". If even that fails, the outcome is dropped with an error log.
 """
 
 from __future__ import annotations
@@ -23,35 +29,62 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import psycopg
+import sqlalchemy as sa
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import TextClause
 
-from flowq.queries import Queries
-from flowq.retry import Retry
+from flowq.queries import Queries, plural
 from flowq.schema import notify_channel
+from flowq.storable import describe, first_line, storable_text
 from flowq.worker.connection import DB_ERRORS, DedicatedConnection, fetch_rows
-from flowq.worker.logs import log_event
-from flowq.worker.model import Cancelled, ClaimedJob, Failed, Outcome, Retried, Succeeded
+from flowq.worker.logs import ERROR, INFO, WARNING, log_event
+from flowq.worker.model import (
+    Cancelled,
+    Claim,
+    ClaimedJob,
+    Failed,
+    NextStep,
+    Outcome,
+    Retried,
+    Succeeded,
+)
 
-__all__ = ["Completer"]
+__all__ = ["Completer", "is_unavailable"]
 
 MAX_BATCH: Final = 1000
 RETRY_BACKOFF_MAX: Final = 5.0
-_LOG_ERROR_CHARS: Final = 8000
-_DEFAULT_RETRY: Final = Retry()
+GIVE_UP_AFTER: Final = 600.0
 
-INFO, WARNING, ERROR = 20, 30, 40
+# SQLSTATE classes that say "the database cannot take writes now", not "this write is bad":
+# connection exceptions, operator intervention (shutdown, cancel), insufficient resources,
+# transaction rollback (deadlock, serialization), system errors; and read-only transactions.
+_UNAVAILABLE_CLASSES: Final = frozenset({"08", "57", "53", "40", "58"})
 
 # Runs one named statement and returns its rows as tuples: the completer's own dedicated
 # connection, or the connection of a handler's ctx.session.
 _Run = Callable[[TextClause, Mapping[str, Any]], list[tuple[Any, ...]]]
 
 
-@dataclass(frozen=True)
+def is_unavailable(exc: BaseException) -> bool:
+    """True when a database error means "try again later" rather than "this write is bad"."""
+    orig = getattr(exc, "orig", None) or exc
+    if isinstance(orig, psycopg.OperationalError | psycopg.InterfaceError):
+        return True
+    if isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError):
+        return True
+    sqlstate = getattr(orig, "sqlstate", None)
+    if not sqlstate:
+        return False  # refused before it was sent (psycopg cannot adapt a value)
+    return sqlstate[:2] in _UNAVAILABLE_CLASSES or sqlstate == "25006"
+
+
+@dataclass(eq=False)
 class _Item:
     job: ClaimedJob
     outcome: Outcome
     duration: float
+    written: bool = False
+    failing_since: float | None = None
 
 
 class Completer:
@@ -71,6 +104,7 @@ class Completer:
         self._thread: threading.Thread | None = None
         self.written = 0
         self.on_written: Callable[[], None] | None = None  # after each batch (wakes claims)
+        self.on_scheduled: Callable[[float], None] | None = None  # a retry due in N seconds
 
     # -- public ---------------------------------------------------------------------------
 
@@ -89,10 +123,10 @@ class Completer:
         """Outcomes waiting for the next batch (not counting the one being written)."""
         return len(self._items)
 
-    def pending_claims(self) -> list[tuple[int, int]]:
-        """(id, attempts) of outcomes not yet written: they still need heartbeats."""
+    def pending_claims(self) -> list[Claim]:
+        """The claims of outcomes not yet written: they still need heartbeats."""
         with self._cond:
-            return [(i.job.id, i.job.attempts) for i in (*self._writing, *self._items)]
+            return [i.job.claim for i in (*self._writing, *self._items) if not i.written]
 
     def flush(self, timeout: float) -> bool:
         """Wait until every queued outcome is written; False on timeout."""
@@ -152,120 +186,150 @@ class Completer:
                 batch, self._items = self._items[:MAX_BATCH], self._items[MAX_BATCH:]
                 self._writing = batch
                 self._busy += 1
+            later: list[_Item] = []
             try:
-                self._write(batch)
-                backoff = 0.05
-            except DB_ERRORS as exc:
-                log_event(WARNING, "completion write failed; retrying", error=_first_line(exc),
-                          batch=len(batch), retry_in_s=round(backoff, 2))
-                with self._cond:
-                    self._items[:0] = batch
+                later = self._write_batch(batch)
+            except Exception as exc:  # a bug: log it; the claims get reaped, never stuck here
+                log_event(ERROR, "completion write crashed; outcomes dropped (the reaper will "
+                          "requeue their jobs)", error=first_line(describe(exc)),
+                          job_ids=_ids(i for i in batch if not i.written))
+            later = self._expire(later)
+            with self._cond:
+                self._items[:0] = later
+                self._writing = []
+                self._busy -= 1
+                self.written += len(batch) - len(later)
+                self._cond.notify_all()
+            if self.on_written is not None:
+                self.on_written()
+            if later:
                 time.sleep(backoff)
                 backoff = min(backoff * 2, RETRY_BACKOFF_MAX)
-            except Exception as exc:  # a bug: never let the thread die with outcomes queued
-                log_event(ERROR, "completion write crashed; retrying", error=repr(exc))
-                with self._cond:
-                    self._items[:0] = batch
-                time.sleep(1.0)
-            finally:
-                with self._cond:
-                    self._writing = []
-                    self._busy -= 1
-                    self.written += len(batch)
-                    self._cond.notify_all()
-                if self.on_written is not None:
-                    self.on_written()
+            else:
+                backoff = 0.05
+
+    def _expire(self, later: list[_Item]) -> list[_Item]:
+        """Keep retrying unavailable writes for GIVE_UP_AFTER seconds at most."""
+        now = time.monotonic()
+        keep: list[_Item] = []
+        expired: list[_Item] = []
+        for item in later:
+            item.failing_since = item.failing_since or now
+            (expired if now - item.failing_since > GIVE_UP_AFTER else keep).append(item)
+        if expired:
+            log_event(ERROR, "gave up writing outcomes: the database stayed unavailable; the "
+                      "reaper will requeue their jobs", job_ids=_ids(expired))
+        return keep
+
+    def _write_batch(self, batch: list[_Item]) -> list[_Item]:
+        """Write `batch`; returns the items to try again later (the database is unavailable).
+        A batch the database refuses is written item by item, so one bad outcome never
+        holds up the others."""
+        try:
+            self._write(batch)
+            return []
+        except DB_ERRORS as exc:
+            if is_unavailable(exc):
+                log_event(WARNING, "completion write failed; retrying",
+                          error=first_line(describe(exc)), batch=len(batch))
+                return [i for i in batch if not i.written]
+            log_event(WARNING, "completion batch refused; writing its outcomes one by one",
+                      error=first_line(describe(exc)), batch=len(batch))
+        for n, item in enumerate(batch):
+            if item.written:
+                continue
+            try:
+                try:
+                    self._write([item])
+                except DB_ERRORS as exc:
+                    if is_unavailable(exc):
+                        raise
+                    self._record_unwritable(item, exc)
+            except DB_ERRORS:
+                return [i for i in batch[n:] if not i.written]
+        return []
+
+    def _record_unwritable(self, item: _Item, error: BaseException) -> None:
+        """The minimal fallback for an outcome the database refuses: end the job `dead`."""
+        text = storable_text(
+            f"outcome could not be recorded: {first_line(describe(error))}\n\n"
+            f"the outcome was {type(item.outcome).__name__}: "
+            f"{first_line(_summary(item.outcome))}")
+        try:
+            result = self._end(self.conn.execute, item.job, "dead", text)
+        except DB_ERRORS as exc:
+            if is_unavailable(exc):
+                raise
+            item.written = True  # nothing more can be done: the reaper requeues the job
+            log_event(ERROR, "outcome could not be recorded at all; dropped (the reaper will "
+                      "requeue the job)", error=first_line(describe(exc)),
+                      **self._fields(item.job, item.duration))
+            return
+        item.written = True
+        log_event(ERROR, "outcome could not be recorded; the job is dead",
+                  error=first_line(describe(error)), status=result[0] if result else "lost",
+                  **self._fields(item.job, item.duration))
 
     def _write(self, batch: Sequence[_Item]) -> None:
-        successes = [i for i in batch if isinstance(i.outcome, Succeeded)]
-        others = [i for i in batch if not isinstance(i.outcome, Succeeded)]
         # Autocommit: each statement is atomic on its own and no outcome needs another's, so
-        # a batch costs one round trip per statement, no BEGIN/COMMIT.
+        # a batch costs one round trip per statement, no BEGIN/COMMIT. Items are marked
+        # written as their statement commits, so a failure later in the batch re-sends none.
+        successes = [i for i in batch if isinstance(i.outcome, Succeeded) and not i.written]
         run = self.conn.execute
-        ours = self._write_successes(run, successes) if successes else set()
-        failed_logs = [(i, self._write_other(run, i)) for i in others]
-        for i in successes:
-            if i.job.id in ours:
-                self._log_success(i.job, i.duration)
-            else:
-                self._log_lost(i.job, "completion")
-        for i, status in failed_logs:
-            self._log_other(i, status)
+        if successes:
+            ours = self._write_successes(run, successes)
+            for i in successes:
+                i.written = True
+                if i.job.id in ours:
+                    self._log_success(i.job, i.duration)
+                else:
+                    self._log_lost(i.job, "completion")
+        for i in batch:
+            if not i.written:
+                result = self._write_other(run, i)
+                i.written = True
+                self._log_other(i, result)
 
     def _write_successes(self, run: _Run, items: Sequence[_Item]) -> set[int]:
         """Mark `items` succeeded and insert their successors, in one statement; the ids that
         were still ours."""
-        done = [(i.job, i.outcome) for i in items if isinstance(i.outcome, Succeeded)]
-        if len(done) == 1:
-            return self._write_success(run, *done[0])
-        params: dict[str, Any] = {
-            "ids": [job.id for job, _ in done],
-            "attempts": [job.attempts for job, _ in done],
-            "results": [out.result for _, out in done],
-        }
-        chained = [(job, out.next) for job, out in done if out.next is not None]
-        if not chained:
-            rows = run(self.q.complete_jobs, params)
+        claims = [{"id": i.job.id, "lease": i.job.lease, "result": _result(i.outcome)}
+                  for i in items]
+        nexts = [_successor(i.job, n) for i in items if (n := _next(i.outcome)) is not None]
+        single = len(claims) == 1
+        params = _params(claims, single)
+        if nexts:
+            params.update(_params(nexts, single, prefix="next_"))
+            params["channel"] = self.channel
+            stmt = self.q.complete_step if single else self.q.complete_steps
         else:
-            rows = run(self.q.complete_steps, {
-                **params,
-                "next_ids": [job.id for job, _ in chained],
-                "tasks": [n.task for _, n in chained],
-                "steps": [n.step.name for _, n in chained],
-                "indexes": [n.step.index for _, n in chained],
-                "queues": [n.step.queue for _, n in chained],
-                "max_attempts": [n.step.retry.attempt_cap for _, n in chained],
-                "args": [n.args for _, n in chained],
-                "channel": self.channel,
-            })
-        return {r[0] for r in rows}
-
-    def _write_success(self, run: _Run, job: ClaimedJob, outcome: Succeeded) -> set[int]:
-        """One success (a `ctx.session` job, or a batch of one), by primary key."""
-        params: dict[str, Any] = {"id": job.id, "attempts": job.attempts,
-                                  "result": outcome.result}
-        nxt = outcome.next
-        if nxt is None:
-            rows = run(self.q.complete_job, params)
-        else:
-            rows = run(self.q.complete_step, {
-                **params, "task": nxt.task, "step": nxt.step.name, "step_index": nxt.step.index,
-                "queue": nxt.step.queue, "max_attempts": nxt.step.retry.attempt_cap,
-                "args": nxt.args, "channel": self.channel,
-            })
-        return {r[0] for r in rows}
+            stmt = self.q.complete_job if single else self.q.complete_jobs
+        return {r[0] for r in run(stmt, params)}
 
     def _write_other(self, run: _Run, item: _Item) -> tuple[str, float] | None:
         """Retry, bury or cancel one job; (new status, delay) or None if it was not ours."""
         job, outcome = item.job, item.outcome
-        delay: float | None
         if isinstance(outcome, Cancelled):
             return self._end(run, job, "cancelled", f"CancelRun: {outcome.reason}")
         if isinstance(outcome, Retried):
-            error = f"RetryStep: {outcome.reason or 'retry requested by the handler'}"
-            delay = outcome.delay if job.attempts < job.max_attempts else None
+            delay: float | None = outcome.delay
+            error = f"RetryStep: {outcome.reason}"
         else:
             assert isinstance(outcome, Failed)
-            error = outcome.text[:_LOG_ERROR_CHARS]
-            delay = None
-            elapsed = job.age + item.duration
-            if outcome.permanent:
-                pass
-            elif isinstance(outcome.retry, Retry):
-                # The step's policy knows its own cap; the row's copy may be stale (enqueued by
-                # name without the definition, or the policy changed in a deploy).
-                delay = outcome.retry.next_delay(job.attempts, outcome.error, elapsed)
-            elif job.attempts < job.max_attempts:
-                delay = _DEFAULT_RETRY.next_delay(job.attempts, outcome.error, elapsed)
+            delay, error = outcome.retry_in, outcome.text
         if delay is None:
             return self._end(run, job, "dead", error)
-        rows = run(self.q.retry_job, {"id": job.id, "attempts": job.attempts, "delay": delay,
+        rows = run(self.q.retry_job, {"id": job.id, "lease": job.lease, "delay": delay,
                                       "error": error})
-        return (rows[0][0], delay) if rows else None
+        if not rows:
+            return None
+        if rows[0][0] == "pending" and self.on_scheduled is not None:
+            self.on_scheduled(delay)
+        return rows[0][0], delay
 
     def _end(self, run: _Run, job: ClaimedJob, status: str,
              error: str) -> tuple[str, float] | None:
-        rows = run(self.q.end_job, {"id": job.id, "attempts": job.attempts, "status": status,
+        rows = run(self.q.end_job, {"id": job.id, "lease": job.lease, "status": status,
                                     "error": error})
         return (rows[0][0], 0.0) if rows else None
 
@@ -289,25 +353,46 @@ class Completer:
             return
         status, delay = result
         fields = self._fields(item.job, item.duration)
-        outcome = item.outcome
-        error = (outcome.text.splitlines()[-1] if isinstance(outcome, Failed) and outcome.text
-                 else getattr(outcome, "reason", ""))
+        summary = first_line(_summary(item.outcome))[:300]
         if status == "pending":
             log_event(WARNING, "job failed; retrying", retry_in_s=round(delay, 3),
-                      error=_tail(outcome), **fields)
+                      error=summary, **fields)
         elif status == "dead":
-            log_event(ERROR, "job dead: attempts exhausted or not retryable",
-                      error=_tail(outcome), **fields)
+            log_event(ERROR, "job dead: attempts exhausted or not retryable", error=summary,
+                      **fields)
         else:
-            log_event(WARNING, "job cancelled", reason=error, **fields)
+            log_event(WARNING, "job cancelled", reason=summary, **fields)
 
 
-def _tail(outcome: Outcome) -> str:
+def _summary(outcome: Outcome) -> str:
     if isinstance(outcome, Failed):
-        return _first_line(outcome.error) if str(outcome.error) else type(outcome.error).__name__
-    return getattr(outcome, "reason", "")
+        return outcome.summary or outcome.text
+    if isinstance(outcome, Retried | Cancelled):
+        return outcome.reason
+    return "succeeded"
 
 
-def _first_line(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".strip()
-    return text.splitlines()[0]
+def _result(outcome: Outcome) -> str:
+    assert isinstance(outcome, Succeeded)
+    return outcome.result
+
+
+def _next(outcome: Outcome) -> NextStep | None:
+    return outcome.next if isinstance(outcome, Succeeded) else None
+
+
+def _successor(job: ClaimedJob, nxt: NextStep) -> dict[str, Any]:
+    return {"id": job.id, "task": nxt.task, "step": nxt.step.name,
+            "step_index": nxt.step.index, "queue": nxt.step.queue,
+            "max_attempts": nxt.step.retry.attempt_cap, "args": nxt.args}
+
+
+def _params(rows: list[dict[str, Any]], single: bool, prefix: str = "") -> dict[str, Any]:
+    """Bind parameters for `rows` in the shape `flowq.queries._rows` expects."""
+    if single:
+        return {prefix + k: v for k, v in rows[0].items()}
+    return {prefix + plural(k): [r[k] for r in rows] for k in rows[0]}
+
+
+def _ids(items: Any) -> str:
+    return ",".join(str(i.job.id) for i in items)

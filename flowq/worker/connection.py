@@ -39,7 +39,7 @@ from sqlalchemy.sql.elements import TextClause
 from flowq.db import raw_sql
 
 __all__ = ["DB_ERRORS", "HOT_PATH_OPTIONS", "MAINTENANCE_OPTIONS", "PLANNER_OPTIONS",
-           "DedicatedConnection", "fetch_rows", "raw_sql"]
+           "DedicatedConnection", "fetch_rows", "heartbeat_options", "raw_sql"]
 
 # What a database failure looks like on either path (SQLAlchemy's or psycopg's own).
 DB_ERRORS: Final = (sa.exc.DBAPIError, psycopg.Error)
@@ -53,6 +53,14 @@ HOT_PATH_OPTIONS: Final = PLANNER_OPTIONS + " -c plan_cache_mode=force_custom_pl
 # queued behind it).
 MAINTENANCE_OPTIONS: Final = PLANNER_OPTIONS + " -c statement_timeout=30s"
 
+
+def heartbeat_options(interval: float) -> str:
+    """The heartbeat's connection: a beat that waits on a lock (someone holding one of our
+    rows) is cancelled after one interval and sent again, rather than silencing every
+    other claim's heartbeat until the reaper takes them all."""
+    return HOT_PATH_OPTIONS + f" -c statement_timeout={max(1000, int(interval * 1000))}"
+
+
 def fetch_rows(conn: psycopg.Connection[Any], clause: TextClause,
                params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
     """Run one named statement on `conn`, server-side prepared; its rows as tuples (empty when
@@ -65,16 +73,18 @@ def fetch_rows(conn: psycopg.Connection[Any], clause: TextClause,
 class DedicatedConnection:
     """One autocommit connection, used by one thread at a time, reopened after a failure."""
 
-    def __init__(self, url: URL, application_name: str) -> None:
+    def __init__(self, url: URL, application_name: str, *, options: str = HOT_PATH_OPTIONS
+                 ) -> None:
         self.conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
         self.application_name = application_name[:63]
+        self.options = options
         self._conn: psycopg.Connection[Any] | None = None
         self.statements = 0
 
     def _open(self) -> psycopg.Connection[Any]:
         self._conn = psycopg.connect(self.conninfo, autocommit=True, connect_timeout=10,
                                      application_name=self.application_name,
-                                     options=HOT_PATH_OPTIONS)
+                                     options=self.options)
         return self._conn
 
     def execute(self, clause: TextClause, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:

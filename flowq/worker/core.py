@@ -1,21 +1,27 @@
 """The worker: claims jobs for its free slots, runs them, records outcomes, and keeps house.
 
-Parts, each small (see the modules beside this one): a `Listener` (LISTEN, wakes the claim
-loop), the claim loop in `Worker.run` (claims only for free slots, in batches, one queue at a
-time in rotation), an `Executor` (threads and an event loop), a `Completer` (fenced, batched
-writes), and maintenance (`Heartbeat`, `Reaper`, `Pruner`) on one background thread.
+`Worker` wires named parts, each small (see the modules beside this one), and runs the claim
+loop: a `Listener` (LISTEN, wakes the loop), a `Claimer` (claims only for free slots, in
+batches, one queue at a time in rotation), an `Executor` (threads and an event loop, a
+timeout watchdog; decides each outcome), a `Completer` (fenced, batched writes), a
+`Heartbeat` (its own thread and connection), and maintenance (`Reaper`, `Pruner`) on one
+background thread. The loop wakes on NOTIFY, on a free batch of slots, when a retry this
+worker scheduled falls due, and at the poll interval.
 
 Options and defaults (`WorkerConfig`): concurrency 10, poll every 5 s (so a due job starts
 within 5 s even without NOTIFY), listen on, heartbeat 5 s, reap jobs whose heartbeat is 30 s
 stale every 10 s, prune every 60 s (retention 3 days, dead 14 days), shutdown grace 25 s.
 
-Each role has its own small connection pool named in `application_name` (`flowq claim`,
-`flowq complete`, `flowq maintain`, `flowq session`, `flowq listen`), so operators can see
-them in pg_stat_activity, and a dropped connection in one role never stalls another.
+Each role has its own connection (or small pool) named in `application_name` (`flowq
+claim`, `flowq complete`, `flowq heartbeat`, `flowq maintain`, `flowq session`, `flowq
+listen`), so operators can see them in pg_stat_activity, and a dropped connection in one
+role never stalls another.
 """
 
 from __future__ import annotations
 
+import heapq
+import math
 import os
 import signal
 import socket
@@ -24,7 +30,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, Final
+from typing import Final
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
@@ -35,13 +41,20 @@ from flowq.db import describe_url, ensure_schema, normalize_url
 from flowq.errors import ConfigurationError
 from flowq.queries import Queries
 from flowq.schema import notify_channel, schema_map
+from flowq.storable import first_line
 from flowq.worker import maintenance as m
+from flowq.worker.claimer import Claimer
 from flowq.worker.completer import Completer
-from flowq.worker.connection import DB_ERRORS, MAINTENANCE_OPTIONS, DedicatedConnection
+from flowq.worker.connection import (
+    DB_ERRORS,
+    MAINTENANCE_OPTIONS,
+    DedicatedConnection,
+    heartbeat_options,
+)
 from flowq.worker.executor import Executor
 from flowq.worker.listener import Listener
-from flowq.worker.logs import log_event
-from flowq.worker.model import ClaimedJob
+from flowq.worker.logs import ERROR, INFO, WARNING, log_event
+from flowq.worker.model import Claim, ClaimedJob
 from flowq.worker.supervisor import SUPERVISOR_ENV
 
 __all__ = ["Worker", "WorkerConfig"]
@@ -50,7 +63,8 @@ DEFAULT_CONCURRENCY: Final = 10
 DEFAULT_POLL_INTERVAL: Final = 5.0
 DEFAULT_SHUTDOWN_GRACE: Final = 25.0
 DB_BACKOFF_MAX: Final = 5.0
-INFO, WARNING, ERROR = 20, 30, 40
+# Retry wake-ups remembered at once; beyond that the poll picks retries up.
+MAX_WAKE_TIMES: Final = 10_000
 
 
 @dataclass
@@ -101,23 +115,26 @@ class Worker:
         self.q = Queries(app.schema)
         self.channel = notify_channel(app.schema)
         c = self.config
+        # Pools only where SQLAlchemy is needed: handlers' ctx.session, and maintenance
+        # (reaper, pruner, schema checks). The hot path has dedicated psycopg connections.
         self.engines = {
-            "claim": self._engine("claim", 1, autocommit=True),
-            "complete": self._engine("complete", 2, autocommit=True),
             "maintain": self._engine("maintain", 2, planner_options=MAINTENANCE_OPTIONS),
             "session": self._engine("session", c.concurrency + 2),
         }
+        self.engines["claim"] = self.engines["maintain"]  # TODO(cli): use check_database()
         smap = schema_map(app.schema)
         session_bind = self.engines["session"]
         if smap:
             session_bind = session_bind.execution_options(schema_translate_map=smap)
-        # The hot path (claims, completions) runs on dedicated psycopg connections.
         self.claim_conn = DedicatedConnection(self.url, f"flowq claim {c.name}")
         self.complete_conn = DedicatedConnection(self.url, f"flowq complete {c.name}")
         self.completer = Completer(self.complete_conn, self.q, job_log=c.job_log)
         self._wake = threading.Event()
         self.completer.on_written = self._wake.set
+        self.completer.on_scheduled = self._wake_at
         self._notified = False
+        self._due: list[float] = []  # monotonic times of retries this worker scheduled (heap)
+        self._due_lock = threading.Lock()
         self._stopping = threading.Event()
         self._signals = 0
         self._signalled: int | None = None  # set by the signal handler, acted on by the loop
@@ -125,8 +142,13 @@ class Worker:
             app, self.completer, concurrency=c.concurrency,
             session_factory=lambda: StepSession(bind=session_bind),
             on_slot_free=self._on_slot_free)
-        self.heartbeat = m.Heartbeat(self.engines["maintain"], self.q, self._held_claims,
-                                     unsettled=self.executor.unsettled_claims)
+        self.claimer = Claimer(self.claim_conn, self.q, self.queues, c.name,
+                               self.executor.submit)
+        self.heartbeat = m.Heartbeat(
+            DedicatedConnection(self.url, f"flowq heartbeat {c.name}",
+                                options=heartbeat_options(c.heartbeat_interval)),
+            self.q, self._held_claims, unsettled=self.executor.unsettled_claims,
+            interval=c.heartbeat_interval)
         self.reaper = m.Reaper(self.engines["maintain"], self.q, stale_after=c.stale_after)
         self.pruner = m.Pruner(self.engines["maintain"], self.q, retention=c.retention,
                                dead_retention=c.dead_retention)
@@ -136,31 +158,52 @@ class Worker:
                 hide_password=False)
             self.listener = Listener(conninfo, self.channel, self.queues, self._on_notify,
                                      application_name=f"flowq listen {c.name}"[:63])
-        self._rotation = 0
         self._orphaned = False
         self._batch_threshold = max(1, self.config.concurrency // 2)
         self._idle_horizon = 0.0
         self._housekeeper: threading.Thread | None = None
-        self.claimed = 0
 
-    def _engine(self, role: str, size: int, autocommit: bool = False,
-                planner_options: str | None = None) -> sa.Engine:
+    def _engine(self, role: str, size: int, planner_options: str | None = None) -> sa.Engine:
         # No pre-ping: it would cost a round trip per checkout. A dropped connection raises,
         # is invalidated by SQLAlchemy, and the operation is retried by its caller.
-        # Autocommit where every write is one self-contained statement (claims, completions):
-        # it saves the BEGIN and COMMIT round trips, two of every three.
         return sa.create_engine(
             self.url, pool_size=size, max_overflow=2, pool_pre_ping=False,
-            isolation_level="AUTOCOMMIT" if autocommit else "READ COMMITTED",
             connect_args={"application_name": f"flowq {role} {self.config.name}"[:63],
                           "connect_timeout": 10,
                           **({"options": planner_options} if planner_options else {})})
+
+    @property
+    def claimed(self) -> int:
+        return self.claimer.claimed
+
+    def check_database(self) -> None:
+        """Raise a one-sentence flowq error if the database is unreachable or not migrated."""
+        ensure_schema(self.engines["maintain"], self.app.schema)
 
     # -- signals from the parts ---------------------------------------------------------------
 
     def _on_notify(self) -> None:
         self._notified = True
         self._wake.set()
+
+    def _wake_at(self, delay: float) -> None:
+        """A retry this worker wrote is due in `delay` seconds: claim then, not at the next
+        poll, so a 0.2 s retry runs 0.2 s later whatever the poll interval."""
+        if delay >= self.config.poll_interval:
+            return  # the poll comes first anyway
+        with self._due_lock:
+            if len(self._due) < MAX_WAKE_TIMES:
+                heapq.heappush(self._due, time.monotonic() + delay)
+        self._wake.set()
+
+    def _take_due(self, now: float) -> tuple[bool, float]:
+        """(whether a scheduled retry is due now, when the next one is)."""
+        due = False
+        with self._due_lock:
+            while self._due and self._due[0] <= now:
+                heapq.heappop(self._due)
+                due = True
+            return due, self._due[0] if self._due else math.inf
 
     def _on_slot_free(self, in_flight: int) -> None:
         # Wake the claim loop only when it would claim: a batch's worth of free slots, or
@@ -175,33 +218,24 @@ class Worker:
         c = self.config.concurrency
         return c - self.executor.in_flight - max(0, self.completer.queued - c)
 
-    def _held_claims(self) -> list[tuple[int, int]]:
+    def _held_claims(self) -> list[Claim]:
         return self.executor.running_claims() + self.completer.pending_claims()
 
     # -- claiming -----------------------------------------------------------------------------
 
     def claim(self, limit: int) -> list[ClaimedJob]:
-        """Claim up to `limit` due jobs, visiting the queues in rotation."""
-        out: list[ClaimedJob] = []
-        n = len(self.queues)
-        start, self._rotation = self._rotation, (self._rotation + 1) % n
-        for i in range(n):  # autocommit: each claim is one atomic statement
-            want = limit - len(out)
-            if want <= 0:
-                break
-            rows = self.claim_conn.execute(self.q.claim_jobs, {
-                "queue": self.queues[(start + i) % n], "limit": want,
-                "worker": self.config.name})
-            out.extend(ClaimedJob(*r) for r in rows)
-        self.claimed += len(out)
-        return out
+        """Claim up to `limit` due jobs without running them (the bench measures claims)."""
+        got: list[ClaimedJob] = []
+        self.claimer.run_once(limit, submit=got.append)
+        return got
 
     # -- the loop -----------------------------------------------------------------------------
 
     def start_parts(self) -> None:
-        ensure_schema(self.engines["claim"], self.app.schema)
+        self.check_database()
         self.completer.start()
         self.executor.start()
+        self.heartbeat.start()
         if self.listener is not None:
             self.listener.start()
         self._housekeeper = threading.Thread(target=self._housekeeping,
@@ -235,76 +269,67 @@ class Worker:
             if self._signalled is not None:
                 self._begin_shutdown(self._signalled)
                 break
-            self.executor.check_timeouts()
             free = self._free_slots()
             now = time.monotonic()
             notified, self._notified = self._notified, False
+            retry_due, next_due = self._take_due(now)
             due_poll = now >= next_poll
-            if free > 0 and (notified or due_poll or (backlog and free >= batch_threshold)):
+            if free > 0 and (notified or due_poll or retry_due
+                             or (backlog and free >= batch_threshold)):
                 try:
-                    jobs = self.claim(free)
+                    got = self.claimer.run_once(free)
                     backoff = 0.1
                 except DB_ERRORS as exc:
-                    log_event(WARNING, "claim failed; retrying", error=_first_line(exc),
+                    log_event(WARNING, "claim failed; retrying", error=first_line(exc),
                               retry_in_s=round(backoff, 2))
                     self._stopping.wait(backoff)
                     backoff = min(backoff * 2, DB_BACKOFF_MAX)
                     continue
                 if due_poll:
                     next_poll = now + c.poll_interval
-                backlog = len(jobs) == free
-                for job in jobs:
-                    self.executor.submit(job)
-                if until_idle and not jobs and self.executor.in_flight == 0:
+                backlog = got == free
+                if until_idle and not got and self.executor.in_flight == 0:
                     if self.completer.flush(30.0) and not self._has_due_jobs():
                         return
                     continue
                 if backlog and self._free_slots() >= batch_threshold:
                     continue
-            timeout = max(0.0, next_poll - time.monotonic())
+            timeout = max(0.0, min(next_poll, next_due) - time.monotonic())
             if until_idle:
                 timeout = min(timeout, 0.05)
             self._wake.wait(min(timeout, 0.25))
             self._wake.clear()
 
     def _has_due_jobs(self) -> bool:
-        with self.engines["claim"].connect() as conn:
-            return bool(conn.execute(self.q.exists_due_jobs, {
-                "queues": self.queues, "horizon": self._idle_horizon}).scalar())
+        rows = self.claim_conn.execute(self.q.exists_due_jobs, {
+            "queues": self.queues, "horizon": self._idle_horizon})
+        return bool(rows[0][0])
 
     def _housekeeping(self) -> None:
+        """Reaper and pruner (heartbeats have their own thread), and the supervisor check."""
         c = self.config
         now = time.monotonic()
-        next_beat, next_reap, next_prune = now + c.heartbeat_interval, now + 1.0, now + 5.0
+        due = {"reap": now + 1.0, "prune": now + 5.0}
+        services = {"reap": (self.reaper.run_once, c.reap_interval),
+                    "prune": (self.pruner.run_once, c.prune_interval)}
         supervisor = os.environ.get(SUPERVISOR_ENV)
         while not self._stopping.is_set():
-            now = time.monotonic()
             if supervisor and str(os.getppid()) != supervisor and not self._orphaned:
                 self._orphaned = True
                 log_event(WARNING, "the --processes supervisor is gone; shutting down",
                           supervisor_pid=supervisor)
                 self._signalled = signal.SIGTERM  # the claim loop starts a clean shutdown
-            for due, action, interval in (("beat", self.heartbeat.run_once, c.heartbeat_interval),
-                                          ("reap", self.reaper.run_once, c.reap_interval),
-                                          ("prune", self.pruner.run_once, c.prune_interval)):
-                when = {"beat": next_beat, "reap": next_reap, "prune": next_prune}[due]
-                if now < when or (due != "beat" and not c.maintenance):
+            for name, (action, interval) in services.items():
+                if not c.maintenance or time.monotonic() < due[name]:
                     continue
                 try:
                     action()
                 except sa.exc.DBAPIError as exc:
-                    log_event(WARNING, f"{due} failed; will retry", error=_first_line(exc))
+                    log_event(WARNING, f"{name} failed; will retry", error=first_line(exc))
                 except Exception as exc:  # never let housekeeping die silently
-                    log_event(ERROR, f"{due} crashed; will retry", error=repr(exc))
-                nxt = time.monotonic() + interval
-                if due == "beat":
-                    next_beat = nxt
-                elif due == "reap":
-                    next_reap = nxt
-                else:
-                    next_prune = nxt
-            self._stopping.wait(max(0.05, min(next_beat, next_reap, next_prune)
-                                    - time.monotonic()))
+                    log_event(ERROR, f"{name} crashed; will retry", error=repr(exc))
+                due[name] = time.monotonic() + interval
+            self._stopping.wait(max(0.05, min(due.values()) - time.monotonic()))
 
     # -- stopping -----------------------------------------------------------------------------
 
@@ -339,7 +364,6 @@ class Worker:
         self._stopping.set()  # also when run(until_idle=True) returns on its own
         deadline = time.monotonic() + c.shutdown_grace
         while self.executor.in_flight and time.monotonic() < deadline:
-            self.executor.check_timeouts()
             self._wake.wait(0.05)
             self._wake.clear()
         self.completer.flush(max(1.0, deadline - time.monotonic()))
@@ -348,6 +372,7 @@ class Worker:
             self._release(unfinished)
         self.completer.stop(timeout=5.0)
         self.executor.stop()
+        self.heartbeat.stop()
         if self._housekeeper is not None:
             self._housekeeper.join(timeout=5.0)
         if self.listener is not None:
@@ -359,20 +384,12 @@ class Worker:
         self.claim_conn.close()
         self.complete_conn.close()
 
-    def _release(self, claims: list[tuple[int, int]]) -> None:
+    def _release(self, claims: list[Claim]) -> None:
         try:
-            with self.engines["complete"].begin() as conn:
-                rows = conn.execute(self.q.release_jobs, {"ids": [i for i, _ in claims],
-                                                          "attempts": [a for _, a in claims]})
-                released = [r.id for r in rows]
+            rows = self.complete_conn.execute(self.q.release_jobs, {
+                "ids": [i for i, _ in claims], "leases": [lease for _, lease in claims]})
             log_event(WARNING, "released unfinished jobs at shutdown (attempt not counted)",
-                      job_ids=",".join(map(str, released)))
-        except sa.exc.DBAPIError as exc:
+                      job_ids=",".join(str(r[0]) for r in rows))
+        except DB_ERRORS as exc:
             log_event(ERROR, "could not release unfinished jobs; the reaper will requeue them",
-                      error=_first_line(exc))
-
-
-def _first_line(exc: BaseException) -> str:
-    orig: Any = getattr(exc, "orig", None) or exc
-    text = str(orig).strip()
-    return text.splitlines()[0] if text else type(orig).__name__
+                      error=first_line(exc))

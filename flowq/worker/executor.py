@@ -1,14 +1,27 @@
-"""Executor: runs handlers, sync ones on threads and `async def` ones on an event loop it owns.
+"""Executor: runs handlers, sync ones on threads and `async def` ones on an event loop it owns,
+and decides each attempt's outcome.
 
 It turns a claimed job into an outcome: it resolves the task and step from the app (an
 unknown name or a removed step is a failure to retry later, not a crash), builds the
-context, calls the handler, checks the result is JSON and fits the next step, and hands the
-outcome to the completer.
+context, calls the handler, checks the result, and asks the step's retry policy what a
+failure means (retry after how long, or `dead`). The completer only writes what it is given.
 
-Timeouts: a sync handler past its step's `timeout` cannot be killed, so it is abandoned: the
-attempt is failed at once, a replacement thread takes its slot, and whatever the stuck thread
-returns later is discarded (its `ctx.session` writes roll back). Async handlers are
-cancelled by `asyncio.wait_for`.
+Nothing a handler does can take a slot away: any `BaseException` (`SystemExit` and
+`KeyboardInterrupt` included) fails the attempt, an exception whose `__str__` raises is
+described by its type, and a retry policy that raises fails the attempt for good with both
+errors in `last_error`. A result flowq cannot store fails the step for good (`dead`): running
+the handler again would repeat its side effects and return the same value.
+
+Attempts are keyed by their claim, (job id, lease): a job reaped and claimed again by this
+same worker while its old attempt still runs is simply another attempt.
+
+Timeouts: a watchdog thread (every `WATCH_INTERVAL`) fails every attempt past its step's
+`timeout`, sync or async. A sync handler cannot be killed, so it is abandoned: a replacement
+thread takes its slot, and whatever the stuck thread returns later is discarded (its
+`ctx.session` writes roll back). An async handler is cancelled; if it ignores cancellation it
+is abandoned the same way. If the event loop itself is blocked past a deadline (a handler
+calling `time.sleep` inside `async def`), the loop is replaced by a fresh one and the other
+attempts left on the blocked loop are retried at once (the attempt counts against the cap).
 """
 
 from __future__ import annotations
@@ -18,20 +31,22 @@ import json
 import queue
 import threading
 import time
-import traceback
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Final
 
 from flowq.app import FlowQ, Pipeline, Step
 from flowq.context import Context, StepSession
 from flowq.errors import CancelRun, InvalidArgumentsError, RetryStep, UnknownTaskError
 from flowq.jsonargs import JSONError, dumps_checked
+from flowq.retry import Retry
+from flowq.storable import delay_of, describe, first_line, safe_str, storable_text
 from flowq.worker.completer import Completer
-from flowq.worker.logs import log_event
+from flowq.worker.logs import ERROR, WARNING, log_event
 from flowq.worker.model import (
     Cancelled,
+    Claim,
     ClaimedJob,
     Failed,
     NextStep,
@@ -40,9 +55,17 @@ from flowq.worker.model import (
     Succeeded,
 )
 
-__all__ = ["Executor", "StepTimeout"]
+__all__ = ["Executor", "InvalidResultError", "StepTimeout"]
 
-WARNING = 30
+# How often the watchdog looks for attempts past their deadline: a timeout fires this late
+# at most.
+WATCH_INTERVAL: Final = 0.1
+# The event loop schedules a tick this often; a loop whose last tick is older than
+# LOOP_STALL when one of its attempts passes its deadline is blocked, and is replaced.
+LOOP_TICK: Final = 0.1
+LOOP_STALL: Final = 1.0
+_DEFAULT_RETRY: Final = Retry()
+SUMMARY_CHARS: Final = 300  # of an error, in log lines (last_error keeps MAX_TEXT_CHARS)
 
 
 class StepTimeout(Exception):
@@ -54,31 +77,35 @@ class InvalidResultError(Exception):
 
 
 @dataclass(eq=False)
+class _Loop:
+    """An event loop on its own thread, with the time of its last tick (to tell it is blocked)."""
+
+    loop: asyncio.AbstractEventLoop
+    thread: threading.Thread
+    last_tick: float = field(default_factory=time.monotonic)
+
+    def tick(self) -> None:
+        self.last_tick = time.monotonic()
+        self.loop.call_later(LOOP_TICK, self.tick)
+
+    def blocked(self, now: float) -> bool:
+        return now - self.last_tick > LOOP_STALL
+
+
+@dataclass(eq=False)
 class _Running:
     job: ClaimedJob
     started: float
     deadline: float | None
-    resolved: tuple[Pipeline, Step[Any, Any]] | Failed  # resolved once, at submit
+    resolved: tuple[Pipeline, Step[Any, Any]] | Exception  # resolved once, at submit
     lock: threading.Lock = field(default_factory=threading.Lock)
     done: bool = False  # set once, by whoever finishes first: the handler or the watchdog
+    loop: _Loop | None = None  # async attempts: the loop running them
+    future: Future[None] | None = None
 
-
-def _format_error(exc: BaseException) -> str:
-    """`Type: message` first (what `last_error` is read for), then the traceback."""
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).strip()
-    return f"{type(exc).__name__}: {exc}\n\n{tb}"
-
-
-def _delay_of(after: float | timedelta | datetime | None) -> float:
-    if after is None:
-        return 0.0
-    if isinstance(after, timedelta):
-        return max(0.0, after.total_seconds())
-    if isinstance(after, datetime):
-        now = datetime.now(timezone.utc)
-        aware = after if after.tzinfo else after.replace(tzinfo=timezone.utc)
-        return max(0.0, (aware - now).total_seconds())
-    return max(0.0, float(after))
+    @property
+    def step(self) -> Step[Any, Any] | None:
+        return self.resolved[1] if isinstance(self.resolved, tuple) else None
 
 
 class Executor:
@@ -93,50 +120,60 @@ class Executor:
         self.session_factory = session_factory
         self.on_slot_free = on_slot_free
         self._work: queue.SimpleQueue[_Running | None] = queue.SimpleQueue()
-        self._running: dict[int, _Running] = {}
+        self._running: dict[Claim, _Running] = {}
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: threading.Thread | None = None
+        self._loop: _Loop | None = None
+        self._stopping = threading.Event()
+        self._watchdog: threading.Thread | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
         for _ in range(self.concurrency):
             self._spawn()
+        self._watchdog = threading.Thread(target=self._watch, name="flowq-watchdog",
+                                          daemon=True)
+        self._watchdog.start()
 
     def _spawn(self) -> None:
         t = threading.Thread(target=self._thread_main, name="flowq-handler", daemon=True)
         self._threads.append(t)
         t.start()
 
-    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
-        if self._loop is None:
-            loop = asyncio.new_event_loop()
-            t = threading.Thread(target=loop.run_forever, name="flowq-asyncio", daemon=True)
-            t.start()
-            self._loop, self._loop_thread = loop, t
-        return self._loop
+    def _ensure_loop(self) -> _Loop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                t = threading.Thread(target=loop.run_forever, name="flowq-asyncio",
+                                     daemon=True)
+                self._loop = _Loop(loop, t)
+                loop.call_soon_threadsafe(self._loop.tick)
+                t.start()
+            return self._loop
 
     def stop(self) -> None:
+        self._stopping.set()
         for _ in self._threads:
             self._work.put(None)
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop.loop.call_soon_threadsafe(self._loop.loop.stop)
+        if self._watchdog is not None:
+            self._watchdog.join(timeout=2.0)
 
     @property
     def in_flight(self) -> int:
         with self._lock:
             return len(self._running)
 
-    def running_claims(self) -> list[tuple[int, int]]:
+    def running_claims(self) -> list[Claim]:
         with self._lock:
-            return [(r.job.id, r.job.attempts) for r in self._running.values()]
+            return list(self._running)
 
-    def unsettled_claims(self) -> list[tuple[int, int]]:
+    def unsettled_claims(self) -> list[Claim]:
         """The claims whose handler has not finished (nor been abandoned) yet."""
         with self._lock:
-            return [(r.job.id, r.job.attempts) for r in self._running.values() if not r.done]
+            return [c for c, r in self._running.items() if not r.done]
 
     # -- dispatch ---------------------------------------------------------------------------
 
@@ -146,138 +183,220 @@ class Executor:
         now = time.monotonic()
         rec = _Running(job, now, now + timeout if timeout else None, resolved)
         with self._lock:
-            self._running[job.id] = rec
+            self._running[job.claim] = rec
         if isinstance(resolved, tuple) and resolved[1].is_async:
-            rec.deadline = None  # asyncio.wait_for enforces it
-            asyncio.run_coroutine_threadsafe(self._run_async(rec, *resolved), self._ensure_loop())
+            rec.loop = self._ensure_loop()
+            rec.future = asyncio.run_coroutine_threadsafe(self._run_async(rec, *resolved),
+                                                          rec.loop.loop)
         else:
             self._work.put(rec)
 
+    def _watch(self) -> None:
+        while not self._stopping.wait(WATCH_INTERVAL):
+            try:
+                self.check_timeouts()
+            except Exception as exc:  # a bug here must not end the watching
+                log_event(ERROR, "timeout watchdog crashed; continuing", error=repr(exc))
+
     def check_timeouts(self) -> int:
-        """Fail every sync handler past its deadline; returns how many were abandoned."""
+        """Fail every attempt past its deadline; returns how many were abandoned."""
         now = time.monotonic()
         with self._lock:
-            late = [r for r in self._running.values() if r.deadline and r.deadline <= now]
+            late = [r for r in self._running.values()
+                    if r.deadline is not None and r.deadline <= now and not r.done]
         abandoned = 0
+        blocked: set[_Loop] = set()
         for rec in late:
-            with rec.lock:
-                if rec.done:
-                    continue
-                rec.done = True
-            abandoned += 1
-            duration = now - rec.started
+            assert rec.deadline is not None
             exc = StepTimeout(f"step {rec.job.step!r} of {rec.job.task!r} exceeded its timeout "
-                              f"of {rec.deadline - rec.started:.1f}s" if rec.deadline else "")
-            policy = rec.resolved[1].retry if isinstance(rec.resolved, tuple) else None
-            self.completer.submit(rec.job, Failed(exc, f"StepTimeout: {exc}", retry=policy),
-                                  duration)
-            self._spawn()  # the stuck thread keeps its OS thread; the slot gets a new one
-            self._finish_slot(rec)
+                              f"of {rec.deadline - rec.started:.1f}s")
+            if self._abandon(rec, self._failure(rec, exc, now - rec.started)):
+                abandoned += 1
+                if rec.loop is not None and rec.loop.blocked(now):
+                    blocked.add(rec.loop)
+        for stuck in blocked:
+            self._replace_loop(stuck, now)
         return abandoned
+
+    def _abandon(self, rec: _Running, outcome: Outcome) -> bool:
+        """Settle `rec` from outside its handler (the watchdog); False if it had settled."""
+        with rec.lock:
+            if rec.done:
+                return False
+            rec.done = True
+        self.completer.submit(rec.job, outcome, time.monotonic() - rec.started)
+        if rec.future is not None:
+            rec.future.cancel()  # thread-safe: cancels the task on its loop
+        else:
+            self._spawn()  # the stuck thread keeps its OS thread; the slot gets a new one
+        self._finish_slot(rec)
+        return True
+
+    def _replace_loop(self, stuck: _Loop, now: float) -> None:
+        with self._lock:
+            if self._loop is stuck:
+                self._loop = None  # the next async attempt starts a fresh loop
+            left = [r for r in self._running.values() if r.loop is stuck and not r.done]
+        stuck.loop.call_soon_threadsafe(stuck.loop.stop)  # if it ever unblocks
+        log_event(ERROR, "event loop blocked by a handler past its deadline; replaced by a "
+                  "fresh loop", blocked_s=round(now - stuck.last_tick, 1),
+                  retried_job_ids=",".join(str(r.job.id) for r in left))
+        for rec in left:
+            self._abandon(rec, Retried(0.0, "EventLoopBlocked: another handler blocked the "
+                                            "event loop this attempt ran on"))
 
     def _finish_slot(self, rec: _Running) -> None:
         with self._lock:
-            self._running.pop(rec.job.id, None)
+            self._running.pop(rec.job.claim, None)
             in_flight = len(self._running)
-        self.on_slot_free(in_flight)
+        try:
+            self.on_slot_free(in_flight)
+        except Exception as exc:
+            log_event(ERROR, "slot callback crashed", error=repr(exc))
 
-    # -- running a handler ------------------------------------------------------------------
+    # -- deciding outcomes ------------------------------------------------------------------
 
-    def _resolve(self, job: ClaimedJob) -> tuple[Pipeline, Step[Any, Any]] | Failed:
+    def _resolve(self, job: ClaimedJob) -> tuple[Pipeline, Step[Any, Any]] | Exception:
         pipeline = self.app.get(job.task)
         if pipeline is None:
-            exc: Exception = UnknownTaskError(
+            return UnknownTaskError(
                 f"no task or pipeline named {job.task!r} is registered in this worker's app "
                 "(enqueued by a newer producer, or renamed?); it will be retried")
-            return Failed(exc, f"UnknownTaskError: {exc}")
         step = pipeline.step_named(job.step) if job.step else pipeline.first
         if step is None:
-            exc = UnknownTaskError(
+            return UnknownTaskError(
                 f"pipeline {job.task!r} has no step named {job.step!r} (removed or renamed in "
                 "a deploy?); it will be retried")
-            return Failed(exc, f"UnknownTaskError: {exc}")
         return pipeline, step
 
-    def _prepare(self, rec: _Running, pipeline: Pipeline, step: Step[Any, Any]
-                 ) -> tuple[Context, dict[str, Any]] | Failed:
+    def _failure(self, rec: _Running, exc: BaseException, duration: float, *,
+                 permanent: bool = False) -> Failed:
+        """The outcome of a failed attempt: when to retry it by its step's policy, or dead."""
+        job, text = rec.job, describe(exc)
+        summary = first_line(text)[:SUMMARY_CHARS]
+        if permanent:
+            return Failed(text, None, summary)
+        step = rec.step
+        policy = step.retry if step is not None else None
+        try:
+            if policy is not None:
+                # The step's policy knows its own cap; the row's copy may be stale (enqueued by
+                # name without the definition, or the policy changed in a deploy).
+                delay = policy.next_delay(job.attempts, exc, job.age + duration)
+            elif job.attempts < job.max_attempts:
+                delay = _DEFAULT_RETRY.next_delay(job.attempts, exc, job.age + duration)
+            else:
+                delay = None
+        except BaseException as policy_error:  # a predicate like `e.code >= 500` on a ValueError
+            text = storable_text(f"{text}\n\nThe step's retry policy raised while judging this "
+                                 f"failure, so it is not retried:\n{describe(policy_error)}")
+            return Failed(text, None, summary)
+        return Failed(text, delay, summary)
+
+    def _prepare(self, rec: _Running, step: Step[Any, Any]) -> tuple[Context, dict[str, Any]]:
         job = rec.job
         try:
             args = json.loads(job.args)
             if not isinstance(args, dict):
                 raise InvalidArgumentsError("the stored arguments are not a JSON object")
             step.check_arguments(args, what=f"stored arguments of job {job.id}")
-        except (InvalidArgumentsError, ValueError) as exc:
-            return Failed(exc, _format_error(exc), retry=step.retry)
+        except ValueError as exc:
+            raise InvalidArgumentsError(f"job {job.id}: {exc}") from None
         ctx = Context(job_id=job.id, run_id=job.run_id, task=job.task, step=step.name,
                       attempt=job.attempts, queue=job.queue,
                       _session_factory=self.session_factory)
         return ctx, args
 
-    def _outcome_of_result(self, pipeline: Pipeline, step: Step[Any, Any],
-                           result: Any) -> Outcome:
+    def _outcome_of_result(self, rec: _Running, pipeline: Pipeline, step: Step[Any, Any],
+                           result: Any, duration: float) -> Outcome:
         nxt = pipeline.next_after(step)
         try:
             text = dumps_checked(result, "the result")
         except JSONError as exc:
-            err = InvalidResultError(f"step {step.name!r} returned a value flowq cannot store: "
+            err = InvalidResultError(f"step {step.name!r} returned a value flowq cannot store "
+                                     f"(not retried: it would run again and return the same): "
                                      f"{exc}")
-            return Failed(err, f"InvalidResultError: {err}", retry=step.retry)
+            return self._failure(rec, err, duration, permanent=True)
         if nxt is None:
             return Succeeded(text)
         if result is not None and not isinstance(result, dict):
             err = InvalidResultError(
                 f"step {step.name!r} returned a {type(result).__name__}, but a step followed by "
                 f"{nxt.name!r} must return a dict (its keyword arguments) or None")
-            return Failed(err, f"InvalidResultError: {err}", permanent=True)
+            return self._failure(rec, err, duration, permanent=True)
         try:
             nxt.check_arguments(result or {}, what=f"the result of step {step.name!r}")
         except InvalidArgumentsError as exc:
-            return Failed(exc, f"InvalidResultError: {exc}", permanent=True)
-        return Succeeded(text, NextStep(nxt, pipeline.name, dumps_checked(result or {}, "r")))
+            return self._failure(rec, InvalidResultError(safe_str(exc)), duration,
+                                 permanent=True)
+        return Succeeded(text, NextStep(nxt, pipeline.name, text if result else "{}"))
 
-    def _exception_outcome(self, exc: BaseException, step: Step[Any, Any]) -> Outcome:
+    def _exception_outcome(self, rec: _Running, exc: BaseException, duration: float) -> Outcome:
         if isinstance(exc, RetryStep):
-            return Retried(_delay_of(exc.after), exc.reason)
+            try:
+                delay = delay_of(exc.after)
+            except ValueError as bad:
+                return self._failure(rec, bad, duration)
+            reason = storable_text(exc.reason or "retry requested by the handler")
+            step = rec.step
+            cap = step.retry.attempt_cap if step is not None else rec.job.max_attempts
+            if rec.job.attempts >= cap:
+                return Failed(f"RetryStep: {reason} (the attempt cap of {cap} is reached)",
+                              None, f"RetryStep: {first_line(reason)[:SUMMARY_CHARS]}")
+            return Retried(delay, reason)
         if isinstance(exc, CancelRun):
-            return Cancelled(exc.reason or "cancelled by the handler")
-        return Failed(exc, _format_error(exc), retry=step.retry)
+            return Cancelled(storable_text(exc.reason or "cancelled by the handler"))
+        return self._failure(rec, exc, duration)
+
+    # -- running a handler ------------------------------------------------------------------
 
     def _thread_main(self) -> None:
         while True:
             rec = self._work.get()
             if rec is None:
                 return
-            resolved = rec.resolved
-            if isinstance(resolved, Failed):
-                self._settle(rec, None, resolved)
-                continue
-            pipeline, step = resolved
-            prepared = self._prepare(rec, pipeline, step)
-            if isinstance(prepared, Failed):
-                self._settle(rec, None, prepared)
-                continue
-            ctx, args = prepared
             try:
-                outcome = self._outcome_of_result(pipeline, step, step.fn(ctx, **args))
-            except BaseException as exc:  # handlers may raise anything; the worker survives
-                outcome = self._exception_outcome(exc, step)
+                outcome, ctx = self._run_sync(rec)
+            except BaseException as exc:  # a flowq bug: the attempt fails, the thread lives
+                log_event(ERROR, "handler thread crashed; the attempt fails", job_id=rec.job.id,
+                          error=first_line(describe(exc)))
+                text = describe(exc)
+                outcome, ctx = Failed(text, None, first_line(text)[:SUMMARY_CHARS]), None
             if not self._settle(rec, ctx, outcome):
                 return  # abandoned after a timeout: a replacement thread holds the slot
 
-    async def _run_async(self, rec: _Running, pipeline: Pipeline, step: Step[Any, Any]) -> None:
-        prepared = self._prepare(rec, pipeline, step)
-        if isinstance(prepared, Failed):
-            await asyncio.to_thread(self._settle, rec, None, prepared)
-            return
-        ctx, args = prepared
+    def _run_sync(self, rec: _Running) -> tuple[Outcome, Context | None]:
+        if not isinstance(rec.resolved, tuple):
+            return self._failure(rec, rec.resolved, 0.0), None
+        pipeline, step = rec.resolved
         try:
-            result = await asyncio.wait_for(step.fn(ctx, **args), timeout=step.timeout)
-            outcome = self._outcome_of_result(pipeline, step, result)
-        except asyncio.TimeoutError:
-            exc = StepTimeout(f"step {step.name!r} exceeded its timeout of {step.timeout}s")
-            outcome = Failed(exc, f"StepTimeout: {exc}", retry=step.retry)
+            ctx, args = self._prepare(rec, step)
+        except InvalidArgumentsError as exc:
+            return self._failure(rec, exc, 0.0), None
+        try:
+            result = step.fn(ctx, **args)
+        except BaseException as exc:  # handlers may raise anything; the worker survives
+            return self._exception_outcome(rec, exc, time.monotonic() - rec.started), ctx
+        return self._outcome_of_result(rec, pipeline, step, result,
+                                       time.monotonic() - rec.started), ctx
+
+    async def _run_async(self, rec: _Running, pipeline: Pipeline, step: Step[Any, Any]) -> None:
+        ctx: Context | None = None
+        try:
+            ctx, args = self._prepare(rec, step)
+            try:
+                result = await step.fn(ctx, **args)
+            except BaseException as exc:  # CancelledError too: the watchdog settled it
+                outcome = self._exception_outcome(rec, exc, time.monotonic() - rec.started)
+            else:
+                outcome = self._outcome_of_result(rec, pipeline, step, result,
+                                                  time.monotonic() - rec.started)
         except BaseException as exc:
-            outcome = self._exception_outcome(exc, step)
+            outcome = self._failure(rec, exc, time.monotonic() - rec.started)
+        if rec.done:  # abandoned by the watchdog: nothing to write, no thread needed
+            self._settle(rec, ctx, outcome)
+            return
+        # Completion may block on the database: not on the loop, where other handlers run.
         await asyncio.to_thread(self._settle, rec, ctx, outcome)
 
     def _settle(self, rec: _Running, ctx: Context | None, outcome: Outcome) -> bool:
@@ -288,24 +407,31 @@ class Executor:
         session = ctx._session if ctx is not None else None
         try:
             if abandoned:
-                if session is not None:
-                    session.rollback()
-                log_event(WARNING, "late result of a timed-out handler discarded",
+                _quietly(session, "rollback")
+                log_event(WARNING, "late result of an abandoned attempt discarded",
                           job_id=rec.job.id, task=rec.job.task, step=rec.job.step,
                           duration_ms=round(duration * 1000, 2))
                 return False
             if session is not None and isinstance(outcome, Succeeded):
                 try:
                     self.completer.complete_in_session(rec.job, outcome, session, duration)
-                except Exception as exc:
-                    self.completer.submit(rec.job, Failed(exc, _format_error(exc)), duration)
+                except BaseException as exc:  # the handler's writes failed at commit
+                    self.completer.submit(rec.job, self._failure(rec, exc, duration), duration)
             else:
-                if session is not None:
-                    session.rollback()
+                _quietly(session, "rollback")
                 self.completer.submit(rec.job, outcome, duration)
         finally:
-            if session is not None:
-                session.close()
+            _quietly(session, "close")
             if not abandoned:
                 self._finish_slot(rec)
         return True
+
+
+def _quietly(session: StepSession | None, method: str) -> None:
+    """Roll back or close a handler's session; a dead connection must not cost the slot."""
+    if session is None:
+        return
+    try:
+        getattr(session, method)()
+    except Exception as exc:
+        log_event(WARNING, f"ctx.session {method} failed", error=first_line(safe_str(exc)))

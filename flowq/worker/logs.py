@@ -14,8 +14,9 @@ import sys
 import time
 from typing import Any, Literal
 
-__all__ = ["LOGGER_NAME", "configure_logging", "log_event", "logger"]
+__all__ = ["ERROR", "INFO", "LOGGER_NAME", "WARNING", "configure_logging", "log_event", "logger"]
 
+INFO, WARNING, ERROR = logging.INFO, logging.WARNING, logging.ERROR
 LOGGER_NAME = "flowq"
 logger = logging.getLogger(LOGGER_NAME)
 

@@ -1,7 +1,8 @@
 """Maintenance: the heartbeat of this worker's jobs, the reaper and the pruner.
 
 - `Heartbeat` refreshes `heartbeat_at` of every job this worker holds, in one statement,
-  every `interval` (default 5 s). Jobs whose fence no longer matches were taken from us.
+  every `interval` (default 5 s), on its own thread and connection. Jobs whose fence (id,
+  lease) no longer matches were taken from us.
 - `Reaper` requeues running jobs whose heartbeat is older than `stale_after` (default 30 s):
   their worker died. The lost attempt counts, so a job that kills every worker ends `dead`.
   With the defaults, a job whose worker died is running again well within 60 s.
@@ -14,6 +15,7 @@ one pass of each runs at a time. Each has `run_once()` for tests and `flowq reap
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
@@ -22,7 +24,10 @@ import sqlalchemy as sa
 
 from flowq.queries import Queries
 from flowq.schema import notify_channel
-from flowq.worker.logs import log_event
+from flowq.storable import first_line
+from flowq.worker.connection import DB_ERRORS, DedicatedConnection
+from flowq.worker.logs import ERROR, INFO, WARNING, log_event
+from flowq.worker.model import Claim
 
 __all__ = ["DEFAULT_RETENTION", "DEFAULT_STALE_AFTER", "Heartbeat", "Pruner", "Reaper"]
 
@@ -36,40 +41,62 @@ REAP_LIMIT: Final = 1000
 PRUNE_LIMIT: Final = 1000
 PRUNE_MAX_BATCHES: Final = 10
 
-INFO, WARNING, ERROR = 20, 30, 40
-
 
 class Heartbeat:
-    """Refreshes the heartbeats of the claims returned by `claims()`."""
+    """Refreshes the heartbeats of the claims returned by `claims()`, on a thread and a
+    connection of its own: no maintenance statement (a prune waiting on a lock, a slow reap)
+    can delay it past `stale_after` and get this worker's live jobs reaped."""
 
-    def __init__(self, engine: sa.Engine, queries: Queries,
-                 claims: Callable[[], list[tuple[int, int]]],
-                 unsettled: Callable[[], list[tuple[int, int]]] | None = None) -> None:
-        self.engine = engine
+    def __init__(self, conn: DedicatedConnection, queries: Queries,
+                 claims: Callable[[], list[Claim]],
+                 unsettled: Callable[[], list[Claim]] | None = None, *,
+                 interval: float = DEFAULT_HEARTBEAT_INTERVAL) -> None:
+        self.conn = conn
         self.q = queries
         self.claims = claims
         # The claims whose handler is still running (default: `claims`). Only those can be
         # reported lost: a claim whose outcome is being written may stop matching the fence
         # because we just completed it ourselves (the completer reports a dropped outcome).
         self.unsettled = unsettled or claims
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def run_once(self) -> list[int]:
         """Beat once; returns the ids that are no longer ours (lost to the reaper)."""
         held = self.claims()
         if not held:
             return []
-        with self.engine.begin() as conn:
-            rows = conn.execute(self.q.heartbeat_jobs, {"ids": [c[0] for c in held],
-                                                        "attempts": [c[1] for c in held]})
-            alive = {r.id for r in rows}
+        rows = self.conn.execute(self.q.heartbeat_jobs, {"ids": [c[0] for c in held],
+                                                         "leases": [c[1] for c in held]})
+        alive = {r[0] for r in rows}
         # A job that completed between reading the claims and the UPDATE no longer matches
         # either: only a claim whose handler still runs after the UPDATE was taken from us.
         running = set(self.unsettled())
-        lost = [i for i, a in held if i not in alive and (i, a) in running]
-        for job_id in lost:
+        lost = [c for c in held if c[0] not in alive and c in running]
+        for job_id, lease in lost:
             log_event(WARNING, "lost the claim on a running job (reaped after a stale "
-                      "heartbeat); its result will be discarded", job_id=job_id)
-        return lost
+                      "heartbeat); its result will be discarded", job_id=job_id, lease=lease)
+        return [c[0] for c in lost]
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="flowq-heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+        self.conn.close()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.run_once()
+            except DB_ERRORS as exc:
+                log_event(WARNING, "heartbeat failed; will retry", error=first_line(exc))
+            except Exception as exc:  # never let the heartbeat die silently
+                log_event(ERROR, "heartbeat crashed; will retry", error=repr(exc))
 
 
 @dataclass

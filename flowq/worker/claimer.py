@@ -1,0 +1,59 @@
+"""Claimer: claims due jobs for the worker's free slots and hands each one on at once.
+
+One `claim_jobs` statement per queue, the queues visited in rotation (the pending index leads
+with the queue, so `queue = ANY(...)` could not use its order across queues), each asking for
+what is still free. Each row is handed to the executor as soon as its statement returns, so
+an error in a later queue's claim drops nothing: the rows already claimed are already
+running. Autocommit on a dedicated connection: each claim is one atomic statement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from flowq.queries import Queries
+from flowq.storable import describe, first_line
+from flowq.worker.connection import DedicatedConnection
+from flowq.worker.logs import ERROR, log_event
+from flowq.worker.model import ClaimedJob
+
+__all__ = ["Claimer"]
+
+
+class Claimer:
+    """Claims up to the free slots, across `queues` in rotation, for worker `name`."""
+
+    def __init__(self, conn: DedicatedConnection, queries: Queries, queues: Sequence[str],
+                 name: str, submit: Callable[[ClaimedJob], None]) -> None:
+        self.conn = conn
+        self.q = queries
+        self.queues = list(queues)
+        self.name = name
+        self.submit = submit
+        self.claimed = 0
+        self._rotation = 0
+
+    def run_once(self, free_slots: int,
+                 submit: Callable[[ClaimedJob], None] | None = None) -> int:
+        """Claim and submit up to `free_slots` jobs; returns how many. A database error is
+        raised after the rows of earlier queues were submitted."""
+        submit = submit or self.submit
+        n = len(self.queues)
+        start, self._rotation = self._rotation, (self._rotation + 1) % n
+        got = 0
+        for i in range(n):
+            want = free_slots - got
+            if want <= 0:
+                break
+            rows = self.conn.execute(self.q.claim_jobs, {
+                "queue": self.queues[(start + i) % n], "limit": want, "worker": self.name})
+            for row in rows:
+                job = ClaimedJob(*row)
+                got += 1
+                self.claimed += 1
+                try:
+                    submit(job)
+                except Exception as exc:  # a bug: the claim runs out and the reaper requeues
+                    log_event(ERROR, "could not start a claimed job", job_id=job.id,
+                              error=first_line(describe(exc)))
+        return got

@@ -1,0 +1,174 @@
+"""Acceptance: what a hostile handler or an unlucky re-claim does to a real `flowq worker`.
+
+Each test runs real worker processes (tests/apps/hostile_app.py) and checks a ledger: the
+well-behaved jobs beside the hostile ones all succeed exactly once, and the worker keeps
+claiming afterwards. Every hostile outcome ends in a state the docs promise, with a
+readable `last_error`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+import flowq
+from flowq.queries import Queries
+from flowq.testing import job_rows, wait_until
+from flowq.worker.maintenance import Reaper
+
+sys.path.insert(0, str(Path(__file__).parent / "apps"))
+import hostile_app as ha
+
+Spawn = Callable[..., Any]
+FAST = ["--heartbeat-interval", "0.3", "--stale-after", "2", "--reap-interval", "0.5",
+        "--poll-interval", "0.3"]
+
+
+@pytest.fixture
+def db(engine: sa.Engine) -> sa.Engine:
+    with engine.begin() as conn:
+        for ddl in ha.ddl():
+            conn.execute(sa.text(ddl))
+    return engine
+
+
+def enqueue(engine: sa.Engine, task: Any, **args: Any) -> int:
+    with engine.begin() as conn:
+        return flowq.enqueue(conn, task, **args).job_id
+
+
+def by_id(engine: sa.Engine) -> dict[int, Any]:
+    return {r.id: r for r in job_rows(engine)}
+
+
+def final(engine: sa.Engine, ids: list[int]) -> bool:
+    rows = by_id(engine)
+    return all(rows[i].status in ("succeeded", "dead", "cancelled") for i in ids)
+
+
+def scalar(engine: sa.Engine, sql: str, **params: Any) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(sa.text(sql), params).scalar()
+
+
+def assert_ledger_exact(engine: sa.Engine, ids: list[int]) -> None:
+    """Each of `ids` succeeded and wrote exactly one ledger row."""
+    with engine.connect() as conn:
+        counts = dict(conn.execute(sa.text(  # type: ignore[arg-type]
+            "SELECT job_id, count(*) FROM ledger GROUP BY job_id")).all())
+    rows = by_id(engine)
+    assert {i: (rows[i].status, counts.get(i, 0)) for i in ids} == {
+        i: ("succeeded", 1) for i in ids}
+
+
+def test_a_reclaim_by_the_same_worker_is_another_attempt(db: sa.Engine, db_url: str,
+                                                         spawn_worker: Spawn) -> None:
+    """Reaped while its attempt still runs, a job claimed again by the same worker runs as a
+    second attempt; the first attempt's end neither removes it nor lands (issue 9, #1)."""
+    worker = spawn_worker("hostile_app:app", db_url, "-c", "2", "--heartbeat-interval", "1",
+                          "--stale-after", "3", "--reap-interval", "1")
+    job = enqueue(db, ha.slow_record, sleep=8)
+    wait_until(lambda: scalar(db, "SELECT count(*) FROM attempt_log") == 1, timeout=30,
+               message="the first attempt to start")
+    assert Reaper(db, Queries("flowq"), stale_after=0).run_once() == 1  # `flowq reap --stale-after 0`
+    wait_until(lambda: final(db, [job]), timeout=90, message="the job to end")
+    row = by_id(db)[job]
+    assert (row.status, row.attempts) == ("succeeded", 2), row.last_error
+    assert scalar(db, "SELECT count(*) FROM attempt_log") == 2
+    # Only the second attempt's ctx.session writes committed.
+    assert scalar(db, "SELECT array_agg(attempt) FROM ledger") == [2]
+    assert "completion dropped" in worker.log()
+    assert worker.proc.poll() is None
+
+
+def test_hostile_outcomes_never_wedge_the_worker(db: sa.Engine, db_url: str,
+                                                 spawn_worker: Spawn) -> None:
+    """Texts PostgreSQL refuses, delays that name no time, a policy that raises, exceptions
+    that cannot be printed, SystemExit: each ends in a documented state, and the jobs batched
+    beside them are written (issue 9, #2, #3, #10)."""
+    hostile = {name: enqueue(db, getattr(ha, name)) for name in (
+        "unprintable", "nul_error", "surrogate_error", "huge_error", "cancel_nul", "retry_inf",
+        "retry_huge", "policy_raises", "exits", "interrupts", "not_json")}
+    records = [enqueue(db, ha.record, n=i) for i in range(40)]
+    worker = spawn_worker("hostile_app:app", db_url, "-c", "4", *FAST)
+    ends = [i for name, i in hostile.items() if name != "retry_huge"]
+    wait_until(lambda: final(db, ends + records), timeout=90,
+               message="every job but the far retry to end")
+    assert_ledger_exact(db, records)
+    rows = by_id(db)
+
+    def ended(name: str) -> tuple[str, int]:
+        r = rows[hostile[name]]
+        assert "\x00" not in (r.last_error or "")
+        return r.status, r.attempts
+
+    assert ended("unprintable") == ("dead", 2)
+    assert rows[hostile["unprintable"]].last_error.startswith("Unprintable: <Unprintable>")
+    assert ended("nul_error") == ("dead", 2)
+    assert rows[hostile["nul_error"]].last_error.startswith("ValueError: before\\x00after")
+    assert ended("surrogate_error") == ("dead", 2)
+    assert "bad byte: \\udcff" in rows[hostile["surrogate_error"]].last_error
+    assert ended("huge_error") == ("dead", 2)
+    assert len(rows[hostile["huge_error"]].last_error) <= 8000
+    assert ended("cancel_nul") == ("cancelled", 1)
+    assert "reason with a \\x00 inside" in rows[hostile["cancel_nul"]].last_error
+    assert ended("retry_inf") == ("dead", 2)
+    assert "is not a delay" in rows[hostile["retry_inf"]].last_error
+    assert ended("policy_raises") == ("dead", 1)
+    text = rows[hostile["policy_raises"]].last_error
+    assert text.startswith("ValueError: has no .code")
+    assert "retry policy raised" in text and "AttributeError" in text
+    # Not an Exception: tenacity's default predicate does not retry it, and nor does flowq.
+    assert ended("exits") == ("dead", 1)
+    assert rows[hostile["exits"]].last_error.startswith("SystemExit: 3")
+    assert ended("interrupts") == ("dead", 1)
+    assert rows[hostile["interrupts"]].last_error.startswith("KeyboardInterrupt")
+    # A result that cannot be stored is not re-run: it would repeat its side effects.
+    assert ended("not_json") == ("dead", 1)
+    assert "nested" in rows[hostile["not_json"]].last_error
+    assert scalar(db, "SELECT count(*) FROM attempt_log WHERE job_id = :j",
+                  j=hostile["not_json"]) == 1
+    far = rows[hostile["retry_huge"]]
+    assert (far.status, far.attempts) == ("pending", 1)
+    assert scalar(db, "SELECT run_at > now() + interval '300 days' FROM flowq.jobs "
+                      "WHERE id = :j", j=far.id)
+    # Still claiming: nothing is stuck in the completer or holding a slot.
+    more = [enqueue(db, ha.record, n=100 + i) for i in range(10)]
+    wait_until(lambda: final(db, more), timeout=30, message="jobs enqueued afterwards")
+    assert_ledger_exact(db, records + more)
+    assert worker.proc.poll() is None
+
+
+def test_async_timeouts_hold_when_the_coroutine_ignores_them(db: sa.Engine, db_url: str,
+                                                             spawn_worker: Spawn) -> None:
+    """A coroutine that swallows cancellation is abandoned at its deadline; one that blocks the
+    loop gets the loop replaced, and the async jobs beside it still finish (issue 9, #4)."""
+    worker = spawn_worker("hostile_app:app", db_url, "-c", "6", *FAST)
+    stubborn = enqueue(db, ha.ignores_cancel)
+    blocker = enqueue(db, ha.blocks_loop, seconds=3.0)
+    fine = [enqueue(db, ha.async_record, n=i, sleep=0.5) for i in range(4)]
+    wait_until(lambda: final(db, [stubborn, blocker, *fine]), timeout=90,
+               message="the async jobs to end")
+    rows = by_id(db)
+    for job in (stubborn, blocker):
+        assert (rows[job].status, rows[job].attempts) == ("dead", 2)
+        assert rows[job].last_error.startswith("StepTimeout:"), rows[job].last_error
+    assert_ledger_exact(db, fine)
+    more = [enqueue(db, ha.async_record, n=10 + i) for i in range(5)]
+    wait_until(lambda: final(db, more), timeout=30, message="async jobs enqueued afterwards")
+    assert_ledger_exact(db, fine + more)
+    assert worker.proc.poll() is None
+
+
+def test_a_short_retry_runs_long_before_the_next_poll(db: sa.Engine, db_url: str,
+                                                      spawn_worker: Spawn) -> None:
+    """A retry due in 0.2 s runs about then, not at the next poll 60 s later (issue 9, #11)."""
+    spawn_worker("hostile_app:app", db_url, "--poll-interval", "60")
+    job = enqueue(db, ha.retry_soon, after=0.2)
+    wait_until(lambda: final(db, [job]), timeout=20, message="the retried job to succeed")
+    assert (by_id(db)[job].status, by_id(db)[job].attempts) == ("succeeded", 2)

@@ -2,7 +2,8 @@
 
 The async twin of `flowq.session`, with the same statements, validation and guarantees: the
 job is one INSERT in the caller's `AsyncSession`/`AsyncConnection` transaction, and exists
-only if it commits. Only the execution differs, so the preparation is imported from there.
+only if it commits. Only the execution differs, so the preparation, and the sequence of
+statements a keyed enqueue may need (`PreparedCall.statements`), are imported from there.
 
 This module is not imported by `flowq` itself: SQLAlchemy 2.1 no longer depends on greenlet,
 which its asyncio extension needs (`pip install 'flowq[asyncio]'`). Use a psycopg URL with
@@ -58,11 +59,17 @@ async def execute(target: AsyncTarget, call: PreparedCall[T]) -> T:
         if found.scalar() is None:
             raise schema_missing(call.schema)
         migrated_schemas.add(engine, call.schema)
-    try:
-        result = await conn.execute(call.statement, call.params, execution_options=call.options)
-    except sa.exc.ProgrammingError as exc:
-        raise translate_error(exc, engine, call.schema) from None
-    return call.finish(result.one())
+    statements = call.statements()  # the same statements, in the same order, as the sync path
+    statement = next(statements)
+    while True:
+        try:
+            result = await conn.execute(statement, call.params, execution_options=call.options)
+        except sa.exc.ProgrammingError as exc:
+            raise translate_error(exc, engine, call.schema) from None
+        try:
+            statement = statements.send(result.first())
+        except StopIteration as done:
+            return cast(T, done.value)
 
 
 async def enqueue(target: AsyncTarget, task: Pipeline | str, /, *,

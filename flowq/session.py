@@ -8,9 +8,10 @@ its transaction commits, so workers wake exactly for committed jobs. No job data
 the notification.
 
 Arguments are checked before any SQL is sent (JSON only; bound against the handler's
-signature when the definition is known), so a bad call raises a `flowq` error and leaves the
-caller's transaction usable. An `idempotency_key` names the run: a second enqueue with the
-same key returns the existing run (`created=False`), whatever its arguments or state.
+signature when the definition is known; the due time within `MIN_RUN_AT`..`MAX_RUN_AT`), so a
+bad call raises a `flowq` error and leaves the caller's transaction usable. An
+`idempotency_key` names the run: a second enqueue with the same key returns the existing run
+(`created=False`), whatever its arguments or state, without locking it (see `_build_insert`).
 
 The preparation (`prepare_enqueue`, `prepare_enqueue_many`) is shared with the async twin in
 `flowq.aio`; only the few lines that execute differ.
@@ -30,9 +31,9 @@ from __future__ import annotations
 import math
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any, Generic, TypeVar, Union, cast
 
 import psycopg
@@ -47,6 +48,7 @@ from flowq.app import DEFAULT_QUEUE, Pipeline, _validate_name, find_definition, 
 from flowq.db import is_missing_schema_error, raw_sql
 from flowq.errors import (
     ConfigurationError,
+    FlowqError,
     InvalidArgumentsError,
     SchemaMissingError,
     UnknownTaskError,
@@ -61,6 +63,15 @@ MAX_PRIORITY = 32767
 # In UTF-8 bytes: a btree entry must stay well under PostgreSQL's ~2.7 kB limit, or the INSERT
 # would fail inside the caller's transaction instead of being refused up front.
 MAX_KEY_BYTES = 1000
+# The due times accepted (run_at, or the database's now() plus delay): what PostgreSQL's
+# timestamptz and Python's datetime (years 1-9999) can both hold, with two days to spare so
+# that psycopg can read run_at back in any session time zone (an offset is under a day) and
+# a delay checked on this machine's clock still fits on the database's.
+MIN_RUN_AT = datetime(1, 1, 3, tzinfo=timezone.utc)
+MAX_RUN_AT = datetime(9999, 12, 30, tzinfo=timezone.utc)
+# How often a keyed enqueue starts over when the run that beat it to its key was deleted
+# before it could be read (see `PreparedCall.statements`).
+KEY_RACE_ATTEMPTS = 3
 
 T = TypeVar("T")
 Target = Union[sa.Connection, orm.Session, "orm.scoped_session[Any]"]
@@ -83,33 +94,77 @@ class PreparedCall(Generic[T]):
     params: dict[str, Any]
     options: dict[str, Any]
     schema: str
-    finish: Callable[[tuple[Any, ...]], T]  # reads the statement's one result row
+    finish: Callable[[Sequence[Any]], T]  # reads a result row
     direct: bool = False  # may take the psycopg pipeline path (see the module docstring)
+    # A keyed enqueue's read of its key, for when its statement returns no row.
+    lookup: sa.Executable | None = None
+
+    def statements(self) -> Generator[sa.Executable, Sequence[Any] | None, T]:
+        """The statements to send, in turn: send back each one's first row (None if it had
+        none); the generator returns the result. Sync and async execution share it."""
+        for _ in range(KEY_RACE_ATTEMPTS):
+            row = yield self.statement
+            if row is None and self.lookup is not None:
+                # The keyed statement waited for a concurrent inserter of its key, which
+                # committed: that row is newer than the statement's snapshot, so it returned
+                # nothing. Under READ COMMITTED a new statement takes a new snapshot, which
+                # sees it. (Under REPEATABLE READ the INSERT raised a serialization failure.)
+                row = yield self.lookup
+            if row is not None:
+                return self.finish(row)
+            if self.lookup is None:
+                raise AssertionError("an enqueue statement returned no row")
+            # The winner was deleted before we could read it: the key is free, start over.
+        raise FlowqError(
+            f"could not enqueue with idempotency_key {self.params['idempotency_key']!r}: "
+            f"{KEY_RACE_ATTEMPTS} times a concurrent transaction inserted it, then it was "
+            "deleted before it could be read"
+        )
+
+
+_DUE_RANGE = f"between {MIN_RUN_AT.date()} and {MAX_RUN_AT.date()} UTC"
 
 
 def _due_params(run_at: datetime | None, delay: float | timedelta | None) -> dict[str, Any]:
+    """The bind parameters of the due time; a due time the database could not hold (or
+    psycopg not read back) is refused here, since at the server it would abort the caller's
+    transaction, or leave a row that no worker can read."""
     if run_at is not None and delay is not None:
         raise InvalidArgumentsError("pass either run_at or delay, not both")
-    if run_at is not None and (not isinstance(run_at, datetime) or run_at.tzinfo is None
-                               or run_at.utcoffset() is None):
-        raise InvalidArgumentsError(
-            f"run_at must be a timezone-aware datetime (e.g. datetime.now(timezone.utc)), "
-            f"got {run_at!r}"
-        )
+    if run_at is not None:
+        if (not isinstance(run_at, datetime) or run_at.tzinfo is None
+                or run_at.utcoffset() is None):
+            raise InvalidArgumentsError(
+                f"run_at must be a timezone-aware datetime (e.g. datetime.now(timezone.utc)), "
+                f"got {run_at!r}"
+            )
+        # Compared as aware datetimes: no conversion to UTC, which could itself overflow.
+        if not MIN_RUN_AT <= run_at <= MAX_RUN_AT:
+            raise InvalidArgumentsError(f"run_at must be {_DUE_RANGE}, got {run_at!r}")
+        return {"run_at": run_at, "delay": timedelta(0)}
     if delay is None:
-        delay = timedelta(0)
-    elif isinstance(delay, int | float) and not isinstance(delay, bool):
+        return {"run_at": None, "delay": timedelta(0)}
+    if isinstance(delay, int | float) and not isinstance(delay, bool):
         if not math.isfinite(delay):
             raise InvalidArgumentsError(f"delay must be a finite number of seconds, got {delay!r}")
         try:
-            delay = timedelta(seconds=delay)
+            interval = timedelta(seconds=delay)
         except OverflowError:
-            raise InvalidArgumentsError(f"delay of {delay!r} seconds is too large") from None
-    elif not isinstance(delay, timedelta):
+            interval = timedelta.max if delay > 0 else timedelta.min  # refused just below
+    elif isinstance(delay, timedelta):
+        interval = delay
+    else:
         raise InvalidArgumentsError(
             f"delay must be seconds (a number) or a timedelta, got {delay!r}"
         )
-    return {"run_at": run_at, "delay": delay}
+    # A negative delay is due at once (run_at lies in the past), as long as it is in range.
+    if interval:
+        now = datetime.now(timezone.utc)  # the database's clock adds it; the margin covers skew
+        if not MIN_RUN_AT - now <= interval <= MAX_RUN_AT - now:
+            raise InvalidArgumentsError(
+                f"delay must make the job due {_DUE_RANGE}, got {delay!r}"
+            )
+    return {"run_at": None, "delay": interval}
 
 
 def _resolve(task: Pipeline | str, schema: str | None) -> tuple[str, Pipeline | None, str]:
@@ -201,26 +256,56 @@ def _due() -> sa.ColumnElement[Any]:
                             sa.func.now() + sa.bindparam("delay", type_=sa.Interval))
 
 
-def _build_insert() -> sa.Select[Any]:
-    ins = pg_insert(jobs).values(
-        task=sa.bindparam("task"), step=sa.bindparam("step"), queue=sa.bindparam("queue"),
-        priority=sa.bindparam("priority"), max_attempts=sa.bindparam("max_attempts"),
-        args=sa.cast(sa.bindparam("args", type_=sa.Text), JSONB),
-        idempotency_key=sa.bindparam("idempotency_key", type_=sa.Text), run_at=_due(),
-    )
-    # DO UPDATE (not DO NOTHING) so that a concurrent inserter of the same key is waited for
-    # and the surviving row is returned either way; xmax = 0 tells a fresh insert apart.
-    returning = ins.on_conflict_do_update(
+# The columns every enqueued row takes from the call, for INSERT … SELECT (typed, so that
+# the parameters are sent with casts), and the column names they fill, in the same order.
+_CALL_COLUMNS = ("task", "step", "queue", "priority", "max_attempts")
+
+
+def _call_values() -> list[sa.BindParameter[Any]]:
+    return [sa.bindparam("task", type_=sa.Text), sa.bindparam("step", type_=sa.Text),
+            sa.bindparam("queue", type_=sa.Text),
+            sa.bindparam("priority", type_=sa.SmallInteger),
+            sa.bindparam("max_attempts", type_=sa.Integer)]
+
+
+def _build_find_key() -> sa.Select[Any]:
+    """The run holding :idempotency_key, as (id, run_id, created=false): the keyed insert's
+    first read, and its follow-up when that insert returned nothing."""
+    return sa.select(jobs.c.id, jobs.c.run_id, sa.false().label("created")).where(
+        jobs.c.idempotency_key == sa.bindparam("idempotency_key", type_=sa.Text))
+
+
+def _build_insert() -> sa.CompoundSelect[Any]:
+    """The keyed enqueue: the run holding the key, else a new one (with its notification).
+
+    The key is read first, in the statement's snapshot, and the INSERT runs only when
+    nothing was found; so a duplicate touches no row, and takes no lock that a worker's
+    heartbeat of the existing run would wait behind (`ON CONFLICT DO UPDATE` did). Under
+    REPEATABLE READ an old key is found in the snapshot even if a worker updated its row
+    since, where any ON CONFLICT arbitration would raise a serialization failure (the
+    newest version of the row is invisible to the snapshot).
+
+    `DO NOTHING` remains for a key inserted concurrently: PostgreSQL makes the INSERT wait
+    for that transaction. If it rolls back, ours goes in; if it commits, the statement
+    returns no row (the winner is newer than its snapshot) and `lookup` reads it.
+    """
+    found = _build_find_key().cte("existing")
+    source = sa.select(
+        *_call_values(), sa.cast(sa.bindparam("args", type_=sa.Text), JSONB),
+        sa.bindparam("idempotency_key", type_=sa.Text), _due(),
+    ).where(~sa.exists().select_from(found))
+    inserted = pg_insert(jobs).from_select(
+        [*_CALL_COLUMNS, "args", "idempotency_key", "run_at"], source,
+    ).on_conflict_do_nothing(
         index_elements=[jobs.c.idempotency_key],
         index_where=jobs.c.idempotency_key.isnot(None),
-        set_={"idempotency_key": ins.excluded.idempotency_key},
-    ).returning(jobs.c.id, jobs.c.run_id, jobs.c.queue,
-                sa.literal_column("xmax = 0", sa.Boolean).label("created"))
-    inserted = returning.cte("inserted")
+    ).returning(jobs.c.id, jobs.c.run_id, jobs.c.queue).cte("inserted")
     # Only a new run wakes workers: a matched key has nothing new to claim.
-    notify = sa.case((inserted.c.created,
-                      sa.func.pg_notify(sa.bindparam("channel"), inserted.c.queue)))
-    return sa.select(inserted.c.id, inserted.c.run_id, inserted.c.created, notify)
+    return sa.union_all(
+        sa.select(inserted.c.id, inserted.c.run_id, sa.true().label("created"),
+                  sa.func.pg_notify(sa.bindparam("channel"), inserted.c.queue)),
+        sa.select(found.c.id, found.c.run_id, found.c.created, sa.null()),
+    )
 
 
 def _build_plain_insert() -> sa.Insert:
@@ -237,13 +322,9 @@ def _build_plain_insert() -> sa.Insert:
 def _build_insert_many() -> sa.Select[Any]:
     rows = sa.func.unnest(sa.cast(sa.bindparam("args", type_=ARRAY(sa.Text)), ARRAY(JSONB))
                           ).table_valued("value", with_ordinality="n").render_derived()
-    source = sa.select(
-        sa.bindparam("task", type_=sa.Text), sa.bindparam("step", type_=sa.Text),
-        sa.bindparam("queue", type_=sa.Text), sa.bindparam("priority", type_=sa.SmallInteger),
-        sa.bindparam("max_attempts", type_=sa.Integer), rows.c.value, _due(),
-    ).order_by(rows.c.n)
+    source = sa.select(*_call_values(), rows.c.value, _due()).order_by(rows.c.n)
     inserted = pg_insert(jobs).from_select(
-        ["task", "step", "queue", "priority", "max_attempts", "args", "run_at"], source
+        [*_CALL_COLUMNS, "args", "run_at"], source
     ).returning(jobs.c.run_id).cte("inserted")
     # run_id comes from a sequence drawn row by row in input order, so sorting by it gives
     # the input order back (RETURNING itself promises no order).
@@ -252,16 +333,17 @@ def _build_insert_many() -> sa.Select[Any]:
 
 
 _INSERT = _build_insert()
+_FIND_KEY = _build_find_key()
 _PLAIN_INSERT = _build_plain_insert()
 _INSERT_MANY = _build_insert_many()
 
 
-def _enqueued(row: tuple[Any, ...]) -> Enqueued:
+def _enqueued(row: Sequence[Any]) -> Enqueued:
     job_id, run_id, created = row[:3]
     return Enqueued(id=run_id, created=bool(created), job_id=job_id)
 
 
-def _run_ids(row: tuple[Any, ...]) -> list[int]:
+def _run_ids(row: Sequence[Any]) -> list[int]:
     return list(row[0])
 
 
@@ -278,7 +360,8 @@ def prepare_enqueue(task: Pipeline | str, args: Mapping[str, Any], *,
     if key is None:
         return PreparedCall(_PLAIN_INSERT, params, _options(schema), schema, _enqueued, True)
     params["idempotency_key"] = key
-    return PreparedCall(_INSERT, params, _options(schema), schema, _enqueued, True)
+    return PreparedCall(_INSERT, params, _options(schema), schema, _enqueued, True,
+                        lookup=_FIND_KEY)
 
 
 def prepare_enqueue_many(task: Pipeline | str, args_list: Iterable[Mapping[str, Any]], *,
@@ -376,9 +459,10 @@ def _own_psycopg(conn: sa.Connection) -> psycopg.Connection[Any] | None:
     return raw if isinstance(raw, psycopg.Connection) else None
 
 
-def _execute_direct(conn: sa.Connection, raw: psycopg.Connection[Any],
-                    call: PreparedCall[T]) -> T:
-    sql = raw_sql(cast(sa.ClauseElement, call.statement), call.schema)
+def _send_direct(conn: sa.Connection, raw: psycopg.Connection[Any], statement: sa.Executable,
+                 call: PreparedCall[Any]) -> tuple[Any, ...] | None:
+    """Send one of `call`'s statements on the psycopg connection itself; its first row."""
+    sql = raw_sql(cast(sa.ClauseElement, statement), call.schema)
     cur = raw.cursor(row_factory=tuple_row)
     try:
         if _PIPELINE and raw.info.transaction_status == TransactionStatus.IDLE:
@@ -386,7 +470,7 @@ def _execute_direct(conn: sa.Connection, raw: psycopg.Connection[Any],
                 cur.execute(sql, call.params)
         else:  # in a transaction already: a pipeline would only add its own overhead
             cur.execute(sql, call.params)
-        row = cur.fetchone()
+        return cur.fetchone()
     except psycopg.Error as exc:
         if raw.broken or raw.closed:
             conn.invalidate(exc)
@@ -396,8 +480,16 @@ def _execute_direct(conn: sa.Connection, raw: psycopg.Connection[Any],
         # The exception SQLAlchemy itself would raise (IntegrityError, OperationalError, ...).
         raise sa.exc.DBAPIError.instance(sql, call.params, exc, psycopg.Error,
                                          dialect=conn.dialect) from exc
-    assert row is not None  # both statements return exactly one row
-    return call.finish(row)
+
+
+def _send(conn: sa.Connection, statement: sa.Executable,
+          call: PreparedCall[Any]) -> sa.Row[Any] | None:
+    """Send one of `call`'s statements through SQLAlchemy; its first row."""
+    try:
+        result = conn.execute(statement, call.params, execution_options=call.options)
+    except sa.exc.ProgrammingError as exc:
+        raise translate_error(exc, conn.engine, call.schema) from None
+    return result.first()
 
 
 def execute(target: Target, call: PreparedCall[T]) -> T:
@@ -408,18 +500,20 @@ def execute(target: Target, call: PreparedCall[T]) -> T:
             raise schema_missing(call.schema)
         migrated_schemas.add(conn.engine, call.schema)
     raw = _own_psycopg(conn) if call.direct else None
-    if raw is not None:
-        if not conn.in_transaction():
-            # What SQLAlchemy's own execute would do (autobegin): without it, the caller's
-            # `conn.commit()` would see no transaction and do nothing, and the job would be
-            # rolled back when the connection goes back to the pool.
-            conn.begin()
-        return _execute_direct(conn, raw, call)
-    try:
-        result = conn.execute(call.statement, call.params, execution_options=call.options)
-    except sa.exc.ProgrammingError as exc:
-        raise translate_error(exc, conn.engine, call.schema) from None
-    return call.finish(result.one())
+    if raw is not None and not conn.in_transaction():
+        # What SQLAlchemy's own execute would do (autobegin): without it, the caller's
+        # `conn.commit()` would see no transaction and do nothing, and the job would be
+        # rolled back when the connection goes back to the pool.
+        conn.begin()
+    statements = call.statements()
+    statement = next(statements)
+    while True:
+        row = _send(conn, statement, call) if raw is None else _send_direct(
+            conn, raw, statement, call)
+        try:
+            statement = statements.send(row)
+        except StopIteration as done:
+            return cast(T, done.value)
 
 
 def enqueue(target: Target, task: Pipeline | str, /, *, idempotency_key: str | None = None,

@@ -6,6 +6,7 @@ import asyncio
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
 import pytest
@@ -116,6 +117,27 @@ def test_bad_input_leaves_the_async_transaction_usable(db_url: str, engine: sa.E
 
     run(db_url, go)
     assert [r.task for r in _rows(engine)] == ["after"]
+
+
+@pytest.mark.parametrize("options", [
+    {"delay": 8e13}, {"delay": timedelta.max}, {"delay": timedelta.min},
+    {"run_at": datetime.max.replace(tzinfo=timezone.utc)},
+    {"run_at": datetime(9999, 12, 31, 23, tzinfo=timezone(timedelta(hours=-5)))},
+])
+def test_a_due_time_out_of_range_leaves_the_async_transaction_usable(
+        db_url: str, engine: sa.Engine, options: dict[str, Any]) -> None:
+    async def go(aengine: AsyncEngine) -> None:
+        async with async_sessionmaker(aengine, class_=AsyncSession)() as s:
+            await s.enqueue("before")
+            with pytest.raises(flowq.InvalidArgumentsError, match=r"run_at|delay"):
+                await s.enqueue("t", **options)
+            with pytest.raises(flowq.InvalidArgumentsError, match=r"run_at|delay"):
+                await enqueue_many(s, "t", [{}], **options)
+            await s.enqueue("after")
+            await s.commit()
+
+    run(db_url, go)
+    assert [r.task for r in _rows(engine)] == ["before", "after"]
 
 
 def test_missing_schema_in_async(empty_db_url: str) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
@@ -15,6 +14,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, scoped_session, sessionmaker
 
 import flowq
+from flowq.session import MAX_RUN_AT, MIN_RUN_AT
 
 MARKER = "__test_marker__"
 
@@ -240,13 +240,33 @@ def test_no_delay_means_due_now(Session: sessionmaker[flowq.Session]) -> None:
         s.rollback()
 
 
-@pytest.mark.parametrize(("options", "fragment"), [
+# A due time PostgreSQL could not compute or store, or psycopg could not read back as a
+# datetime: each used to reach the server and abort the caller's transaction (or, accepted,
+# left a row nobody could read).
+BAD_DUE_TIMES: list[tuple[dict[str, Any], str]] = [
+    ({"delay": 8e13}, "delay"),
+    ({"delay": -8e13}, "delay"),
+    ({"delay": 1e30}, "delay"),
+    ({"delay": -1e30}, "delay"),
+    ({"delay": float("inf")}, "delay"),
+    ({"delay": float("nan")}, "delay"),
+    ({"delay": timedelta.max}, "delay"),
+    ({"delay": timedelta.min}, "delay"),
+    ({"delay": timedelta(days=365 * 8000)}, "delay"),
+    ({"delay": True}, "delay"),
+    ({"delay": "5"}, "delay"),
     ({"run_at": datetime(2030, 1, 1)}, "run_at"),  # naive
+    ({"run_at": datetime.max.replace(tzinfo=timezone.utc)}, "run_at"),
+    ({"run_at": datetime.min.replace(tzinfo=timezone.utc)}, "run_at"),
+    # Year 9999 in New York is year 10000 in UTC: it overflows when converted.
+    ({"run_at": datetime(9999, 12, 31, 23, tzinfo=timezone(timedelta(hours=-5)))}, "run_at"),
+]
+
+
+@pytest.mark.parametrize(("options", "fragment"), [
+    *BAD_DUE_TIMES,
     ({"run_at": "2030-01-01T00:00:00Z"}, "run_at"),
     ({"run_at": datetime.now(timezone.utc), "delay": 5}, "run_at or delay"),
-    ({"delay": "5"}, "delay"),
-    ({"delay": float("nan")}, "delay"),
-    ({"delay": 1e30}, "delay"),
     ({"priority": 40000}, "priority"),
     ({"priority": "high"}, "priority"),
     ({"idempotency_key": ""}, "idempotency_key"),
@@ -258,6 +278,33 @@ def test_bad_options_are_refused(Session: sessionmaker[flowq.Session], engine: s
                                  options: dict[str, Any], fragment: str) -> None:
     _assert_refused(Session, engine, lambda s: s.enqueue("t", **options),
                     flowq.InvalidArgumentsError, fragment)
+
+
+@pytest.mark.parametrize(("options", "fragment"), BAD_DUE_TIMES)
+def test_bad_due_times_are_refused_by_enqueue_many(
+        Session: sessionmaker[flowq.Session], engine: sa.Engine, options: dict[str, Any],
+        fragment: str) -> None:
+    _assert_refused(Session, engine, lambda s: s.enqueue_many("t", [{}], **options),
+                    flowq.InvalidArgumentsError, fragment)
+
+
+@pytest.mark.parametrize("time_zone", ["UTC", "Pacific/Kiritimati", "Etc/GMT+12"])
+def test_the_extreme_due_times_accepted_read_back_in_any_time_zone(
+        Session: sessionmaker[flowq.Session], time_zone: str) -> None:
+    latest = MAX_RUN_AT
+    with Session() as s:
+        s.execute(sa.text("SELECT set_config('TimeZone', :tz, true)"), {"tz": time_zone})
+        s.enqueue("latest", run_at=latest)
+        s.enqueue("earliest", run_at=MIN_RUN_AT)
+        s.enqueue("long_ago", delay=-1e10)  # a negative delay is due at once, as before
+        s.enqueue_many("latest_many", [{}], delay=latest - datetime.now(timezone.utc)
+                       - timedelta(hours=1))
+        run_at = dict(s.execute(sa.text("SELECT task, run_at FROM flowq.jobs")).all())
+        s.commit()
+    assert run_at["latest"] == latest
+    assert run_at["earliest"] == MIN_RUN_AT
+    assert run_at["long_ago"] < datetime.now(timezone.utc) - timedelta(days=365 * 300)
+    assert run_at["latest_many"] > latest - timedelta(days=1)
 
 
 # -- bulk -----------------------------------------------------------------------------------
@@ -329,75 +376,8 @@ def test_idempotency_key_in_the_same_transaction(Session: sessionmaker[flowq.Ses
     assert len(_rows(engine)) == 1
 
 
-def _waiting_on_locks(engine: sa.Engine) -> int:
-    with engine.connect() as c:
-        return int(c.execute(sa.text(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND wait_event_type = 'Lock'")).scalar_one())
-
-
-def _wait_until(condition: Callable[[], bool], deadline: float = 30.0) -> None:
-    end = time.monotonic() + deadline
-    while not condition():
-        if time.monotonic() > end:
-            raise AssertionError("condition not reached before the deadline")
-        time.sleep(0.01)
-
-
-def test_idempotency_under_50_concurrent_enqueuers_with_rollbacks(engine: sa.Engine) -> None:
-    """One run survives; every committer gets its id; nobody sees a unique violation."""
-    n = 50
-    Session = sessionmaker(engine, class_=flowq.Session)
-    first_inserted = threading.Event()
-    go = threading.Event()
-    results: dict[int, tuple[str, flowq.Enqueued]] = {}
-    errors: list[BaseException] = []
-
-    def first() -> None:
-        try:
-            with Session() as s:
-                run = s.enqueue("charge", idempotency_key="concurrent", who=0)
-                assert run.created
-                first_inserted.set()
-                # Hold the insert open until the others queue up behind it, then roll back.
-                _wait_until(lambda: _waiting_on_locks(engine) >= n - 1)
-                s.rollback()
-                results[0] = ("rolled back", run)
-        except BaseException as exc:  # reported below, with the thread's context
-            errors.append(exc)
-            first_inserted.set()
-
-    def other(i: int) -> None:
-        try:
-            go.wait(30)
-            with Session() as s:
-                run = s.enqueue("charge", idempotency_key="concurrent", who=i)
-                if i % 4 == 0:  # some of the others roll back too, after they returned
-                    s.rollback()
-                    results[i] = ("rolled back", run)
-                else:
-                    s.commit()
-                    results[i] = ("committed", run)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=first)]
-    threads += [threading.Thread(target=other, args=(i,)) for i in range(1, n)]
-    threads[0].start()
-    assert first_inserted.wait(30)
-    for t in threads[1:]:
-        t.start()
-    go.set()
-    for t in threads:
-        t.join(120)
-    assert not any(t.is_alive() for t in threads)
-    assert errors == []
-    committed = {run.id for outcome, run in results.values() if outcome == "committed"}
-    assert len(committed) == 1
-    rows = _rows(engine)
-    assert len(rows) == 1
-    assert rows[0].run_id in committed
-    assert results[0][1].id != rows[0].run_id  # the first inserter's run is gone
+# Under concurrency (who waits for whom, REPEATABLE READ, no lock on the existing run):
+# tests/test_enqueue_idempotency.py.
 
 
 # -- bad input: refused up front, nothing left behind, transaction still usable -------------

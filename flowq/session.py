@@ -39,13 +39,13 @@ from typing import Any, Generic, TypeVar, Union, cast
 import psycopg
 import sqlalchemy as sa
 from psycopg.pq import TransactionStatus
-from psycopg.rows import tuple_row
 from sqlalchemy import orm
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, aggregate_order_by
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from flowq.app import DEFAULT_QUEUE, Pipeline, _validate_name, find_definition, validate_queue
 from flowq.db import is_missing_schema_error, raw_sql
+from flowq.direct import fetch_rows
 from flowq.errors import (
     ConfigurationError,
     FlowqError,
@@ -462,15 +462,14 @@ def _own_psycopg(conn: sa.Connection) -> psycopg.Connection[Any] | None:
 def _send_direct(conn: sa.Connection, raw: psycopg.Connection[Any], statement: sa.Executable,
                  call: PreparedCall[Any]) -> tuple[Any, ...] | None:
     """Send one of `call`'s statements on the psycopg connection itself; its first row."""
-    sql = raw_sql(cast(sa.ClauseElement, statement), call.schema)
-    cur = raw.cursor(row_factory=tuple_row)
+    clause = cast(sa.ClauseElement, statement)
     try:
-        if _PIPELINE and raw.info.transaction_status == TransactionStatus.IDLE:
-            with raw.pipeline():  # psycopg's BEGIN rides in the same write: no extra round trip
-                cur.execute(sql, call.params)
-        else:  # in a transaction already: a pipeline would only add its own overhead
-            cur.execute(sql, call.params)
-        return cur.fetchone()
+        # Pipelined only when it opens the transaction: psycopg's BEGIN then rides in the same
+        # write (no extra round trip); in a transaction already, a pipeline only adds overhead.
+        rows = fetch_rows(raw, clause, call.params, schema=call.schema, prepare=None,
+                          pipeline=_PIPELINE and raw.info.transaction_status
+                          == TransactionStatus.IDLE)
+        return rows[0] if rows else None
     except psycopg.Error as exc:
         if raw.broken or raw.closed:
             conn.invalidate(exc)
@@ -478,7 +477,8 @@ def _send_direct(conn: sa.Connection, raw: psycopg.Connection[Any], statement: s
             migrated_schemas.discard(conn.engine, call.schema)
             raise schema_missing(call.schema) from None
         # The exception SQLAlchemy itself would raise (IntegrityError, OperationalError, ...).
-        raise sa.exc.DBAPIError.instance(sql, call.params, exc, psycopg.Error,
+        raise sa.exc.DBAPIError.instance(raw_sql(clause, call.schema), call.params, exc,
+                                         psycopg.Error,
                                          dialect=conn.dialect) from exc
 
 

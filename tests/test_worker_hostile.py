@@ -9,6 +9,7 @@ readable `last_error`.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -72,9 +73,12 @@ def test_a_reclaim_by_the_same_worker_is_another_attempt(db: sa.Engine, db_url: 
     second attempt; the first attempt's end neither removes it nor lands (issue 9, #1)."""
     worker = spawn_worker("hostile_app:app", db_url, "-c", "2", "--heartbeat-interval", "1",
                           "--stale-after", "3", "--reap-interval", "1")
-    job = enqueue(db, ha.slow_record, sleep=8)
+    job = enqueue(db, ha.slow_record, sleep=12)
     wait_until(lambda: scalar(db, "SELECT count(*) FROM attempt_log") == 1, timeout=30,
                message="the first attempt to start")
+    # The scenario, not a synchronisation: reap half-way through the first attempt, so that
+    # the second one outlives the first's end by more than --stale-after.
+    time.sleep(6)
     assert Reaper(db, Queries("flowq"), stale_after=0).run_once() == 1  # `flowq reap --stale-after 0`
     wait_until(lambda: final(db, [job]), timeout=90, message="the job to end")
     row = by_id(db)[job]

@@ -32,11 +32,11 @@ from typing import Any, Final
 
 import psycopg
 import sqlalchemy as sa
-from psycopg.rows import tuple_row
 from sqlalchemy.engine import URL
 from sqlalchemy.sql.elements import TextClause
 
 from flowq.db import raw_sql
+from flowq.direct import fetch_rows
 
 __all__ = ["DB_ERRORS", "HOT_PATH_OPTIONS", "MAINTENANCE_OPTIONS", "PLANNER_OPTIONS",
            "DedicatedConnection", "fetch_rows", "heartbeat_options", "raw_sql"]
@@ -59,15 +59,6 @@ def heartbeat_options(interval: float) -> str:
     rows) is cancelled after one interval and sent again, rather than silencing every
     other claim's heartbeat until the reaper takes them all."""
     return HOT_PATH_OPTIONS + f" -c statement_timeout={max(1000, int(interval * 1000))}"
-
-
-def fetch_rows(conn: psycopg.Connection[Any], clause: TextClause,
-               params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
-    """Run one named statement on `conn`, server-side prepared; its rows as tuples (empty when
-    it returns none)."""
-    cur = conn.cursor(row_factory=tuple_row)
-    cur.execute(raw_sql(clause), params, prepare=True)
-    return cur.fetchall() if cur.description is not None else []
 
 
 class DedicatedConnection:

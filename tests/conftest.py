@@ -9,6 +9,7 @@ each other's rows and never pay for migrations.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import subprocess
 import sys
@@ -25,8 +26,21 @@ from flowq.db import normalize_url
 from flowq.embedded import FAST_SETTINGS, LocalPostgres
 
 APPS_DIR = Path(__file__).parent / "apps"
+# The test apps (tests/apps/*.py) import as top-level modules, here and in worker subprocesses
+# (`spawn_worker` puts the same directory on their PYTHONPATH).
+sys.path.insert(0, str(APPS_DIR))
 TEMPLATE = "flowq_test_template"
 EMPTY_TEMPLATE = "flowq_test_empty"
+
+
+@pytest.fixture(autouse=True)
+def _restore_flowq_logger() -> Iterator[None]:
+    """Tests that configure flowq's logger (`flowq worker` in a CliRunner, the log tests)
+    leave it as they found it."""
+    log = logging.getLogger("flowq")
+    saved = (log.handlers[:], log.level, log.propagate)
+    yield
+    log.handlers[:], log.level, log.propagate = saved[0], saved[1], saved[2]
 
 
 @pytest.fixture(scope="session")

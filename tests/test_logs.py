@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
@@ -14,14 +13,6 @@ import flowq
 from flowq.context import Context
 from flowq.testing import run_until_idle
 from flowq.worker.logs import configure_logging, log_event
-
-
-@pytest.fixture(autouse=True)
-def _restore_flowq_logger() -> Iterator[None]:
-    log = logging.getLogger("flowq")
-    saved = (log.handlers[:], log.level, log.propagate)
-    yield
-    log.handlers[:], log.level, log.propagate = saved[0], saved[1], saved[2]
 
 
 def test_json_logs_are_one_object_per_line_with_job_fields(

@@ -15,14 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pipeline_app as pa
 import pytest
 import sqlalchemy as sa
 
 import flowq
 from flowq.testing import job_rows, wait_until
-
-sys.path.insert(0, str(Path(__file__).parent / "apps"))
-import pipeline_app as pa
 
 FAST_POLL = ("--poll-interval", "0.1")
 FAST_REAP = ("--stale-after", "2", "--heartbeat-interval", "0.5", "--reap-interval", "0.5")

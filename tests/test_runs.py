@@ -8,11 +8,10 @@ test_pipelines.py.
 from __future__ import annotations
 
 import json
-import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
+import pipeline_app as pa
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
@@ -22,9 +21,6 @@ from flowq.cli import main
 from flowq.queries import Queries
 from flowq.runs import cancel_run, get_run, list_runs, retry_run
 from flowq.testing import job_rows, run_until_idle, wait_until
-
-sys.path.insert(0, str(Path(__file__).parent / "apps"))
-import pipeline_app as pa
 
 RUN_KEYS = {"run_id", "task", "status", "cancel_requested", "idempotency_key", "created_at",
             "finished_at", "result", "steps"}

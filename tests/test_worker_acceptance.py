@@ -28,7 +28,6 @@ from flowq.testing import job_rows, wait_until
 from flowq.worker import WorkerConfig
 
 APPS_DIR = Path(__file__).parent / "apps"
-sys.path.insert(0, str(APPS_DIR))
 import faulty_app  # noqa: E402
 import ledger_app  # noqa: E402
 

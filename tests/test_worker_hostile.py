@@ -8,12 +8,11 @@ readable `last_error`.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+import hostile_app as ha
 import pytest
 import sqlalchemy as sa
 
@@ -21,9 +20,6 @@ import flowq
 from flowq.queries import Queries
 from flowq.testing import job_rows, wait_until
 from flowq.worker.maintenance import Reaper
-
-sys.path.insert(0, str(Path(__file__).parent / "apps"))
-import hostile_app as ha
 
 Spawn = Callable[..., Any]
 FAST = ["--heartbeat-interval", "0.3", "--stale-after", "2", "--reap-interval", "0.5",

@@ -92,7 +92,7 @@ def test_hostile_outcomes_never_wedge_the_worker(db: sa.Engine, db_url: str,
     that cannot be printed, SystemExit: each ends in a documented state, and the jobs batched
     beside them are written (issue 9, #2, #3, #10)."""
     hostile = {name: enqueue(db, getattr(ha, name)) for name in (
-        "unprintable", "nul_error", "surrogate_error", "huge_error", "cancel_nul", "retry_inf",
+        "unprintable", "async_unprintable", "nul_error", "surrogate_error", "huge_error", "cancel_nul", "retry_inf",
         "retry_huge", "policy_raises", "exits", "interrupts", "not_json")}
     records = [enqueue(db, ha.record, n=i) for i in range(40)]
     worker = spawn_worker("hostile_app:app", db_url, "-c", "4", *FAST)
@@ -109,6 +109,8 @@ def test_hostile_outcomes_never_wedge_the_worker(db: sa.Engine, db_url: str,
 
     assert ended("unprintable") == ("dead", 2)
     assert rows[hostile["unprintable"]].last_error.startswith("Unprintable: <Unprintable>")
+    assert ended("async_unprintable") == ("dead", 2)
+    assert rows[hostile["async_unprintable"]].last_error.startswith("Unprintable: <Unprintable>")
     assert ended("nul_error") == ("dead", 2)
     assert rows[hostile["nul_error"]].last_error.startswith("ValueError: before\\x00after")
     assert ended("surrogate_error") == ("dead", 2)

@@ -37,6 +37,11 @@ def unprintable(ctx: Context) -> None:
 
 
 @app.task(retry=TWO)
+async def async_unprintable(ctx: Context) -> None:
+    raise Unprintable()
+
+
+@app.task(retry=TWO)
 def nul_error(ctx: Context) -> None:
     raise ValueError("before\x00after")
 

@@ -1,13 +1,19 @@
 """Database plumbing shared by the CLI, the worker and enqueue: URLs, engines, schema checks.
 
-URLs come from `--database-url`, else `FLOWQ_DATABASE_URL`, else `DATABASE_URL`. A bare
-`postgresql://` (or `postgres://`) means psycopg 3. Errors are turned into one sentence that
-says what to do: an unreachable server, or a database without flowq's schema.
+URLs come from `--database-url`, else `FLOWQ_DATABASE_URL`, else `DATABASE_URL` (`flowq demo`
+and `flowq bench` take only the option). Any PostgreSQL URL works: `postgresql://`,
+`postgres://` and every `+driver` variant mean psycopg 3. Errors are turned into one sentence
+that says what to do: an unreachable server, or a database without flowq's schema.
+
+No message flowq prints or raises carries a password: `mask_secrets` hides them in any text
+(URLs, malformed ones included, libpq `password=` settings, `?password=` parameters), and
+`normalize_url`, `describe_url`, `ensure_schema` and the CLI's error handler go through it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Final
 
 import sqlalchemy as sa
@@ -21,6 +27,7 @@ __all__ = [
     "create_engine",
     "describe_url",
     "ensure_schema",
+    "mask_secrets",
     "normalize_url",
     "raw_sql",
     "resolve_url",
@@ -28,6 +35,8 @@ __all__ = [
 ]
 
 URL_ENV_VARS = ("FLOWQ_DATABASE_URL", "DATABASE_URL")
+
+MASK: Final = "***"  # what SQLAlchemy's render_as_string(hide_password=True) shows
 
 _PSYCOPG: Final = sa_psycopg.dialect()  # type: ignore[no-untyped-call]
 _compiled: dict[tuple[int, str | None], tuple[sa.ClauseElement, str]] = {}
@@ -47,16 +56,63 @@ def raw_sql(statement: sa.ClauseElement, schema: str | None = None) -> str:
     return hit[1]
 
 
+# `scheme://user:` and the password up to the last '@' of its whitespace-free run: printed
+# URLs are the malformed ones, whose password may hold '@', ':' or '/', so the mask errs
+# towards hiding a host too.
+_URL_PASSWORD: Final = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/?#]*:)\S*@")
+# The same with a password holding spaces: up to the next '@' of the line.
+_URL_PASSWORD_SPACES: Final = re.compile(
+    r"(\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/?#]*:)(?!\*\*\*@)(?:(?!://)[^@\n])*@")
+_QUERY_PASSWORD: Final = re.compile(r"([?&;](?:ssl)?password=)[^&#\s]*", re.IGNORECASE)
+# libpq key/value conninfo (`password=secret`, `password = 'se cret'`) and PGPASSWORD=;
+# a value already masked is left alone, or masking twice would eat a closing `"`.
+_KEYWORD_PASSWORD: Final = re.compile(
+    r"(?<![?&;\w])((?:ssl|pg)?password\s*=\s*)(?!\*\*\*(?:[\s\"]|$))"
+    r"(?:'(?:[^'\\]|\\.)*'?|(?:[^\s'\\]|\\.)+)",
+    re.IGNORECASE)
+# A mapping's repr or JSON: 'password': 'secret'.
+_MAPPING_PASSWORD: Final = re.compile(
+    r"""(['"](?:ssl|pg)?password['"]\s*:\s*)(?:'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^\s,}]+)""",
+    re.IGNORECASE)
+# The user-info part exactly as SQLAlchemy's URL parser takes it (`make_url`).
+_SA_USERINFO: Final = re.compile(r"[\w+]+://(?:[^:/]*(?::[^@]*)?@)?")
+
+
+def mask_secrets(text: str) -> str:
+    """`text` with every password in it replaced by `***`: in URLs (malformed ones too), in
+    libpq key/value settings (`password=...`) and in `?password=` query parameters."""
+    text = _URL_PASSWORD.sub(rf"\1{MASK}@", text)
+    text = _URL_PASSWORD_SPACES.sub(rf"\1{MASK}@", text)
+    text = _QUERY_PASSWORD.sub(rf"\1{MASK}", text)
+    text = _KEYWORD_PASSWORD.sub(rf"\1{MASK}", text)
+    return _MAPPING_PASSWORD.sub(rf"\1{MASK}", text)
+
+
 def normalize_url(url: str | URL) -> URL:
-    """Parse `url`, mapping bare postgresql:// and postgres:// to the psycopg 3 driver."""
-    try:
-        u = make_url(url) if isinstance(url, str) else url
-    except Exception as exc:
-        raise FlowqError(f"not a database URL: {url!r} ({exc})") from None
-    if u.drivername in ("postgresql", "postgres"):
-        u = u.set(drivername="postgresql+psycopg")
-    if not u.drivername.startswith("postgresql"):
+    """Parse `url`, mapping every PostgreSQL driver (`postgresql://`, `postgres://`,
+    `+asyncpg`, `+psycopg2`, ...) to psycopg 3. A URL that is not one raises a FlowqError
+    whose message shows it with its password hidden."""
+    if isinstance(url, URL):
+        u = url
+    else:
+        shown = mask_secrets(repr(url))
+        userinfo = _SA_USERINFO.match(url)
+        if userinfo and "@" in url[userinfo.end():].split("?", 1)[0]:
+            # A second '@' (in a password, usually): the parser would take what follows the
+            # first one for the host, and connection errors would print it.
+            raise FlowqError(f"not a database URL: {shown} (write an '@' in a user name, "
+                             "password or database name as %40)")
+        try:
+            u = make_url(url)
+        except Exception as exc:
+            # Safe to quote now: the password was split off where the user meant it to end.
+            raise FlowqError(f"not a database URL: {shown} ({mask_secrets(str(exc))})"
+                             ) from None
+    driver = u.drivername.partition("+")[0]
+    if driver not in ("postgresql", "postgres"):
         raise FlowqError(f"flowq needs PostgreSQL, not {u.drivername!r}: pass a postgresql:// URL")
+    if u.drivername != "postgresql+psycopg":
+        u = u.set(drivername="postgresql+psycopg")
     return u
 
 
@@ -73,7 +129,7 @@ def resolve_url(explicit: str | None) -> str | None:
 def describe_url(url: str | URL) -> str:
     """The URL with its password hidden, for logs and messages."""
     try:
-        return normalize_url(url).render_as_string(hide_password=True)
+        return mask_secrets(normalize_url(url).render_as_string(hide_password=True))
     except FlowqError:
         return "<invalid URL>"
 
@@ -97,10 +153,10 @@ def ensure_schema(engine: sa.Engine, schema: str = DEFAULT_SCHEMA) -> None:
         with engine.connect() as conn:
             present = schema_exists(conn, schema)
     except sa.exc.OperationalError as exc:
-        raise DatabaseUnavailableError(
+        raise DatabaseUnavailableError(mask_secrets(
             f"cannot connect to {describe_url(engine.url)}: {_first_line(exc.orig)}. "
             "Check the URL (--database-url or FLOWQ_DATABASE_URL) and that PostgreSQL is running."
-        ) from None
+        )) from None
     if not present:
         raise SchemaMissingError(
             f"the database at {describe_url(engine.url)} has no flowq schema {schema!r}: "

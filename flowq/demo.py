@@ -1,14 +1,18 @@
 """`flowq demo`: transactional enqueue and the worker, end to end, on a real PostgreSQL.
 
-Starts an embedded PostgreSQL (unless a URL is given), migrates it, and:
+Starts an embedded PostgreSQL (unless a URL is given: FLOWQ_DATABASE_URL and DATABASE_URL
+are never read), creates a schema of its own, `flowq_demo_<8 hex>`, holding both flowq's
+tables and the demo's (`orders`, `shipments`), and:
 1. commits one business transaction with a job and rolls back another, showing what each
-   left in `flowq.jobs`;
+   left in the jobs table;
 2. enqueues a few thousand jobs beside order rows, rolling some transactions back on purpose;
 3. runs a worker (with a progress bar) whose handler writes a shipment row through
    `ctx.session`, fails now and then (retried durably), and meets one poisoned order that
    ends `dead`;
 4. checks the ledger (one shipment per committed order, none for rolled-back ones) and
    prints a summary.
+At the end it drops that schema, and only that: it never drops or truncates anything it did
+not create, so `--database-url` may point at a database holding real data.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from __future__ import annotations
 import random
 import threading
 import time
-from typing import Any
+import uuid
+from dataclasses import dataclass
+from typing import Any, Final
 
 import click
 import sqlalchemy as sa
@@ -25,105 +31,64 @@ from tenacity import stop_after_attempt, wait_fixed
 
 import flowq
 import flowq.db
+from flowq.app import Task
 from flowq.context import Context
+from flowq.errors import FlowqError
 from flowq.worker import Worker, WorkerConfig
 from flowq.worker.logs import configure_logging
 
 __all__ = ["run_demo"]
 
-BATCH = 50
-POISON_ORDER = 13
+BATCH: Final = 50
+POISON_ORDER: Final = 13
+SCHEMA_PREFIX: Final = "flowq_demo_"
+WORKER_STOP_TIMEOUT: Final = 30.0
+DROP_LOCK_TIMEOUT: Final = "10s"
 
 
-class Base(DeclarativeBase):
-    pass
+@dataclass(frozen=True)
+class Demo:
+    """One run's world: its schema, the app whose tables live there, the models and task."""
+
+    schema: str
+    app: flowq.FlowQ
+    metadata: sa.MetaData
+    order: type[Any]
+    shipment: type[Any]
+    ship_order: Task[..., dict[str, Any]]
+
+    def table(self, name: str) -> str:
+        return f'"{self.schema}".{name}'  # the schema name is a validated identifier
 
 
-class Order(Base):
-    __tablename__ = "demo_orders"
-    id: Mapped[int] = mapped_column(primary_key=True)
-    item: Mapped[str]
+def build_demo(schema: str) -> Demo:
+    """The app, models and task of a run in `schema` (built per run: nothing global)."""
+    app = flowq.FlowQ(schema=schema)
+    flaky = random.Random(7)
 
+    class Base(DeclarativeBase):
+        metadata = sa.MetaData(schema=schema)
 
-class Shipment(Base):
-    __tablename__ = "demo_shipments"
-    order_id: Mapped[int] = mapped_column(primary_key=True)  # a second shipment would fail
+    class Order(Base):
+        __tablename__ = "orders"
+        id: Mapped[int] = mapped_column(primary_key=True)
+        item: Mapped[str]
 
+    class Shipment(Base):
+        __tablename__ = "shipments"
+        order_id: Mapped[int] = mapped_column(primary_key=True)  # a second one would fail
 
-app = flowq.FlowQ()
-_flaky = random.Random(7)
+    @app.task(queue="orders", retry=flowq.Retry(stop=stop_after_attempt(4), wait=wait_fixed(0.2)))
+    def ship_order(ctx: Context, order_id: int) -> dict[str, Any]:
+        """Ship an order: one row through ctx.session, committed with the job's success."""
+        if order_id == POISON_ORDER:
+            raise ValueError(f"order {order_id} is poisoned: the carrier rejects it every time")
+        if ctx.attempt == 1 and flaky.random() < 0.03:
+            raise ConnectionError("carrier API timed out (simulated)")
+        ctx.session.add(Shipment(order_id=order_id))
+        return {"order_id": order_id, "carrier_key": ctx.idempotency_key}
 
-
-@app.task(queue="orders", retry=flowq.Retry(stop=stop_after_attempt(4), wait=wait_fixed(0.2)))
-def ship_order(ctx: Context, order_id: int) -> dict[str, Any]:
-    """Ship an order: one row through ctx.session, committed with the job's success."""
-    if order_id == POISON_ORDER:
-        raise ValueError(f"order {order_id} is poisoned: the carrier rejects it every time")
-    if ctx.attempt == 1 and _flaky.random() < 0.03:
-        raise ConnectionError("carrier API timed out (simulated)")
-    ctx.session.add(Shipment(order_id=order_id))
-    return {"order_id": order_id, "carrier_key": ctx.idempotency_key}
-
-
-def _show_jobs(engine: sa.Engine, title: str) -> None:
-    with engine.connect() as c:
-        rows = c.execute(sa.text("SELECT id, run_id, task, status, args::text FROM flowq.jobs "
-                                 "ORDER BY id")).all()
-        orders = c.execute(sa.text("SELECT count(*) FROM demo_orders")).scalar()
-    click.echo(f"  {title}: {len(rows)} job row(s), {orders} order row(s)")
-    for r in rows:
-        click.echo(f"    job {r.id}: run {r.run_id} {r.task} {r.status} args={r[4]}")
-
-
-def _part_one(engine: sa.Engine, session_factory: sessionmaker[flowq.Session]) -> None:
-    click.secho("\n1. Transactional enqueue", bold=True)
-    with session_factory.begin() as s:
-        s.add(Order(id=1, item="committed"))
-        s.flush()
-        s.enqueue(ship_order, order_id=1)
-    _show_jobs(engine, "after a COMMITTED transaction (order 1 + its job)")
-    s = session_factory()
-    with s.begin():
-        s.add(Order(id=2, item="rolled back"))
-        s.flush()
-        s.enqueue(ship_order, order_id=2)
-        s.rollback()
-    _show_jobs(engine, "after a ROLLED-BACK transaction (order 2 + its job)")
-    click.echo("  -> the rolled-back order and its job never existed; no worker was woken.")
-
-
-def _part_two(session_factory: sessionmaker[flowq.Session], n_jobs: int) -> tuple[int, int]:
-    click.secho(f"\n2. Enqueue {n_jobs} jobs beside their orders, {BATCH} per transaction",
-                bold=True)
-    committed = rolled_back = 0
-    rng = random.Random(1)
-    next_id = 100
-    while committed < n_jobs:
-        n = min(BATCH, n_jobs - committed)
-        s = session_factory()
-        with s.begin():
-            ids = list(range(next_id, next_id + n))
-            next_id += n
-            s.add_all(Order(id=i, item=f"item-{i}") for i in ids)
-            s.flush()
-            s.enqueue_many(ship_order, [{"order_id": i} for i in ids])
-            if rng.random() < 0.1:
-                s.rollback()
-                rolled_back += n
-                continue
-        committed += n
-    with session_factory.begin() as s:
-        s.add(Order(id=POISON_ORDER, item="poison"))
-        s.flush()
-        s.enqueue(ship_order, order_id=POISON_ORDER)
-    click.echo(f"  committed {committed + 1} jobs, rolled back {rolled_back} (with their orders)")
-    return committed + 1, rolled_back
-
-
-def _counts(engine: sa.Engine) -> dict[str, int]:
-    with engine.connect() as c:
-        return dict(c.execute(sa.text(  # type: ignore[arg-type]
-            "SELECT status, count(*) FROM flowq.jobs GROUP BY status")).all())
+    return Demo(schema, app, Base.metadata, Order, Shipment, ship_order)
 
 
 def run_demo(url: str | None, *, n_jobs: int = 2000) -> None:
@@ -136,54 +101,152 @@ def run_demo(url: str | None, *, n_jobs: int = 2000) -> None:
         server = LocalPostgres().start()
         url = server.url
     try:
-        _run(url, n_jobs)
+        _run_in_own_schema(url, n_jobs)
     finally:
         if server is not None:
             server.stop()
 
 
-def _run(url: str, n_jobs: int) -> None:
+def _run_in_own_schema(url: str, n_jobs: int) -> None:
     engine = flowq.db.create_engine(url)
-    with engine.begin() as c:
-        c.execute(sa.text("DROP TABLE IF EXISTS demo_shipments, demo_orders"))
-        c.execute(sa.text("DROP SCHEMA IF EXISTS flowq CASCADE"))
-    flowq.migrate(engine)
-    Base.metadata.create_all(engine)
+    schema = f"{SCHEMA_PREFIX}{uuid.uuid4().hex[:8]}"
+    try:
+        try:
+            with engine.begin() as c:
+                # No IF NOT EXISTS: a schema of that name that is not ours must not become ours.
+                c.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+        except sa.exc.ProgrammingError as exc:  # e.g. no CREATE privilege on the database
+            raise FlowqError(f"the demo cannot create its schema {schema!r}: "
+                             f"{str(exc.orig).strip().splitlines()[0]}") from None
+        try:
+            _run(engine, url, build_demo(schema), n_jobs)
+        finally:
+            _drop_own_schema(engine, schema)
+    finally:
+        engine.dispose()
+
+
+def _drop_own_schema(engine: sa.Engine, schema: str) -> None:
+    """Drop the schema this run created; if that fails, say so rather than hide an error."""
+    try:
+        with engine.begin() as c:
+            # A worker that did not stop in time could hold a lock: wait a bounded while.
+            c.execute(sa.text(f"SET LOCAL lock_timeout = '{DROP_LOCK_TIMEOUT}'"))
+            c.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+    except sa.exc.DBAPIError as exc:
+        click.echo(f'\nCould not drop schema "{schema}" ({flowq.db.mask_secrets(str(exc.orig))}'
+                   f'): drop it with DROP SCHEMA "{schema}" CASCADE.', err=True)
+        return
+    click.echo(f'\nDropped schema "{schema}" (created by this demo).')
+
+
+def _show_jobs(engine: sa.Engine, demo: Demo, title: str) -> None:
+    with engine.connect() as c:
+        rows = c.execute(sa.text(f"SELECT id, run_id, task, status, args::text "
+                                 f"FROM {demo.table('jobs')} ORDER BY id")).all()
+        orders = c.execute(sa.text(f"SELECT count(*) FROM {demo.table('orders')}")).scalar()
+    click.echo(f"  {title}: {len(rows)} job row(s), {orders} order row(s)")
+    for r in rows:
+        click.echo(f"    job {r.id}: run {r.run_id} {r.task} {r.status} args={r[4]}")
+
+
+def _part_one(engine: sa.Engine, demo: Demo,
+              session_factory: sessionmaker[flowq.Session]) -> None:
+    click.secho("\n1. Transactional enqueue", bold=True)
+    with session_factory.begin() as s:
+        s.add(demo.order(id=1, item="committed"))
+        s.flush()
+        s.enqueue(demo.ship_order, order_id=1)
+    _show_jobs(engine, demo, "after a COMMITTED transaction (order 1 + its job)")
+    s = session_factory()
+    with s.begin():
+        s.add(demo.order(id=2, item="rolled back"))
+        s.flush()
+        s.enqueue(demo.ship_order, order_id=2)
+        s.rollback()
+    _show_jobs(engine, demo, "after a ROLLED-BACK transaction (order 2 + its job)")
+    click.echo("  -> the rolled-back order and its job never existed; no worker was woken.")
+
+
+def _part_two(demo: Demo, session_factory: sessionmaker[flowq.Session],
+              n_jobs: int) -> tuple[int, int]:
+    click.secho(f"\n2. Enqueue {n_jobs} jobs beside their orders, {BATCH} per transaction",
+                bold=True)
+    committed = rolled_back = 0
+    rng = random.Random(1)
+    next_id = 100
+    while committed < n_jobs:
+        n = min(BATCH, n_jobs - committed)
+        s = session_factory()
+        with s.begin():
+            ids = list(range(next_id, next_id + n))
+            next_id += n
+            s.add_all(demo.order(id=i, item=f"item-{i}") for i in ids)
+            s.flush()
+            s.enqueue_many(demo.ship_order, [{"order_id": i} for i in ids])
+            if rng.random() < 0.1:
+                s.rollback()
+                rolled_back += n
+                continue
+        committed += n
+    with session_factory.begin() as s:
+        s.add(demo.order(id=POISON_ORDER, item="poison"))
+        s.flush()
+        s.enqueue(demo.ship_order, order_id=POISON_ORDER)
+    click.echo(f"  committed {committed + 1} jobs, rolled back {rolled_back} (with their orders)")
+    return committed + 1, rolled_back
+
+
+def _counts(engine: sa.Engine, demo: Demo) -> dict[str, int]:
+    with engine.connect() as c:
+        return dict(c.execute(sa.text(  # type: ignore[arg-type]
+            f"SELECT status, count(*) FROM {demo.table('jobs')} GROUP BY status")).all())
+
+
+def _run(engine: sa.Engine, url: str, demo: Demo, n_jobs: int) -> None:
+    flowq.migrate(engine, schema=demo.schema)
+    demo.metadata.create_all(engine)
     session_factory = sessionmaker(engine, class_=flowq.Session)
-    click.echo(f"Database: {flowq.db.describe_url(url)} (schema migrated)")
-    _part_one(engine, session_factory)
-    committed, rolled_back = _part_two(session_factory, n_jobs)
+    click.echo(f"Database: {flowq.db.describe_url(url)}, schema \"{demo.schema}\" "
+               "(created for this run, migrated)")
+    _part_one(engine, demo, session_factory)
+    committed, rolled_back = _part_two(demo, session_factory, n_jobs)
 
     click.secho("\n3. A worker drains the queue (concurrency 16)", bold=True)
     configure_logging("text", "ERROR")
-    worker = Worker(app, url, WorkerConfig(concurrency=16, job_log=False, poll_interval=0.2))
+    worker = Worker(demo.app, url, WorkerConfig(concurrency=16, job_log=False,
+                                                poll_interval=0.2))
     thread = threading.Thread(target=worker.run, kwargs={"install_signals": False},
                               daemon=True)
     total = committed + 1  # plus order 1 from part one
     started = time.monotonic()
     thread.start()
-    done = 0
-    with click.progressbar(length=total, label="  jobs finished") as bar:
-        while done < total:
-            counts = _counts(engine)
-            now_done = counts.get("succeeded", 0) + counts.get("dead", 0)
-            bar.update(now_done - done)
-            done = now_done
-            time.sleep(0.1)
-    elapsed = time.monotonic() - started
-    worker.stop()
-    thread.join(timeout=30)
+    try:
+        done = 0
+        with click.progressbar(length=total, label="  jobs finished") as bar:
+            while done < total:
+                counts = _counts(engine, demo)
+                now_done = counts.get("succeeded", 0) + counts.get("dead", 0)
+                bar.update(now_done - done)
+                done = now_done
+                time.sleep(0.1)
+        elapsed = time.monotonic() - started
+    finally:
+        # Stopped (and its connections closed) before the schema is dropped, even on Ctrl-C.
+        worker.stop()
+        thread.join(timeout=WORKER_STOP_TIMEOUT)
 
+    jobs, orders, shipments = demo.table("jobs"), demo.table("orders"), demo.table("shipments")
     with engine.connect() as c:
         retried = c.execute(sa.text(
-            "SELECT count(*) FROM flowq.jobs WHERE attempts > 1")).scalar() or 0
+            f"SELECT count(*) FROM {jobs} WHERE attempts > 1")).scalar() or 0
         dead = c.execute(sa.text(
-            "SELECT task, args::text, last_error FROM flowq.jobs WHERE status = 'dead'")).all()
-        shipments = c.execute(sa.text("SELECT count(*) FROM demo_shipments")).scalar()
+            f"SELECT task, args::text, last_error FROM {jobs} WHERE status = 'dead'")).all()
+        shipped = c.execute(sa.text(f"SELECT count(*) FROM {shipments}")).scalar()
         orphan = c.execute(sa.text(
-            "SELECT count(*) FROM demo_shipments s LEFT JOIN demo_orders o ON o.id = s.order_id "
+            f"SELECT count(*) FROM {shipments} s LEFT JOIN {orders} o ON o.id = s.order_id "
             "WHERE o.id IS NULL")).scalar()
-    counts = _counts(engine)
+    counts = _counts(engine, demo)
     click.secho("\n4. Summary", bold=True)
     click.echo(f"  processed:    {counts.get('succeeded', 0)} succeeded")
     click.echo(f"  retried:      {retried} job(s) needed more than one attempt")
@@ -192,7 +255,6 @@ def _run(url: str, n_jobs: int) -> None:
         click.echo(f"                {task} {args}: {(err or '').splitlines()[-1]}")
     click.echo(f"  rolled back:  {rolled_back} jobs never existed (their transactions rolled "
                "back)")
-    click.echo(f"  ledger:       {shipments} shipments for {counts.get('succeeded', 0)} "
+    click.echo(f"  ledger:       {shipped} shipments for {counts.get('succeeded', 0)} "
                f"succeeded jobs, {orphan} for rolled-back orders")
     click.echo(f"  throughput:   {total / elapsed:,.0f} jobs/s over {elapsed:.1f}s")
-    engine.dispose()

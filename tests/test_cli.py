@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import subprocess
 import sys
 import textwrap
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,15 +20,6 @@ from flowq.testing import job_rows
 APPS_DIR = Path(__file__).parent / "apps"
 
 NO_ENV = {"FLOWQ_DATABASE_URL": None, "DATABASE_URL": None}
-
-
-@pytest.fixture(autouse=True)
-def _restore_flowq_logger() -> Iterator[None]:
-    """`flowq worker` configures logging onto the runner's stderr; undo that afterwards."""
-    log = logging.getLogger("flowq")
-    saved = (log.handlers[:], log.level, log.propagate)
-    yield
-    log.handlers[:], log.level, log.propagate = saved[0], saved[1], saved[2]
 
 
 def flowq(*args: str, env: dict[str, str | None] | None = None) -> Result:
@@ -137,6 +126,16 @@ def test_unreachable_server_for_the_worker(app_module: str, closed_port_url: str
     text = assert_user_error(flowq("worker", f"{app_module}:app", "--database-url",
                                    closed_port_url))
     assert "cannot connect" in text or "cannot reach" in text
+
+
+@pytest.mark.parametrize("driver", ["postgres", "postgresql+asyncpg", "postgresql+psycopg2",
+                                    "postgres+psycopg", "postgresql+pg8000"])
+def test_any_postgresql_driver_in_the_url_means_psycopg(driver: str,
+                                                       closed_port_url: str) -> None:
+    # The user's app may use another driver; flowq's own connections use psycopg 3 anyway.
+    url = closed_port_url.replace("postgresql://", f"{driver}://", 1)
+    text = assert_user_error(flowq("migrate", "--database-url", url))
+    assert "cannot reach" in text or "cannot connect" in text
 
 
 @pytest.mark.parametrize("command", [["reap"], ["prune"]])

@@ -3,7 +3,8 @@
 Scenarios (see `options.SCENARIOS`): drain, drain-session, pipeline, enqueue, latency, scale,
 and the opt-in soak (it runs for `--duration`) and memory (worker RSS over a 1M-job drain).
 Each runs in a fresh database on one server: the one at `--database-url`, or a fresh
-embedded PostgreSQL with durable defaults (fsync on).
+embedded PostgreSQL with durable defaults (fsync on); FLOWQ_DATABASE_URL and DATABASE_URL are
+never read. The bench drops only the databases it created (see `harness`).
 flowq's side always goes through real `flowq worker` processes running `flowq.bench.app:app`;
 the references are hand-written psycopg loops on the same table, same process count, measured
 in the same run, because absolute numbers drift from machine to machine and ratios do not.
@@ -37,7 +38,8 @@ def _registry() -> dict[str, Callable[[Server, Options], list[Row]]]:
 def run_bench(url: str | None, names: Sequence[str], options: Options,
               progress: Callable[[str], None] = lambda _: None,
               server_settings: dict[str, str] | None = None) -> tuple[str, dict[str, Any]]:
-    """Run the scenarios `names`; the printable table and the JSON document."""
+    """Run the scenarios `names` on the server at `url` (None: a fresh embedded one); the
+    printable table and the JSON document."""
     registry = _registry()
     rows: list[Row] = []
     with open_server(url, server_settings) as server:

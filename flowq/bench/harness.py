@@ -1,12 +1,17 @@
 """The bench's plumbing: the server, a fresh database per scenario, and `flowq worker` processes.
 
 - `open_server(url)`: the server at `url`, or (None) a fresh embedded PostgreSQL with durable
-  default settings (fsync on, synchronous_commit on), stopped on exit.
+  default settings (fsync on, synchronous_commit on), stopped on exit. Only the caller's URL
+  is used, never the environment's.
 - `Server.fresh_database()`: a new database cloned from a migrated template (CREATE DATABASE
   … TEMPLATE), dropped afterwards, so one scenario never sees another's rows or dead tuples.
 - `reset(engine)`: TRUNCATE the jobs and bench tables between repeats of one scenario.
 - `WorkerGroup`: real `python -m flowq worker flowq.bench.app:app --processes P` processes,
   started and ready (their LISTEN connections seen in pg_stat_activity) before timing starts.
+
+The bench drops and truncates only what it created: the template only once its CREATE
+succeeded, a scenario's database only after creating it, and `reset` refuses any database
+not created by `fresh_database` in this process (the bench's table names are common words).
 """
 
 from __future__ import annotations
@@ -26,7 +31,6 @@ from pathlib import Path
 from typing import Any, Final
 
 import sqlalchemy as sa
-from sqlalchemy.engine import make_url
 
 import flowq
 from flowq.db import normalize_url
@@ -44,6 +48,8 @@ _BENCH_DDL: Final = (
 )
 _TRUNCATE: Final = ("TRUNCATE flowq.jobs, bench_ledger, bench_stamps, bench_orders "
                     "RESTART IDENTITY")
+# The databases `fresh_database` created and has not dropped yet: all `reset` may empty.
+_created_databases: set[str] = set()
 
 
 def conninfo(url: str) -> str:
@@ -69,6 +75,7 @@ class Server:
     url: str  # a database to connect to for CREATE DATABASE
     embedded: Any = None  # the LocalPostgres we started, if any
     template: str = field(default_factory=lambda: f"flowq_bench_tpl_{uuid.uuid4().hex[:8]}")
+    template_created: bool = False  # set once our CREATE DATABASE of `template` succeeded
 
     def admin(self) -> sa.Engine:
         return sa.create_engine(normalize_url(self.url), isolation_level="AUTOCOMMIT",
@@ -91,9 +98,12 @@ class Server:
 
     def create_template(self) -> None:
         eng = self.admin()
-        with eng.connect() as c:
-            c.execute(sa.text(f'CREATE DATABASE "{self.template}"'))
-        eng.dispose()
+        try:
+            with eng.connect() as c:
+                c.execute(sa.text(f'CREATE DATABASE "{self.template}"'))
+            self.template_created = True
+        finally:
+            eng.dispose()
         db = sa.create_engine(self._url_of(self.template), poolclass=sa.pool.NullPool)
         flowq.migrate(db)
         with db.begin() as c:
@@ -112,18 +122,23 @@ class Server:
         eng = self.admin()
         with eng.connect() as c:
             c.execute(sa.text(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"'))
+        _created_databases.add(name)
         try:
             yield self._url_of(name)
         finally:
             with eng.connect() as c:
                 c.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            _created_databases.discard(name)
             eng.dispose()
 
     def close(self) -> None:
-        eng = self.admin()
-        with contextlib.suppress(sa.exc.DBAPIError), eng.connect() as c:
-            c.execute(sa.text(f'DROP DATABASE IF EXISTS "{self.template}" WITH (FORCE)'))
-        eng.dispose()
+        """Drop the template if we created it, and stop the embedded server if we started it."""
+        if self.template_created:
+            eng = self.admin()
+            with contextlib.suppress(sa.exc.DBAPIError), eng.connect() as c:
+                c.execute(sa.text(f'DROP DATABASE IF EXISTS "{self.template}" WITH (FORCE)'))
+                self.template_created = False
+            eng.dispose()
         if self.embedded is not None:
             self.embedded.stop()
 
@@ -138,7 +153,8 @@ def open_server(url: str | None, settings: Mapping[str, str] | None = None
 
         embedded = LocalPostgres(settings=settings).start()
         url = embedded.url
-    server = Server(make_url(url).render_as_string(hide_password=False), embedded)
+    # normalize_url: a malformed URL is a flowq error (its password hidden), not a traceback.
+    server = Server(normalize_url(url).render_as_string(hide_password=False), embedded)
     try:
         server.create_template()
         yield server
@@ -147,8 +163,13 @@ def open_server(url: str | None, settings: Mapping[str, str] | None = None
 
 
 def reset(engine: sa.Engine) -> None:
-    """Empty the jobs and bench tables (between repeats, with workers idle)."""
+    """Empty the jobs and bench tables (between repeats, with workers idle) of a database
+    `fresh_database` created; a RuntimeError for any other."""
     with engine.begin() as c:
+        database = c.execute(sa.text("SELECT current_database()")).scalar()
+        if database not in _created_databases:
+            raise RuntimeError(f"flowq bench: refusing to empty database {database!r}, "
+                               "which it did not create")
         c.execute(sa.text(_TRUNCATE))
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
         c.execute(sa.text("VACUUM ANALYZE flowq.jobs"))

@@ -121,7 +121,6 @@ class Worker:
             "maintain": self._engine("maintain", 2, planner_options=MAINTENANCE_OPTIONS),
             "session": self._engine("session", c.concurrency + 2),
         }
-        self.engines["claim"] = self.engines["maintain"]  # TODO(cli): use check_database()
         smap = schema_map(app.schema)
         session_bind = self.engines["session"]
         if smap:

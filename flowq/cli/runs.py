@@ -4,6 +4,8 @@ Each command prints a small table for people, or with `--json` one JSON object w
 are stable (`RunInfo.to_dict()` and friends in `flowq.runs`), for scripts. Errors are one
 sentence on stderr with exit code 2 (an unknown run id, retrying a run that is not dead).
 The SQL lives in `flowq.queries`, the logic in `flowq.runs`; this module only formats.
+Options: `--database-url` (default: FLOWQ_DATABASE_URL, then DATABASE_URL), `--schema`
+(default "flowq"), `--json`; `list` also `--status` and `--limit 50`.
 """
 
 from __future__ import annotations
@@ -14,37 +16,16 @@ from typing import Any, Final, cast
 
 import click
 
+from flowq.cli.common import open_engine, schema_option, url_option
+from flowq.runs import RunInfo, cancel_run, get_run, list_runs, retry_run
+from flowq.schema import STATUSES, Status
+
 __all__ = ["runs"]
 
 ERROR_CHARS: Final = 70
 
-
-# Defined before importing flowq.cli: flowq.cli imports this module at its end to register
-# `runs`, so whichever of the two is imported first, `runs` exists when the other asks for it.
-@click.group()
-def runs() -> None:
-    """Inspect and control runs (a run is a task's or pipeline's chain of steps)."""
-
-
-from flowq.cli import friendly_errors, require_url, schema_option, url_option  # noqa: E402
-from flowq.db import create_engine, ensure_schema  # noqa: E402
-from flowq.runs import (  # noqa: E402
-    RunInfo,
-    cancel_run,
-    get_run,
-    list_runs,
-    retry_run,
-)
-from flowq.schema import STATUSES, Status  # noqa: E402
-
 json_option = click.option("--json", "as_json", is_flag=True,
                            help="Print one JSON object (stable keys) instead of a table.")
-
-
-def _engine(database_url: str | None, schema: str) -> Any:
-    engine = create_engine(require_url(database_url))
-    ensure_schema(engine, schema)
-    return engine
 
 
 def _when(value: datetime | None) -> str:
@@ -86,6 +67,11 @@ def _emit(as_json: bool, data: dict[str, Any], text: str) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=True) if as_json else text)
 
 
+@click.group()
+def runs() -> None:
+    """Inspect and control runs (a run is a task's or pipeline's chain of steps)."""
+
+
 @runs.command("list")
 @url_option
 @schema_option
@@ -93,11 +79,10 @@ def _emit(as_json: bool, data: dict[str, Any], text: str) -> None:
               help="Only runs with this status.")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
 @json_option
-@friendly_errors
 def list_command(database_url: str | None, schema: str, status: str | None, limit: int,
                  as_json: bool) -> None:
     """List the newest runs, newest first."""
-    engine = _engine(database_url, schema)
+    engine = open_engine(database_url, schema)
     try:
         found = list_runs(engine, status=cast("Status | None", status), limit=limit,
                           schema=schema)
@@ -115,10 +100,9 @@ def list_command(database_url: str | None, schema: str, status: str | None, limi
 @url_option
 @schema_option
 @json_option
-@friendly_errors
 def show_command(run_id: int, database_url: str | None, schema: str, as_json: bool) -> None:
     """Show a run and each of its steps: status, attempts, timings, last error, result."""
-    engine = _engine(database_url, schema)
+    engine = open_engine(database_url, schema)
     try:
         run = get_run(engine, run_id, schema=schema)
     finally:
@@ -131,10 +115,9 @@ def show_command(run_id: int, database_url: str | None, schema: str, as_json: bo
 @url_option
 @schema_option
 @json_option
-@friendly_errors
 def cancel_command(run_id: int, database_url: str | None, schema: str, as_json: bool) -> None:
     """Cancel a run: pending steps end cancelled; a running step finishes without a successor."""
-    engine = _engine(database_url, schema)
+    engine = open_engine(database_url, schema)
     try:
         res = cancel_run(engine, run_id, schema=schema, reason="cancelled by `flowq runs cancel`")
     finally:
@@ -157,10 +140,9 @@ def cancel_command(run_id: int, database_url: str | None, schema: str, as_json: 
 @url_option
 @schema_option
 @json_option
-@friendly_errors
 def retry_command(run_id: int, database_url: str | None, schema: str, as_json: bool) -> None:
     """Retry a dead run from the step that died, keeping the results of the steps before it."""
-    engine = _engine(database_url, schema)
+    engine = open_engine(database_url, schema)
     try:
         res = retry_run(engine, run_id, schema=schema)
     finally:

@@ -1,0 +1,32 @@
+"""The `flowq` command: migrate, worker, reap, prune, runs, demo, bench.
+
+One module per group of commands: `migrate`, `worker`, `maintenance` (reap, prune), `runs`
+and `demo` (demo, bench), each importing only `common` (options, the error handler,
+helpers). Imports go one way: this package imports the command modules and assembles
+`main` (the `flowq` entry point and `python -m flowq`); nothing imports it back.
+
+Every command takes `--database-url` (else FLOWQ_DATABASE_URL, else DATABASE_URL), except
+`demo` and `bench`, which use only the option, else an embedded server. Errors a user can fix
+are printed as one sentence on stderr with exit code 2, never as a traceback, and no message
+carries a password.
+"""
+
+from __future__ import annotations
+
+import click
+
+from flowq.cli import demo, maintenance, migrate, runs, worker
+from flowq.cli.common import FlowqGroup
+
+__all__ = ["main"]
+
+
+@click.group(cls=FlowqGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="flowq")
+def main() -> None:
+    """flowq: durable jobs and pipelines on PostgreSQL."""
+
+
+for _command in (migrate.migrate, worker.worker, maintenance.reap, maintenance.prune,
+                 runs.runs, demo.demo, demo.bench):
+    main.add_command(_command)

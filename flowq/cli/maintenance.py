@@ -1,0 +1,53 @@
+"""`flowq reap` and `flowq prune`: one pass of the worker's maintenance loops, by hand or cron.
+
+- `reap --stale-after 30`: requeue (or bury) running jobs whose heartbeat is older than that.
+- `prune --retention 259200 --dead-retention 1209600`: delete runs finished longer ago.
+Both take `--database-url` and `--schema` (default "flowq").
+"""
+
+from __future__ import annotations
+
+import click
+
+from flowq.cli.common import open_engine, schema_option, url_option
+
+__all__ = ["prune", "reap"]
+
+
+@click.command()
+@url_option
+@schema_option
+@click.option("--stale-after", default=30.0, show_default=True, type=click.FloatRange(0.0))
+def reap(database_url: str | None, schema: str, stale_after: float) -> None:
+    """Requeue (or bury) running jobs whose worker stopped heartbeating; one pass."""
+    from flowq.queries import Queries
+    from flowq.worker.maintenance import Reaper
+
+    engine = open_engine(database_url, schema)
+    try:
+        n = Reaper(engine, Queries(schema), stale_after=stale_after).run_once()
+    finally:
+        engine.dispose()
+    click.echo(f"reaped {n} job(s).")
+
+
+@click.command()
+@url_option
+@schema_option
+@click.option("--retention", default=3 * 86400.0, show_default=True,
+              type=click.FloatRange(0.0), help="Seconds to keep finished runs.")
+@click.option("--dead-retention", default=14 * 86400.0, show_default=True,
+              type=click.FloatRange(0.0), help="Seconds to keep runs with a dead step.")
+def prune(database_url: str | None, schema: str, retention: float, dead_retention: float
+          ) -> None:
+    """Delete runs that finished longer ago than the retention; one pass."""
+    from flowq.queries import Queries
+    from flowq.worker.maintenance import Pruner
+
+    engine = open_engine(database_url, schema)
+    try:
+        n = Pruner(engine, Queries(schema), retention=retention,
+                   dead_retention=dead_retention, max_batches=1_000_000).run_once()
+    finally:
+        engine.dispose()
+    click.echo(f"pruned {n} row(s).")

@@ -1,0 +1,85 @@
+"""`flowq worker MODULE:APP`: run an app's jobs until SIGTERM/SIGINT.
+
+Options and defaults are those of `flowq.worker.WorkerConfig` (`--concurrency 10`,
+`--processes 1`, `--poll-interval 5`, `--shutdown-grace 25`, `--stale-after 30`, ...), with
+`--database-url` (default: FLOWQ_DATABASE_URL, then DATABASE_URL). The app, the options and
+the database are checked before anything starts, so a mistake is one sentence, not a crash
+loop of `--processes` children.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from flowq.app import validate_queue
+from flowq.cli.common import load_app, require_url, url_option
+from flowq.errors import InvalidQueueError
+
+__all__ = ["worker"]
+
+
+def _queues(value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    names = [validate_queue(q.strip()) for q in value.split(",") if q.strip()]
+    if not names:
+        # An empty list would silently mean "every queue": refuse it instead.
+        raise InvalidQueueError(f"--queues {value!r} names no queue: pass a,b or leave it out.")
+    return names
+
+
+@click.command()
+@click.argument("app_spec", metavar="MODULE:APP")
+@url_option
+@click.option("--queues", default=None, help="Comma-separated queues (default: all the app's).")
+@click.option("--concurrency", "-c", default=10, show_default=True, type=click.IntRange(1, 1000),
+              help="Handlers run at once per process.")
+@click.option("--processes", "-p", default=1, show_default=True, type=click.IntRange(1, 256),
+              help="Worker processes to run under this command.")
+@click.option("--poll-interval", default=5.0, show_default=True, type=click.FloatRange(0.01),
+              help="Seconds between polls, the safety net for missed notifications.")
+@click.option("--no-listen", is_flag=True, help="Poll only (e.g. behind PgBouncer in "
+              "transaction mode, which cannot LISTEN).")
+@click.option("--shutdown-grace", default=25.0, show_default=True, type=click.FloatRange(0),
+              help="Seconds running handlers get to finish after SIGTERM.")
+@click.option("--stale-after", default=30.0, show_default=True, type=click.FloatRange(0.1),
+              help="Heartbeat age after which a running job is requeued by the reaper.")
+@click.option("--heartbeat-interval", default=5.0, show_default=True,
+              type=click.FloatRange(0.05))
+@click.option("--reap-interval", default=10.0, show_default=True, type=click.FloatRange(0.05))
+@click.option("--no-maintenance", is_flag=True, help="Do not reap or prune from this worker.")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
+              show_default=True)
+@click.option("--log-level", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@click.option("--job-log/--no-job-log", default=True, show_default=True,
+              help="Log a line per succeeded job (failures are always logged).")
+def worker(app_spec: str, database_url: str | None, queues: str | None, concurrency: int,
+           processes: int, poll_interval: float, no_listen: bool, shutdown_grace: float,
+           stale_after: float, heartbeat_interval: float, reap_interval: float,
+           no_maintenance: bool, log_format: str, log_level: str, job_log: bool) -> None:
+    """Run the jobs of MODULE:APP until SIGTERM/SIGINT."""
+    from flowq.worker import Worker, WorkerConfig
+    from flowq.worker.logs import configure_logging
+
+    configure_logging("json" if log_format == "json" else "text", log_level)
+    url = require_url(database_url)
+    app = load_app(app_spec)
+    config = WorkerConfig(queues=_queues(queues), concurrency=concurrency,
+                          poll_interval=poll_interval, listen=not no_listen,
+                          shutdown_grace=shutdown_grace, stale_after=stale_after,
+                          heartbeat_interval=heartbeat_interval, reap_interval=reap_interval,
+                          maintenance=not no_maintenance, job_log=job_log)
+    w = Worker(app, url, config)
+    w.check_database()
+    if processes > 1:
+        # Checked above, once: a bad app, option or database would otherwise make every child
+        # exit at start and the supervisor restart them forever.
+        from flowq.worker.supervisor import supervise
+
+        for engine in w.engines.values():
+            engine.dispose()
+        sys.exit(supervise(processes))
+    w.run()

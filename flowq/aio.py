@@ -21,14 +21,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection, async_scoped_session
 from sqlalchemy.ext.asyncio import AsyncSession as _SAAsyncSession
 
 from flowq.app import Pipeline
+from flowq.queries import queries
 from flowq.session import (
-    SCHEMA_CHECK,
     Enqueued,
     PreparedCall,
     migrated_schemas,
     prepare_enqueue,
     prepare_enqueue_many,
-    schema_check_params,
     schema_missing,
     translate_error,
 )
@@ -55,7 +54,7 @@ async def execute(target: AsyncTarget, call: PreparedCall[T]) -> T:
     conn = await _connection(target, call)
     engine = conn.sync_engine
     if (engine, call.schema) not in migrated_schemas:
-        found = await conn.execute(SCHEMA_CHECK, schema_check_params(call.schema))
+        found = await conn.execute(queries(call.schema).check_schema)
         if found.scalar() is None:
             raise schema_missing(call.schema)
         migrated_schemas.add(engine, call.schema)
@@ -63,7 +62,7 @@ async def execute(target: AsyncTarget, call: PreparedCall[T]) -> T:
     statement = next(statements)
     while True:
         try:
-            result = await conn.execute(statement, call.params, execution_options=call.options)
+            result = await conn.execute(statement, call.params)
         except sa.exc.ProgrammingError as exc:
             raise translate_error(exc, engine, call.schema) from None
         try:

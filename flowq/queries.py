@@ -14,14 +14,14 @@ is written once (`_rows` gives it either shape).
 
 from __future__ import annotations
 
-from functools import cached_property
+from functools import cache, cached_property
 
 import sqlalchemy as sa
 from sqlalchemy.sql.elements import TextClause
 
 from flowq.schema import validate_schema_name
 
-__all__ = ["Queries"]
+__all__ = ["Queries", "queries"]
 
 # The columns a worker needs of a claimed row, in `ClaimedJob`'s field order.
 _CLAIMED = """j.id, j.lease, j.run_id, j.task, j.step, j.step_index, j.queue, j.priority,
@@ -39,6 +39,12 @@ _FENCE = "j.id = c.id AND j.lease = c.lease AND (j.status = 'running') IS TRUE"
 # Clears the claim on a row that goes back to pending or ends. The lease stays: it is the
 # last claim's token, and the next claim draws a new one.
 _UNLOCK = "locked_by = NULL, locked_at = NULL, heartbeat_at = NULL"
+
+# What every enqueued row takes from the call, typed (a driver that prepares statements, such
+# as asyncpg, must know each parameter's type), and its due time: :run_at, else now + :delay.
+_CALL = """CAST(:task AS text), CAST(:step AS text), CAST(:queue AS text),
+                    CAST(:priority AS smallint), CAST(:max_attempts AS int)"""
+_DUE = "COALESCE(CAST(:run_at AS timestamptz), now() + CAST(:delay AS interval))"
 
 _Columns = tuple[tuple[str, str], ...]
 _CLAIM_KEY: _Columns = (("id", "bigint"), ("lease", "bigint"))
@@ -99,6 +105,77 @@ class Queries:
                    locked_at = now(), heartbeat_at = now()
               FROM picked WHERE j.id = picked.id
             RETURNING {_CLAIMED}""")
+
+    # -- enqueue (flowq.session, flowq.aio): in the caller's transaction ----------------------
+
+    @cached_property
+    def check_schema(self) -> TextClause:
+        """Whether this schema's jobs table exists (NULL if not): a query that cannot fail, so
+        a missing schema is reported before an INSERT would abort the caller's transaction."""
+        return self._t("SELECT to_regclass('{s}.jobs')")
+
+    @cached_property
+    def insert_job(self) -> TextClause:
+        """The keyless enqueue: one plain INSERT (no CTE, no conflict arbitration: it is the
+        hot path of every business transaction) whose RETURNING also notifies :channel with
+        the queue, delivered at commit only."""
+        return self._t(f"""
+            INSERT INTO {{s}}.jobs (task, step, queue, priority, max_attempts, args, run_at)
+            VALUES ({_CALL}, CAST(:args AS jsonb), {_DUE})
+            RETURNING id, run_id, true AS created, pg_notify(:channel, queue)""")
+
+    @cached_property
+    def find_run_by_key(self) -> TextClause:
+        """The run holding :idempotency_key, as (id, run_id, created = false)."""
+        return self._t("""
+            SELECT id, run_id, false AS created FROM {s}.jobs
+             WHERE idempotency_key = CAST(:idempotency_key AS text)""")
+
+    @cached_property
+    def insert_job_by_key(self) -> TextClause:
+        """The keyed enqueue: the run holding :idempotency_key, else a new one (notified).
+
+        The key is read first, in the statement's snapshot, and the INSERT runs only when
+        nothing was found; so a duplicate touches no row and takes no lock that a worker's
+        heartbeat of the existing run would wait behind (`ON CONFLICT DO UPDATE` did). Under
+        REPEATABLE READ an old key is found in the snapshot even if a worker updated its row
+        since, where any ON CONFLICT arbitration would raise a serialization failure (the
+        newest version of the row is invisible to the snapshot).
+
+        `DO NOTHING` remains for a key inserted concurrently: PostgreSQL makes the INSERT
+        wait for that transaction. If it rolls back, ours goes in; if it commits, the
+        statement returns no row (the winner is newer than its snapshot), and the caller
+        sends `find_run_by_key`."""
+        return self._t(f"""
+            WITH existing AS ({self.find_run_by_key.text}),
+            inserted AS (
+                INSERT INTO {{s}}.jobs (task, step, queue, priority, max_attempts, args,
+                                        run_at, idempotency_key)
+                SELECT {_CALL}, CAST(:args AS jsonb), {_DUE},
+                       CAST(:idempotency_key AS text)
+                 WHERE NOT EXISTS (SELECT 1 FROM existing)
+                ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+                RETURNING id, run_id, queue)
+            SELECT id, run_id, true AS created, pg_notify(:channel, queue) FROM inserted
+            UNION ALL
+            SELECT id, run_id, created, NULL FROM existing""")
+
+    @cached_property
+    def insert_jobs(self) -> TextClause:
+        """The bulk enqueue: one run per element of :args (JSON texts), one notification; the
+        run ids in input order (run_id is drawn from its sequence row by row in input order,
+        while RETURNING itself promises no order)."""
+        return self._t(f"""
+            WITH inserted AS (
+                INSERT INTO {{s}}.jobs (task, step, queue, priority, max_attempts, args, run_at)
+                SELECT {_CALL}, a.value, {_DUE}
+                  FROM unnest(CAST(:args AS jsonb[])) WITH ORDINALITY AS a(value, n)
+                 ORDER BY a.n
+                RETURNING run_id)
+            SELECT array_agg(run_id ORDER BY run_id), pg_notify(:channel, :queue)
+              FROM inserted""")
+
+    # -- the worker ---------------------------------------------------------------------------
 
     @cached_property
     def exists_due_jobs(self) -> TextClause:
@@ -342,3 +419,9 @@ class Queries:
              WHERE CAST(:status AS text) IS NULL OR r.status = :status
              ORDER BY r.run_id DESC
              LIMIT :limit""")
+
+
+@cache
+def queries(schema: str) -> Queries:
+    """The statements of `schema`, built once per process (each compiles once, on first use)."""
+    return Queries(schema)

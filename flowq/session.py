@@ -40,8 +40,6 @@ import psycopg
 import sqlalchemy as sa
 from psycopg.pq import TransactionStatus
 from sqlalchemy import orm
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, aggregate_order_by
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from flowq.app import DEFAULT_QUEUE, Pipeline, _validate_name, find_definition, validate_queue
 from flowq.db import is_missing_schema_error, raw_sql
@@ -54,8 +52,9 @@ from flowq.errors import (
     UnknownTaskError,
 )
 from flowq.jsonargs import JSONError, dumps_checked
+from flowq.queries import queries
 from flowq.retry import DEFAULT_MAX_ATTEMPTS
-from flowq.schema import DEFAULT_SCHEMA, jobs, notify_channel, schema_map
+from flowq.schema import DEFAULT_SCHEMA, notify_channel
 
 __all__ = ["Enqueued", "Session", "SessionMixin", "enqueue", "enqueue_many"]
 
@@ -92,7 +91,6 @@ class PreparedCall(Generic[T]):
 
     statement: sa.Executable
     params: dict[str, Any]
-    options: dict[str, Any]
     schema: str
     finish: Callable[[Sequence[Any]], T]  # reads a result row
     direct: bool = False  # may take the psycopg pipeline path (see the module docstring)
@@ -219,11 +217,6 @@ def _common_params(task: Pipeline | str, *, queue: str | None, priority: int | N
     return name, definition, schema, params
 
 
-def _options(schema: str) -> dict[str, Any]:
-    smap = schema_map(schema)
-    return {"schema_translate_map": smap} if smap else {}
-
-
 def _args_json(name: str, definition: Pipeline | None, args: Mapping[str, Any]) -> str:
     """Check and encode one set of arguments."""
     args = args if type(args) is dict else dict(args)
@@ -251,93 +244,6 @@ def _check_key(key: object) -> str | None:
     return key
 
 
-def _due() -> sa.ColumnElement[Any]:
-    return sa.func.coalesce(sa.bindparam("run_at", type_=sa.DateTime(timezone=True)),
-                            sa.func.now() + sa.bindparam("delay", type_=sa.Interval))
-
-
-# The columns every enqueued row takes from the call, for INSERT … SELECT (typed, so that
-# the parameters are sent with casts), and the column names they fill, in the same order.
-_CALL_COLUMNS = ("task", "step", "queue", "priority", "max_attempts")
-
-
-def _call_values() -> list[sa.BindParameter[Any]]:
-    return [sa.bindparam("task", type_=sa.Text), sa.bindparam("step", type_=sa.Text),
-            sa.bindparam("queue", type_=sa.Text),
-            sa.bindparam("priority", type_=sa.SmallInteger),
-            sa.bindparam("max_attempts", type_=sa.Integer)]
-
-
-def _build_find_key() -> sa.Select[Any]:
-    """The run holding :idempotency_key, as (id, run_id, created=false): the keyed insert's
-    first read, and its follow-up when that insert returned nothing."""
-    return sa.select(jobs.c.id, jobs.c.run_id, sa.false().label("created")).where(
-        jobs.c.idempotency_key == sa.bindparam("idempotency_key", type_=sa.Text))
-
-
-def _build_insert() -> sa.CompoundSelect[Any]:
-    """The keyed enqueue: the run holding the key, else a new one (with its notification).
-
-    The key is read first, in the statement's snapshot, and the INSERT runs only when
-    nothing was found; so a duplicate touches no row, and takes no lock that a worker's
-    heartbeat of the existing run would wait behind (`ON CONFLICT DO UPDATE` did). Under
-    REPEATABLE READ an old key is found in the snapshot even if a worker updated its row
-    since, where any ON CONFLICT arbitration would raise a serialization failure (the
-    newest version of the row is invisible to the snapshot).
-
-    `DO NOTHING` remains for a key inserted concurrently: PostgreSQL makes the INSERT wait
-    for that transaction. If it rolls back, ours goes in; if it commits, the statement
-    returns no row (the winner is newer than its snapshot) and `lookup` reads it.
-    """
-    found = _build_find_key().cte("existing")
-    source = sa.select(
-        *_call_values(), sa.cast(sa.bindparam("args", type_=sa.Text), JSONB),
-        sa.bindparam("idempotency_key", type_=sa.Text), _due(),
-    ).where(~sa.exists().select_from(found))
-    inserted = pg_insert(jobs).from_select(
-        [*_CALL_COLUMNS, "args", "idempotency_key", "run_at"], source,
-    ).on_conflict_do_nothing(
-        index_elements=[jobs.c.idempotency_key],
-        index_where=jobs.c.idempotency_key.isnot(None),
-    ).returning(jobs.c.id, jobs.c.run_id, jobs.c.queue).cte("inserted")
-    # Only a new run wakes workers: a matched key has nothing new to claim.
-    return sa.union_all(
-        sa.select(inserted.c.id, inserted.c.run_id, sa.true().label("created"),
-                  sa.func.pg_notify(sa.bindparam("channel"), inserted.c.queue)),
-        sa.select(found.c.id, found.c.run_id, found.c.created, sa.null()),
-    )
-
-
-def _build_plain_insert() -> sa.Insert:
-    """The keyless enqueue: one plain INSERT whose RETURNING also notifies (no CTE, no
-    conflict arbitration), since it is the hot path of every business transaction."""
-    return pg_insert(jobs).values(
-        task=sa.bindparam("task"), step=sa.bindparam("step"), queue=sa.bindparam("queue"),
-        priority=sa.bindparam("priority"), max_attempts=sa.bindparam("max_attempts"),
-        args=sa.cast(sa.bindparam("args", type_=sa.Text), JSONB), run_at=_due(),
-    ).returning(jobs.c.id, jobs.c.run_id, sa.true().label("created"),
-                sa.func.pg_notify(sa.bindparam("channel"), jobs.c.queue))
-
-
-def _build_insert_many() -> sa.Select[Any]:
-    rows = sa.func.unnest(sa.cast(sa.bindparam("args", type_=ARRAY(sa.Text)), ARRAY(JSONB))
-                          ).table_valued("value", with_ordinality="n").render_derived()
-    source = sa.select(*_call_values(), rows.c.value, _due()).order_by(rows.c.n)
-    inserted = pg_insert(jobs).from_select(
-        [*_CALL_COLUMNS, "args", "run_at"], source
-    ).returning(jobs.c.run_id).cte("inserted")
-    # run_id comes from a sequence drawn row by row in input order, so sorting by it gives
-    # the input order back (RETURNING itself promises no order).
-    return sa.select(sa.func.array_agg(aggregate_order_by(inserted.c.run_id, inserted.c.run_id)),
-                     sa.func.pg_notify(sa.bindparam("channel"), sa.bindparam("queue")))
-
-
-_INSERT = _build_insert()
-_FIND_KEY = _build_find_key()
-_PLAIN_INSERT = _build_plain_insert()
-_INSERT_MANY = _build_insert_many()
-
-
 def _enqueued(row: Sequence[Any]) -> Enqueued:
     job_id, run_id, created = row[:3]
     return Enqueued(id=run_id, created=bool(created), job_id=job_id)
@@ -357,11 +263,12 @@ def prepare_enqueue(task: Pipeline | str, args: Mapping[str, Any], *,
         task, queue=queue, priority=priority, run_at=run_at, delay=delay, schema=schema)
     key = _check_key(idempotency_key)
     params["args"] = _args_json(name, definition, args)
+    q = queries(schema)
     if key is None:
-        return PreparedCall(_PLAIN_INSERT, params, _options(schema), schema, _enqueued, True)
+        return PreparedCall(q.insert_job, params, schema, _enqueued, True)
     params["idempotency_key"] = key
-    return PreparedCall(_INSERT, params, _options(schema), schema, _enqueued, True,
-                        lookup=_FIND_KEY)
+    return PreparedCall(q.insert_job_by_key, params, schema, _enqueued, True,
+                        lookup=q.find_run_by_key)
 
 
 def prepare_enqueue_many(task: Pipeline | str, args_list: Iterable[Mapping[str, Any]], *,
@@ -384,7 +291,7 @@ def prepare_enqueue_many(task: Pipeline | str, args_list: Iterable[Mapping[str, 
     if not encoded:
         return None
     params["args"] = encoded
-    return PreparedCall(_INSERT_MANY, params, _options(schema), schema, _run_ids)
+    return PreparedCall(queries(schema).insert_jobs, params, schema, _run_ids)
 
 
 class _MigratedSchemas:
@@ -414,13 +321,6 @@ class _MigratedSchemas:
 
 
 migrated_schemas = _MigratedSchemas()
-
-SCHEMA_CHECK = sa.select(sa.func.to_regclass(sa.bindparam("name", type_=sa.Text)))
-
-
-def schema_check_params(schema: str) -> dict[str, str]:
-    return {"name": f"{schema}.jobs"}
-
 
 def schema_missing(schema: str) -> SchemaMissingError:
     return SchemaMissingError(
@@ -486,7 +386,7 @@ def _send(conn: sa.Connection, statement: sa.Executable,
           call: PreparedCall[Any]) -> sa.Row[Any] | None:
     """Send one of `call`'s statements through SQLAlchemy; its first row."""
     try:
-        result = conn.execute(statement, call.params, execution_options=call.options)
+        result = conn.execute(statement, call.params)
     except sa.exc.ProgrammingError as exc:
         raise translate_error(exc, conn.engine, call.schema) from None
     return result.first()
@@ -496,7 +396,7 @@ def execute(target: Target, call: PreparedCall[T]) -> T:
     """Run a prepared enqueue in `target`'s transaction."""
     conn = _connection(target, call)
     if (conn.engine, call.schema) not in migrated_schemas:
-        if conn.execute(SCHEMA_CHECK, schema_check_params(call.schema)).scalar() is None:
+        if conn.execute(queries(call.schema).check_schema).scalar() is None:
             raise schema_missing(call.schema)
         migrated_schemas.add(conn.engine, call.schema)
     raw = _own_psycopg(conn) if call.direct else None

@@ -338,6 +338,7 @@ def test_a_winner_deleted_before_it_is_read_is_retried_then_reported(
     pid: list[int] = []
 
     def interfere(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statement = statement.strip()
         if statement.startswith("WITH existing") and len(inserters) < races:
             inserter = Inserter(engine, "commit")
             inserters.append((inserter, inserter.end_when_waited_for(pid[0])))

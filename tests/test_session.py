@@ -315,7 +315,7 @@ def test_enqueue_many_returns_ids_in_order_in_one_statement(
     statements: list[str] = []
 
     def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if "flowq.jobs" in statement:
+        if "INSERT INTO flowq.jobs" in statement:
             statements.append(statement)
 
     sa.event.listen(engine, "before_cursor_execute", count)

@@ -21,7 +21,8 @@ from sqlalchemy.dialects.postgresql import psycopg as sa_psycopg
 from sqlalchemy.engine import URL, make_url
 
 from flowq.errors import DatabaseUnavailableError, FlowqError, SchemaMissingError
-from flowq.schema import DEFAULT_SCHEMA, schema_map, validate_schema_name
+from flowq.queries import queries
+from flowq.schema import DEFAULT_SCHEMA, schema_map
 
 __all__ = [
     "create_engine",
@@ -142,9 +143,7 @@ def create_engine(url: str | URL, **kwargs: Any) -> sa.Engine:
 
 def schema_exists(conn: sa.Connection, schema: str = DEFAULT_SCHEMA) -> bool:
     """True when `schema`.jobs exists; never raises for a missing schema."""
-    validate_schema_name(schema)
-    found = conn.execute(sa.text("SELECT to_regclass(:name)"), {"name": f"{schema}.jobs"})
-    return found.scalar() is not None
+    return conn.execute(queries(schema).check_schema).scalar() is not None
 
 
 def ensure_schema(engine: sa.Engine, schema: str = DEFAULT_SCHEMA) -> None:

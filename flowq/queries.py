@@ -46,6 +46,16 @@ _CALL = """CAST(:task AS text), CAST(:step AS text), CAST(:queue AS text),
                     CAST(:priority AS smallint), CAST(:max_attempts AS int)"""
 _DUE = "COALESCE(CAST(:run_at AS timestamptz), now() + CAST(:delay AS interval))"
 
+
+
+def _wake(queue: str, run_at: str) -> str:
+    """The NOTIFY payload of new jobs: the queue, and for jobs due later `queue@seconds`, the
+    wait measured from the transaction's start (`now()`). A worker receives it at commit or
+    later, so waking that many seconds after receipt is never early."""
+    return (f"CASE WHEN {run_at} > now() THEN {queue} || '@' || "
+            f"extract(epoch FROM {run_at} - now())::text ELSE {queue} END")
+
+
 _Columns = tuple[tuple[str, str], ...]
 _CLAIM_KEY: _Columns = (("id", "bigint"), ("lease", "bigint"))
 _SUCCESSOR: _Columns = (("id", "bigint"), ("task", "text"), ("step", "text"),
@@ -122,7 +132,7 @@ class Queries:
         return self._t(f"""
             INSERT INTO {{s}}.jobs (task, step, queue, priority, max_attempts, args, run_at)
             VALUES ({_CALL}, CAST(:args AS jsonb), {_DUE})
-            RETURNING id, run_id, true AS created, pg_notify(:channel, queue)""")
+            RETURNING id, run_id, true AS created, pg_notify(:channel, {_wake("queue", "run_at")})""")
 
     @cached_property
     def find_run_by_key(self) -> TextClause:
@@ -155,8 +165,9 @@ class Queries:
                        CAST(:idempotency_key AS text)
                  WHERE NOT EXISTS (SELECT 1 FROM existing)
                 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-                RETURNING id, run_id, queue)
-            SELECT id, run_id, true AS created, pg_notify(:channel, queue) FROM inserted
+                RETURNING id, run_id, queue, run_at)
+            SELECT id, run_id, true AS created, pg_notify(:channel, {_wake("queue", "run_at")})
+              FROM inserted
             UNION ALL
             SELECT id, run_id, created, NULL FROM existing""")
 
@@ -171,8 +182,9 @@ class Queries:
                 SELECT {_CALL}, a.value, {_DUE}
                   FROM unnest(CAST(:args AS jsonb[])) WITH ORDINALITY AS a(value, n)
                  ORDER BY a.n
-                RETURNING run_id)
-            SELECT array_agg(run_id ORDER BY run_id), pg_notify(:channel, :queue)
+                RETURNING run_id, run_at)
+            SELECT array_agg(run_id ORDER BY run_id),
+                   pg_notify(:channel, {_wake("CAST(:queue AS text)", "min(run_at)")})
               FROM inserted""")
 
     # -- the worker ---------------------------------------------------------------------------

@@ -99,6 +99,20 @@ def test_commit_creates_row_and_notifies_queue_name(
     assert listener.received() == ["emails"]  # the queue name only, never job data
 
 
+def test_a_delayed_job_notifies_when_it_falls_due(
+        Session: sessionmaker[flowq.Session], listener: Listener) -> None:
+    """`queue@seconds`, measured from the transaction's start: a worker that waits that long
+    after receiving it wakes when the job is due, never before."""
+    with Session.begin() as s:
+        s.enqueue("later", queue="q1", delay=30)
+        s.enqueue("keyed", queue="q2", delay=60, idempotency_key="k-later")
+        s.enqueue_many("bulk", [{}, {}], queue="q3", delay=90)
+        s.enqueue("now", queue="q4")
+    got = dict(p.partition("@")[::2] for p in listener.received())
+    assert got["q4"] == ""
+    assert [round(float(got[q])) for q in ("q1", "q2", "q3")] == [30, 60, 90]
+
+
 def test_notify_is_delivered_only_at_commit(
         Session: sessionmaker[flowq.Session], listener: Listener) -> None:
     with Session() as s:

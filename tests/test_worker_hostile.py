@@ -174,3 +174,16 @@ def test_a_short_retry_runs_long_before_the_next_poll(db: sa.Engine, db_url: str
     job = enqueue(db, ha.retry_soon, after=0.2)
     wait_until(lambda: final(db, [job]), timeout=20, message="the retried job to succeed")
     assert (by_id(db)[job].status, by_id(db)[job].attempts) == ("succeeded", 2)
+
+
+def test_a_delayed_job_runs_when_due_not_at_the_next_poll(db: sa.Engine, db_url: str,
+                                                         spawn_worker: Spawn) -> None:
+    """The NOTIFY of a job enqueued with `delay=0.5` tells the worker when it is due."""
+    spawn_worker("hostile_app:app", db_url, "--poll-interval", "60")
+    wait_until(lambda: scalar(db, "SELECT count(*) FROM pg_stat_activity WHERE "
+                              "application_name LIKE 'flowq listen%' AND query LIKE 'LISTEN%'"),
+               timeout=30, message="the worker to listen")
+    with db.begin() as conn:
+        job = flowq.enqueue(conn, ha.record, n=1, delay=0.5).job_id
+    wait_until(lambda: final(db, [job]), timeout=20, message="the delayed job to run")
+    assert_ledger_exact(db, [job])

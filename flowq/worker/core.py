@@ -156,7 +156,8 @@ class Worker:
             conninfo = self.url.set(drivername="postgresql").render_as_string(
                 hide_password=False)
             self.listener = Listener(conninfo, self.channel, self.queues, self._on_notify,
-                                     application_name=f"flowq listen {c.name}"[:63])
+                                     application_name=f"flowq listen {c.name}"[:63],
+                                     wake_in=self._wake_at)
         self._orphaned = False
         self._batch_threshold = max(1, self.config.concurrency // 2)
         self._idle_horizon = 0.0
@@ -186,8 +187,9 @@ class Worker:
         self._wake.set()
 
     def _wake_at(self, delay: float) -> None:
-        """A retry this worker wrote is due in `delay` seconds: claim then, not at the next
-        poll, so a 0.2 s retry runs 0.2 s later whatever the poll interval."""
+        """A job is due in `delay` seconds (a retry this worker wrote, or a delayed job whose
+        NOTIFY it saw): claim then, not at the next poll, so a 0.2 s retry runs 0.2 s later
+        whatever the poll interval."""
         if delay >= self.config.poll_interval:
             return  # the poll comes first anyway
         with self._due_lock:

@@ -1,6 +1,8 @@
 """Listener: a dedicated LISTEN connection that wakes the claimer the moment a job commits.
 
-Notifications carry only a queue name. The listener reconnects by itself (with backoff) and
+Notifications carry only a queue name, and for a job due later `queue@seconds`: the claimer
+is then woken that many seconds later (a job enqueued with `delay=0.5` starts about 0.5 s
+later, whatever the poll interval). The listener reconnects by itself (with backoff) and
 wakes the claimer after every (re)connect, since notifications sent while it was away are
 lost; the claimer's poll is the safety net in any case. Off with `listen=False` (poll only),
 for PgBouncer in transaction mode, which cannot hold a LISTEN.
@@ -29,11 +31,13 @@ class Listener:
     """LISTENs on `channel` and calls `wake()` for notifications about `queues`."""
 
     def __init__(self, conninfo: str, channel: str, queues: Collection[str],
-                 wake: Callable[[], None], *, application_name: str = "flowq listen") -> None:
+                 wake: Callable[[], None], *, application_name: str = "flowq listen",
+                 wake_in: Callable[[float], None] | None = None) -> None:
         self.conninfo = conninfo
         self.channel = channel
         self.queues = frozenset(queues)
         self.wake = wake
+        self.wake_in = wake_in
         self.application_name = application_name
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -48,6 +52,20 @@ class Listener:
         if self._thread is not None:
             self._thread.join(timeout=2.0)
 
+    def _notified(self, payload: str) -> None:
+        queue, _, due_in = payload.partition("@")
+        if queue not in self.queues:
+            return
+        if not due_in or self.wake_in is None:
+            self.wake()
+            return
+        try:
+            seconds = float(due_in)
+        except ValueError:  # not ours to parse: wake, the claim finds out
+            self.wake()
+            return
+        self.wake_in(seconds)
+
     def _loop(self) -> None:
         backoff = 0.1
         while not self._stop.is_set():
@@ -60,8 +78,7 @@ class Listener:
                     self.wake()  # whatever was notified while we were away
                     while not self._stop.is_set():
                         for note in conn.notifies(timeout=WAIT_SLICE):
-                            if note.payload in self.queues:
-                                self.wake()
+                            self._notified(note.payload)
             except psycopg.Error as exc:
                 self.connected.clear()
                 if self._stop.is_set():

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import hypothesis  # noqa: F401  (see below)
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
@@ -24,6 +25,11 @@ from sqlalchemy.engine import make_url
 import flowq
 from flowq.db import normalize_url
 from flowq.embedded import FAST_SETTINGS, LocalPostgres
+
+# hypothesis is imported here, before any test starts a thread: its pytest plugin otherwise
+# imports it at the terminal summary, through pytest's assertion rewriter, and CPython 3.11's
+# ast.parse can fail with "AST constructor recursion depth mismatch" while other threads run
+# (seen after the executor tests, whose abandoned handler threads outlive them).
 
 APPS_DIR = Path(__file__).parent / "apps"
 # The test apps (tests/apps/*.py) import as top-level modules, here and in worker subprocesses

@@ -1,0 +1,192 @@
+"""The executor in-process: how each attempt's outcome is decided, and that no handler can take
+a slot away. Outcomes are captured from a real `Completer` whose writer thread is not started
+(the writes themselves are tested in test_completer and the acceptance tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from tenacity import retry_if_exception, stop_after_attempt, wait_fixed
+
+import flowq
+from flowq.context import Context, StepSession
+from flowq.db import normalize_url
+from flowq.queries import Queries
+from flowq.testing import wait_until
+from flowq.worker.completer import Completer
+from flowq.worker.connection import DedicatedConnection
+from flowq.worker.executor import Executor
+from flowq.worker.model import Cancelled, ClaimedJob, Failed, Outcome, Retried, Succeeded
+
+TWO = flowq.Retry(stop=stop_after_attempt(2), wait=wait_fixed(1))
+
+
+class Recorder(Completer):
+    """A Completer that keeps the outcomes it is given instead of writing them."""
+
+    def __init__(self) -> None:
+        super().__init__(DedicatedConnection(normalize_url("postgresql://unused/none"),
+                                             "unused"), Queries("flowq"))
+        self.outcomes: dict[int, Outcome] = {}
+
+    def submit(self, job: ClaimedJob, outcome: Outcome, duration: float) -> None:
+        self.outcomes[job.id] = outcome
+
+
+@pytest.fixture
+def run(app: flowq.FlowQ) -> Iterator[Any]:
+    recorder = Recorder()
+    freed: list[int] = []
+    executor = Executor(app, recorder, concurrency=2, on_slot_free=freed.append,
+                        session_factory=lambda: StepSession())
+    executor.start()
+    ids = iter(range(1, 1000))
+
+    def go(task: flowq.Pipeline, attempts: int = 1, **args: Any) -> Outcome:
+        job_id = next(ids)
+        executor.submit(ClaimedJob(job_id, job_id, job_id, task.name, task.first.name, 0,
+                                   "default", 0, attempts, 10, json.dumps(args), False, 0.0))
+        wait_until(lambda: job_id in recorder.outcomes, timeout=15, message="an outcome")
+        return recorder.outcomes[job_id]
+
+    go.executor = executor  # type: ignore[attr-defined]
+    yield go
+    executor.stop()
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no")
+
+
+def test_an_exception_that_cannot_be_printed_fails_the_attempt(app: flowq.FlowQ,
+                                                               run: Any) -> None:
+    @app.task(retry=TWO)
+    def bad(ctx: Context) -> None:
+        raise Unprintable()
+
+    out = run(bad)
+    assert isinstance(out, Failed) and out.retry_in == 1.0
+    assert out.text.startswith("Unprintable: <Unprintable>")
+    assert run.executor.in_flight == 0  # the slot came back
+
+
+@pytest.mark.parametrize("exc", [SystemExit(2), KeyboardInterrupt(), GeneratorExit()])
+def test_base_exceptions_fail_the_attempt_and_keep_the_thread(app: flowq.FlowQ, run: Any,
+                                                              exc: BaseException) -> None:
+    @app.task(retry=TWO)
+    def exits(ctx: Context) -> None:
+        raise exc
+
+    @app.task()
+    def fine(ctx: Context) -> dict[str, int]:
+        return {"ok": 1}
+
+    out = run(exits)
+    assert isinstance(out, Failed) and out.retry_in is None  # not an Exception: not retried
+    assert out.text.startswith(type(exc).__name__)
+    for _ in range(4):  # both threads still serve
+        assert isinstance(run(fine), Succeeded)
+
+
+def test_a_retry_policy_that_raises_ends_the_step_with_both_errors(app: flowq.FlowQ,
+                                                                   run: Any) -> None:
+    @app.task(retry=flowq.Retry(retry=retry_if_exception(lambda e: e.code >= 500)))  # type: ignore[attr-defined]
+    def coded(ctx: Context) -> None:
+        raise ValueError("no code here")
+
+    out = run(coded)
+    assert isinstance(out, Failed) and out.retry_in is None
+    assert out.text.startswith("ValueError: no code here")
+    assert "retry policy raised" in out.text and "AttributeError" in out.text
+
+
+@pytest.mark.parametrize(("after", "expected"), [
+    (0.2, 0.2), (1e300, 366 * 86400.0), (-5, 0.0), (10**400, 366 * 86400.0)])
+def test_retry_step_delays_are_clamped(app: flowq.FlowQ, run: Any, after: Any,
+                                       expected: float) -> None:
+    @app.task(retry=TWO)
+    def again(ctx: Context) -> None:
+        raise flowq.RetryStep(after=after, reason="x\x00y")
+
+    out = run(again)
+    assert isinstance(out, Retried) and out.delay == pytest.approx(expected)
+    assert out.reason == "x\\x00y"
+
+
+@pytest.mark.parametrize("after", [float("inf"), float("nan"), "soon"])
+def test_retry_step_with_no_time_is_a_failure(app: flowq.FlowQ, run: Any, after: Any) -> None:
+    @app.task(retry=TWO)
+    def again(ctx: Context) -> None:
+        raise flowq.RetryStep(after=after)
+
+    out = run(again)
+    assert isinstance(out, Failed) and out.retry_in == 1.0
+    assert out.text.startswith("ValueError: RetryStep(after=")
+
+
+def test_retry_step_at_the_cap_ends_the_step(app: flowq.FlowQ, run: Any) -> None:
+    @app.task(retry=TWO)
+    def again(ctx: Context) -> None:
+        raise flowq.RetryStep(after=1)
+
+    out = run(again, attempts=2)
+    assert isinstance(out, Failed) and out.retry_in is None
+    assert "attempt cap of 2" in out.text
+
+
+def test_cancel_run_reason_is_made_storable(app: flowq.FlowQ, run: Any) -> None:
+    @app.task()
+    def stop(ctx: Context) -> None:
+        raise flowq.CancelRun("a\udcffb\x00")
+
+    out = run(stop)
+    assert isinstance(out, Cancelled) and out.reason == "a\\udcffb\\x00"
+
+
+def test_a_result_that_cannot_be_stored_is_not_retried(app: flowq.FlowQ, run: Any) -> None:
+    @app.task(retry=TWO)
+    def weird(ctx: Context) -> Any:
+        return {"a": [1, {"b": float("nan")}]}
+
+    out = run(weird)
+    assert isinstance(out, Failed) and out.retry_in is None
+    assert out.text.startswith("InvalidResultError:") and "['a'][1]['b']" in out.text
+
+
+def test_an_async_handler_that_ignores_cancellation_is_abandoned(app: flowq.FlowQ,
+                                                                 run: Any) -> None:
+    @app.task(retry=TWO, timeout=0.3)
+    async def stubborn(ctx: Context) -> None:
+        for _ in range(50):
+            try:
+                await asyncio.sleep(0.1)
+            except asyncio.CancelledError:
+                continue
+
+    started = time.monotonic()
+    out = run(stubborn)
+    assert isinstance(out, Failed) and out.text.startswith("StepTimeout:")
+    assert out.retry_in == 1.0
+    assert time.monotonic() - started < 4.0  # abandoned, not waited for (5 s)
+    assert run.executor.in_flight == 0
+
+
+def test_a_blocked_event_loop_is_replaced(app: flowq.FlowQ, run: Any) -> None:
+    @app.task(retry=TWO, timeout=0.5)
+    async def blocker(ctx: Context) -> None:
+        time.sleep(3)
+
+    @app.task()
+    async def fine(ctx: Context) -> dict[str, int]:
+        await asyncio.sleep(0.01)
+        return {"ok": 1}
+
+    out = run(blocker)
+    assert isinstance(out, Failed) and out.text.startswith("StepTimeout:")
+    assert isinstance(run(fine), Succeeded)  # on a fresh loop, while the old one is blocked

@@ -30,7 +30,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from flowq.errors import EmbeddedPostgresError
 
@@ -157,12 +157,13 @@ class LocalPostgres:
         atexit.register(self.stop)
         return self
 
-    def restart(self) -> None:
-        """Restart the server in place (fast shutdown): connections drop, data stays."""
+    def restart(self, mode: Literal["fast", "immediate"] = "fast") -> None:
+        """Restart the server in place: connections drop, committed data stays. `immediate`
+        stops every server process at once, as a crash would (recovery runs at start)."""
         # `-l` as at start: without it the new postmaster inherits pg_ctl's captured stdout,
         # and waiting for that pipe to close would hang until the timeout.
         self._run(["pg_ctl", "-D", str(self.datadir), "-l", str(self.datadir / "server.log"),
-                   "-m", "fast", "-w", "restart"], timeout=START_TIMEOUT + 10)
+                   "-m", mode, "-w", "restart"], timeout=START_TIMEOUT + 10)
 
     def stop(self) -> None:
         """Stop the server (fast shutdown) and, for a temporary directory, delete it."""

@@ -59,6 +59,7 @@ class Heartbeat:
         # because we just completed it ourselves (the completer reports a dropped outcome).
         self.unsettled = unsettled or claims
         self.interval = interval
+        self._reported: set[Claim] = set()  # lost claims already logged, while they run on
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -75,8 +76,11 @@ class Heartbeat:
         running = set(self.unsettled())
         lost = [c for c in held if c[0] not in alive and c in running]
         for job_id, lease in lost:
-            log_event(WARNING, "lost the claim on a running job (reaped after a stale "
-                      "heartbeat); its result will be discarded", job_id=job_id, lease=lease)
+            if (job_id, lease) not in self._reported:  # once per claim, not every beat
+                log_event(WARNING, "lost the claim on a running job (reaped after a stale "
+                          "heartbeat); its result will be discarded", job_id=job_id,
+                          lease=lease)
+        self._reported = set(lost)
         return [c[0] for c in lost]
 
     def start(self) -> None:

@@ -58,8 +58,11 @@ def _wake(queue: str, run_at: str) -> str:
 
 _Columns = tuple[tuple[str, str], ...]
 _CLAIM_KEY: _Columns = (("id", "bigint"), ("lease", "bigint"))
-_SUCCESSOR: _Columns = (("id", "bigint"), ("task", "text"), ("step", "text"),
-                        ("step_index", "smallint"), ("queue", "text"),
+# A successor names the claim it follows, (id, lease): a worker may hold two claims of one
+# step (an attempt lost to the reaper, and its own re-claim), and only the claim that landed
+# may create the next step, once.
+_SUCCESSOR: _Columns = (("id", "bigint"), ("lease", "bigint"), ("task", "text"),
+                        ("step", "text"), ("step_index", "smallint"), ("queue", "text"),
                         ("max_attempts", "int"), ("args", "jsonb"))
 
 
@@ -238,13 +241,13 @@ class Queries:
                    SET status = 'succeeded', result = c.result, finished_at = now(), {_UNLOCK}
                   FROM {claims}
                  WHERE {_FENCE}
-                RETURNING j.id, j.run_id, j.priority, j.cancel_requested
+                RETURNING j.id, j.lease, j.run_id, j.priority, j.cancel_requested
             ), inserted AS (
                 INSERT INTO {{s}}.jobs (run_id, task, step, step_index, queue, priority,
                                         max_attempts, args)
                 SELECT d.run_id, n.task, n.step, n.step_index, n.queue, d.priority,
                        n.max_attempts, n.args
-                  FROM done d JOIN {successors} ON n.id = d.id
+                  FROM done d JOIN {successors} ON n.id = d.id AND n.lease = d.lease
                  WHERE NOT d.cancel_requested
                 RETURNING queue
             )
@@ -256,8 +259,8 @@ class Queries:
     @cached_property
     def complete_steps(self) -> TextClause:
         """`complete_jobs` plus, in the same statement, the next step of every run whose step
-        just succeeded (`:next_ids` names the claim each successor follows; none when the
-        run was cancelled meanwhile), waking the workers of their queues. One statement, so
+        just succeeded (`:next_ids`, `:next_leases` name the claim each successor follows; none
+        when the run was cancelled meanwhile), waking the workers of their queues. One statement, so
         it is atomic even in autocommit: no step is ever done without its successor, nor a
         successor created for a step that was not ours."""
         return self._complete_steps(single=False)

@@ -87,3 +87,42 @@ def test_a_stale_claims_outcome_is_dropped_not_written(engine: sa.Engine,
     assert completer.flush(10.0)
     row = rows(engine)[job.id]
     assert (row.status, row.result, row.lease) == ("running", None, again.lease)
+
+
+def test_two_claims_of_one_step_in_a_batch_create_one_successor(
+        engine: sa.Engine, completer: Completer) -> None:
+    """A worker can hold two claims of one step: an attempt the reaper took, and its own
+    re-claim. Both successes may land in one batch; only the current claim completes, and
+    only it creates the next step (found by tests/test_lifecycle.py)."""
+    import flowq
+    from flowq.worker.model import NextStep
+
+    app = flowq.FlowQ()
+    chain = app.pipeline("chain")
+
+    @chain.step()
+    def one(ctx: Any) -> dict[str, int]:
+        return {"n": 1}
+
+    @chain.step()
+    def two(ctx: Any, n: int) -> None: ...
+
+    [old] = claim(engine, 1)
+    with engine.begin() as conn:  # reaped, then claimed again by the same worker
+        conn.execute(sa.text("UPDATE flowq.jobs SET status = 'pending'"))
+        [row] = conn.execute(Q.claim_jobs, {"queue": "default", "limit": 1, "worker": "w"})
+    new = ClaimedJob(*row)
+    nxt = NextStep(two, "chain", '{"n": 1}')
+    with completer._cond:  # both outcomes in one batch
+        completer._items += [_item(old, Succeeded('{"n": 1}', nxt)),
+                             _item(new, Succeeded('{"n": 1}', nxt))]
+        completer._cond.notify()
+    assert completer.flush(10.0)
+    steps = [(r.step, r.status) for r in job_rows(engine)]
+    assert steps == [("t", "succeeded"), ("two", "pending")]
+
+
+def _item(job: ClaimedJob, outcome: Any) -> Any:
+    from flowq.worker.completer import _Item
+
+    return _Item(job, outcome, 0.1)

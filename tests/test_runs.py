@@ -258,7 +258,8 @@ def test_cancel_waits_for_a_completing_step_and_cancels_its_successor(ledger: sa
         tx = worker.begin()
         worker.execute(q.complete_steps, {
             "ids": [claimed.id], "leases": [claimed.lease], "results": ['{"n": 1}'],
-            "next_ids": [claimed.id], "next_tasks": ["chain3"], "next_steps": ["flaky"],
+            "next_ids": [claimed.id], "next_leases": [claimed.lease],
+            "next_tasks": ["chain3"], "next_steps": ["flaky"],
             "next_step_indexes": [1], "next_queues": ["default"], "next_max_attempts": [5],
             "next_args": ['{"n": 1, "account": 10, "fail_times": 0, "sleep": 0}'],
             "channel": "flowq"})

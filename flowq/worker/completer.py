@@ -382,7 +382,7 @@ def _next(outcome: Outcome) -> NextStep | None:
 
 
 def _successor(job: ClaimedJob, nxt: NextStep) -> dict[str, Any]:
-    return {"id": job.id, "task": nxt.task, "step": nxt.step.name,
+    return {"id": job.id, "lease": job.lease, "task": nxt.task, "step": nxt.step.name,
             "step_index": nxt.step.index, "queue": nxt.step.queue,
             "max_attempts": nxt.step.retry.attempt_cap, "args": nxt.args}
 

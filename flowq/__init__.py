@@ -26,6 +26,8 @@ from flowq.errors import (
 from flowq.migrations import migrate
 from flowq.retry import Retry
 from flowq.session import Enqueued, Session, SessionMixin, enqueue, enqueue_many
+from flowq.worker import Worker, WorkerConfig
+from flowq.worker.logs import configure_logging
 
 __all__ = [
     "CancelRun",
@@ -49,6 +51,9 @@ __all__ = [
     "Step",
     "Task",
     "UnknownTaskError",
+    "Worker",
+    "WorkerConfig",
+    "configure_logging",
     "enqueue",
     "enqueue_many",
     "migrate",

@@ -58,3 +58,33 @@ def test_level_filters_events(capsys: pytest.CaptureFixture[str]) -> None:
     log_event(logging.ERROR, "job dead", job_id=2)
     [line] = capsys.readouterr().err.strip().splitlines()
     assert json.loads(line)["job_id"] == 2
+
+
+def test_any_logging_setup_shows_the_fields(app: flowq.FlowQ, engine: sa.Engine, db_url: str,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    """An application's own handler (here pytest's caplog, `%(message)s` only) sees the job id,
+    task and error in the message, not only in `extra=` attributes it does not print."""
+    @app.task(retry=flowq.Retry(wait=wait_fixed(0)))
+    def flaky(ctx: Context) -> None:
+        if ctx.attempt == 1:
+            raise ValueError("boom")
+
+    with engine.begin() as conn:
+        job_id = flowq.enqueue(conn, flaky).job_id
+    with caplog.at_level(logging.INFO, logger="flowq"):
+        run_until_idle(app, db_url)
+    [failed] = [r.getMessage() for r in caplog.records
+                if r.getMessage().startswith("job failed; retrying")]
+    for part in (f"job_id={job_id}", "task=flaky", "attempt=1", 'error="ValueError: boom"'):
+        assert part in failed, failed
+
+
+def test_text_lines_carry_each_field_once(capsys: pytest.CaptureFixture[str]) -> None:
+    configure_logging("text")
+    log_event(logging.WARNING, "job dead", job_id=7)
+    line = capsys.readouterr().err.strip()
+    assert line.count("job_id=7") == 1
+
+
+def test_configure_logging_is_public() -> None:
+    assert flowq.configure_logging is configure_logging

@@ -247,10 +247,17 @@ class Worker:
                   worker=self.config.name, listen=self.config.listen,
                   poll_s=self.config.poll_interval)
 
-    def run(self, *, install_signals: bool = True, until_idle: bool = False,
+    def run(self, *, install_signals: bool | None = None, until_idle: bool = False,
             idle_horizon: float = 0.0) -> None:
-        """Run until stopped, or with `until_idle` until no job is due within `idle_horizon`
-        seconds (so retries scheduled shortly are waited for) and nothing is running."""
+        """Run until `stop()` (or SIGTERM/SIGINT), or with `until_idle` until no job is due
+        within `idle_horizon` seconds (so retries scheduled shortly are waited for) and
+        nothing is running.
+
+        Signal handlers are installed only in the main thread (default `None`): a worker
+        embedded in a thread (a web app's lifespan, a test) is stopped with `stop()`, and
+        `run()` returns once running handlers finished or the grace period ran out."""
+        if install_signals is None:
+            install_signals = threading.current_thread() is threading.main_thread()
         if install_signals:
             self._install_signals()
         self._idle_horizon = idle_horizon

@@ -4,6 +4,13 @@ Every job line carries `job_id`, `run_id`, `task`, `step`, `attempt` and, when i
 `duration_ms`. Failures, retries (with their delay), dead jobs and reaped jobs are logged at
 WARNING or above, always; the per-job success line is INFO and can be switched off
 (`--no-job-log`) so it costs no throughput.
+
+The fields travel twice, so that no logging setup loses them: as attributes of the record
+(`extra=`, for structured handlers) and in the message itself (`record.getMessage()` is
+`event key=value ...`), so an application's own `logging.basicConfig()`, pytest's caplog or
+a framework's handler print the job id, task and error too. `configure_logging()` (also
+`flowq.configure_logging`) installs flowq's own text or JSON formatter on the `flowq` logger;
+the JSON formatter writes the bare event and the fields as keys.
 """
 
 from __future__ import annotations
@@ -14,7 +21,8 @@ import sys
 import time
 from typing import Any, Literal
 
-__all__ = ["ERROR", "INFO", "LOGGER_NAME", "WARNING", "configure_logging", "log_event", "logger"]
+__all__ = ["ERROR", "INFO", "LOGGER_NAME", "WARNING", "Event", "configure_logging", "log_event",
+           "logger"]
 
 INFO, WARNING, ERROR = logging.INFO, logging.WARNING, logging.ERROR
 LOGGER_NAME = "flowq"
@@ -23,12 +31,34 @@ logger = logging.getLogger(LOGGER_NAME)
 _STD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 
 
+class Event:
+    """A log message that renders as `event key=value ...`; `.event` is the bare event."""
+
+    __slots__ = ("event", "fields")
+
+    def __init__(self, event: str, fields: dict[str, Any]) -> None:
+        self.event = event
+        self.fields = fields
+
+    def __str__(self) -> str:
+        if not self.fields:
+            return self.event
+        return self.event + " " + " ".join(f"{k}={_text(v)}" for k, v in self.fields.items())
+
+
+def _bare(record: logging.LogRecord) -> tuple[str, bool]:
+    """(the message without fields, whether the fields were in the message)."""
+    if isinstance(record.msg, Event):
+        return record.msg.event, True
+    return record.getMessage(), False
+
+
 class _TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
         fields = " ".join(f"{k}={_text(v)}" for k, v in record.__dict__.items()
                           if k not in _STD)
-        line = f"{ts}.{int(record.msecs):03d}Z {record.levelname:<7} {record.getMessage()}"
+        line = f"{ts}.{int(record.msecs):03d}Z {record.levelname:<7} {_bare(record)[0]}"
         if fields:
             line += " " + fields
         if record.exc_info:
@@ -47,7 +77,7 @@ class _JSONFormatter(logging.Formatter):
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
             + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
-            "event": record.getMessage(),
+            "event": _bare(record)[0],
         }
         data.update({k: v for k, v in record.__dict__.items() if k not in _STD})
         if record.exc_info:
@@ -56,7 +86,9 @@ class _JSONFormatter(logging.Formatter):
 
 
 def configure_logging(fmt: Literal["text", "json"] = "text", level: str = "INFO") -> None:
-    """Send flowq's logs to stderr in `fmt`; idempotent."""
+    """Send flowq's logs (the `flowq` logger) to stderr in `fmt`, `text` (`key=value`) or
+    `json` (one object per line), at `level`; replaces flowq's handlers, so calling it again
+    is harmless. Not needed for flowq's fields to show: every message carries them."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_JSONFormatter() if fmt == "json" else _TextFormatter())
     logger.handlers[:] = [handler]
@@ -67,4 +99,4 @@ def configure_logging(fmt: Literal["text", "json"] = "text", level: str = "INFO"
 def log_event(level: int, event: str, **fields: Any) -> None:
     """Log `event` with structured `fields` (skipped cheaply when the level is off)."""
     if logger.isEnabledFor(level):
-        logger.log(level, event, extra=fields)
+        logger.log(level, Event(event, fields), extra=fields)

@@ -17,6 +17,7 @@ not create, so `--database-url` may point at a database holding real data.
 
 from __future__ import annotations
 
+import io
 import random
 import threading
 import time
@@ -97,9 +98,12 @@ def run_demo(url: str | None, *, n_jobs: int = 2000) -> None:
 
     server = None
     if url is None:
-        click.echo("Starting an embedded PostgreSQL ...")
+        click.echo("Starting a temporary embedded PostgreSQL (the demo never reads "
+                   "FLOWQ_DATABASE_URL or DATABASE_URL; --database-url picks a server) ...")
         server = LocalPostgres().start()
         url = server.url
+    else:
+        click.echo("Using the server given by --database-url.")
     try:
         _run_in_own_schema(url, n_jobs)
     finally:
@@ -170,8 +174,8 @@ def _part_one(engine: sa.Engine, demo: Demo,
 
 def _part_two(demo: Demo, session_factory: sessionmaker[flowq.Session],
               n_jobs: int) -> tuple[int, int]:
-    click.secho(f"\n2. Enqueue {n_jobs} jobs beside their orders, {BATCH} per transaction",
-                bold=True)
+    click.secho(f"\n2. Enqueue {n_jobs} jobs beside their orders, {BATCH} per transaction "
+                f"(about 1 transaction in 10 rolls back), and one poisoned order", bold=True)
     committed = rolled_back = 0
     rng = random.Random(1)
     next_id = 100
@@ -193,7 +197,8 @@ def _part_two(demo: Demo, session_factory: sessionmaker[flowq.Session],
         s.add(demo.order(id=POISON_ORDER, item="poison"))
         s.flush()
         s.enqueue(demo.ship_order, order_id=POISON_ORDER)
-    click.echo(f"  committed {committed + 1} jobs, rolled back {rolled_back} (with their orders)")
+    click.echo(f"  committed {committed} jobs + 1 poisoned (order {POISON_ORDER}); "
+               f"rolled back {rolled_back} more with their orders")
     return committed + 1, rolled_back
 
 
@@ -207,18 +212,23 @@ def _run(engine: sa.Engine, url: str, demo: Demo, n_jobs: int) -> None:
     flowq.migrate(engine, schema=demo.schema)
     demo.metadata.create_all(engine)
     session_factory = sessionmaker(engine, class_=flowq.Session)
-    click.echo(f"Database: {flowq.db.describe_url(url)}, schema \"{demo.schema}\" "
-               "(created for this run, migrated)")
+    with engine.connect() as c:
+        version = c.execute(sa.text("SHOW server_version")).scalar()
+    click.echo(f"Database: PostgreSQL {version} at {flowq.db.describe_url(url)}, schema "
+               f"\"{demo.schema}\" (created for this run, migrated)")
     _part_one(engine, demo, session_factory)
     committed, rolled_back = _part_two(demo, session_factory, n_jobs)
 
-    click.secho("\n3. A worker drains the queue (concurrency 16)", bold=True)
-    configure_logging("text", "ERROR")
+    total = committed + 1  # plus order 1 from part one
+    click.secho(f"\n3. A worker drains the queue (concurrency 16): {total} jobs = 1 from part "
+                f"1 + {committed - 1} + 1 poisoned from part 2", bold=True)
+    # The worker's errors are held back while the progress bar draws, then shown under it.
+    held = io.StringIO()
+    configure_logging("text", "ERROR", stream=held)
     worker = Worker(demo.app, url, WorkerConfig(concurrency=16, job_log=False,
                                                 poll_interval=0.2))
     thread = threading.Thread(target=worker.run, kwargs={"install_signals": False},
                               daemon=True)
-    total = committed + 1  # plus order 1 from part one
     started = time.monotonic()
     thread.start()
     try:
@@ -235,6 +245,11 @@ def _run(engine: sa.Engine, url: str, demo: Demo, n_jobs: int) -> None:
         # Stopped (and its connections closed) before the schema is dropped, even on Ctrl-C.
         worker.stop()
         thread.join(timeout=WORKER_STOP_TIMEOUT)
+        configure_logging("text", "ERROR")
+        if held.getvalue():
+            click.echo("  worker log (errors):")
+            for line in held.getvalue().splitlines():
+                click.echo(f"    {line}")
 
     jobs, orders, shipments = demo.table("jobs"), demo.table("orders"), demo.table("shipments")
     with engine.connect() as c:
@@ -248,7 +263,9 @@ def _run(engine: sa.Engine, url: str, demo: Demo, n_jobs: int) -> None:
             "WHERE o.id IS NULL")).scalar()
     counts = _counts(engine, demo)
     click.secho("\n4. Summary", bold=True)
-    click.echo(f"  processed:    {counts.get('succeeded', 0)} succeeded")
+    succeeded = counts.get("succeeded", 0)
+    click.echo(f"  processed:    {succeeded} succeeded + {len(dead)} dead = "
+               f"{succeeded + len(dead)} of the {total} committed jobs")
     click.echo(f"  retried:      {retried} job(s) needed more than one attempt")
     click.echo(f"  dead:         {len(dead)}")
     for task, args, err in dead:

@@ -102,9 +102,15 @@ def test_demo_ignores_the_environment_and_uses_an_embedded_server(user_db: str) 
     before = snapshot(user_db)
     proc = flowq_cli("demo", "--jobs", "10", env=dict.fromkeys(ENV_VARS, user_db))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "Starting an embedded PostgreSQL" in proc.stdout
+    assert "Starting a temporary embedded PostgreSQL" in proc.stdout
     assert "4. Summary" in proc.stdout and "0 for rolled-back orders" in proc.stdout
     assert snapshot(user_db) == before
+    # The numbers add up on screen: 1 job from part 1, 10 + 1 poisoned from part 2.
+    assert "committed 10 jobs + 1 poisoned" in proc.stdout
+    assert "12 jobs = 1 from part 1 + 10 + 1 poisoned from part 2" in proc.stdout
+    assert "11 succeeded + 1 dead = 12 of the 12 committed jobs" in proc.stdout
+    # The worker's error line comes after the progress bar, not over it.
+    assert proc.stdout.index("jobs finished") < proc.stdout.index("job dead")
 
 
 def test_demo_on_a_given_database_works_in_a_schema_of_its_own(user_db: str) -> None:

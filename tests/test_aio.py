@@ -153,3 +153,32 @@ def test_missing_schema_in_async(empty_db_url: str) -> None:
 def test_sync_session_is_refused_with_a_pointer(engine: sa.Engine) -> None:
     with engine.connect() as conn, pytest.raises(TypeError, match=r"flowq\.enqueue"):
         asyncio.run(enqueue(conn, "t"))  # type: ignore[arg-type]
+
+
+def test_an_asyncpg_session_enqueues_like_a_psycopg_one(db_url: str, engine: sa.Engine) -> None:
+    """FastAPI apps usually run on asyncpg: every enqueue statement (keyless, keyed, bulk,
+    delayed) works through it, in the caller's transaction."""
+    asyncpg_url = sa.make_url(db_url).set(drivername="postgresql+asyncpg")
+
+    async def main() -> tuple[flowq.Enqueued, flowq.Enqueued, list[int]]:
+        aengine = create_async_engine(asyncpg_url)
+        try:
+            Session = async_sessionmaker(aengine, class_=AsyncSession)
+            async with Session() as s:
+                plain = await s.enqueue("via_asyncpg", queue="aq", n=1, delay=5)
+                keyed = await s.enqueue("via_asyncpg", idempotency_key="apg", n=2)
+                again = await s.enqueue("via_asyncpg", idempotency_key="apg", n=3)
+                many = await s.enqueue_many("via_asyncpg", [{"n": 4}, {"n": 5}])
+                await s.commit()
+            assert (again.id, again.created) == (keyed.id, False)
+            async with Session() as s:
+                await s.enqueue("via_asyncpg", n=6)
+                await s.rollback()
+            return plain, keyed, many
+        finally:
+            await aengine.dispose()
+
+    plain, keyed, many = asyncio.run(main())
+    rows = _rows(engine)
+    assert [r.run_id for r in rows] == [plain.id, keyed.id, *many]
+    assert [r.args["n"] for r in rows] == [1, 2, 4, 5]

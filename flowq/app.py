@@ -7,6 +7,13 @@ is given; a step's name is its function's `__name__` unless `name=` is given.
 
 Definitions fail loudly at import time: duplicate names, a handler without a `ctx` first
 parameter, a handler parameter named like an enqueue option, an invalid queue name.
+
+Definitions also enqueue themselves: `add.enqueue(session, a=1)`, with options through
+`add.options(queue=..., priority=..., idempotency_key=..., run_at=..., delay=..., schema=...)`
+and an async twin `await add.aenqueue(async_session, a=1)`. On a `Task[P, R]` these are typed
+by the handler's parameters after `ctx` (`P`), so a type checker refuses a misspelt or
+mistyped argument; a `Pipeline`'s are untyped (its steps are added one by one). They are thin:
+the validation and SQL are `flowq.session`'s (`prepare_enqueue`, `execute`).
 """
 
 from __future__ import annotations
@@ -16,15 +23,24 @@ import re
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Final, Generic, ParamSpec, TypeVar
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Concatenate, Final, Generic, ParamSpec, TypeVar
 
 from flowq.errors import ConfigurationError, InvalidArgumentsError, InvalidQueueError
 from flowq.retry import Retry
 from flowq.schema import DEFAULT_SCHEMA, validate_schema_name
 
+if TYPE_CHECKING:
+    # flowq.session and flowq.context import this module; flowq.aio must stay unimported
+    # until it is used (see `EnqueueOptions`).
+    from flowq.aio import AsyncTarget
+    from flowq.context import Context
+    from flowq.session import Enqueued, PreparedCall, Target
+
 __all__ = [
     "DEFAULT_QUEUE",
     "RESERVED_OPTIONS",
+    "EnqueueOptions",
     "FlowQ",
     "Pipeline",
     "Step",
@@ -139,6 +155,78 @@ def _make_step(fn: Callable[..., Any], *, name: str | None, retry: Retry | None,
                 is_async=inspect.iscoroutinefunction(fn))
 
 
+def _as_keywords(definition: Pipeline, args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The call's arguments as the keywords that are stored: positional ones are named after
+    the first step's parameters that follow `ctx`. Whether they then fit is for
+    `Step.check_arguments` to say (at `prepare_enqueue`), like any other arguments."""
+    if not args:
+        return kwargs
+    params = list(definition.first.signature.parameters.values())[1:]
+    names = [p.name for p in params
+             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    # A positional argument for `*args` has no name to be stored under.
+    if len(args) > len(names):
+        raise InvalidArgumentsError(
+            f"arguments for {definition.name!r} do not fit step {definition.first.name!r} "
+            f"{definition.first.signature}: {len(args)} positional arguments, at most "
+            f"{len(names)} can be named (arguments are stored as keywords)"
+        )
+    named = dict(zip(names, args, strict=False))
+    twice = sorted(named.keys() & kwargs.keys())
+    if twice:
+        raise InvalidArgumentsError(
+            f"arguments for {definition.name!r}: multiple values for "
+            f"{', '.join(map(repr, twice))}"
+        )
+    named.update(kwargs)
+    return named
+
+
+@dataclass(frozen=True)
+class EnqueueOptions(Generic[P]):
+    """A task or pipeline with enqueue options, from `definition.options(...)`; enqueue it with
+    `.enqueue(session_or_connection, ...)` or `await .aenqueue(async_session, ...)`.
+
+    Typed by the handler's parameters after `ctx` (`P`) when it comes from a `Task`. The
+    options mean what they mean to `flowq.enqueue`, and are checked there, when enqueueing.
+    """
+
+    definition: Pipeline
+    idempotency_key: str | None = None
+    queue: str | None = None
+    priority: int | None = None
+    run_at: datetime | None = None
+    delay: float | timedelta | None = None
+    schema: str | None = None
+
+    def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> PreparedCall[Enqueued]:
+        # Imported here: flowq.session imports this module.
+        from flowq.session import prepare_enqueue
+
+        return prepare_enqueue(self.definition, _as_keywords(self.definition, args, kwargs),
+                               idempotency_key=self.idempotency_key, queue=self.queue,
+                               priority=self.priority, run_at=self.run_at, delay=self.delay,
+                               schema=self.schema)
+
+    def enqueue(self, target: Target, /, *args: P.args, **kwargs: P.kwargs) -> Enqueued:
+        """Enqueue a run in the transaction of `target` (a Session or Connection); see
+        `flowq.enqueue`. Positional arguments are named after the handler's parameters."""
+        from flowq.session import execute
+
+        return execute(target, self._prepare(args, kwargs))
+
+    async def aenqueue(self, target: AsyncTarget, /, *args: P.args,
+                       **kwargs: P.kwargs) -> Enqueued:
+        """Enqueue a run in the transaction of an AsyncSession or AsyncConnection."""
+        call = self._prepare(args, kwargs)
+        # Imported on first use: `import flowq` must not import SQLAlchemy's asyncio
+        # extension (SQLAlchemy 2.1 no longer installs the greenlet it needs).
+        from flowq.aio import execute
+
+        return await execute(target, call)
+
+
 class Pipeline:
     """An ordered chain of steps run as one run; each step's dict result feeds the next.
 
@@ -185,16 +273,56 @@ class Pipeline:
         i = self.steps.index(step)
         return self.steps[i + 1] if i + 1 < len(self.steps) else None
 
+    def options(self, *, idempotency_key: str | None = None, queue: str | None = None,
+                priority: int | None = None, run_at: datetime | None = None,
+                delay: float | timedelta | None = None,
+                schema: str | None = None) -> EnqueueOptions[...]:
+        """This pipeline with enqueue options (see `flowq.enqueue`), to `.enqueue(...)`."""
+        return EnqueueOptions(self, idempotency_key=idempotency_key, queue=queue,
+                              priority=priority, run_at=run_at, delay=delay, schema=schema)
+
+    # Untyped: a pipeline's arguments are its first step's, known only once it is added.
+    def enqueue(self, target: Target, /, *args: Any, **kwargs: Any) -> Enqueued:
+        """Enqueue a run in the transaction of `target`; `flowq.enqueue(target, self, ...)`
+        without options (use `.options(...)` for them)."""
+        return EnqueueOptions(self).enqueue(target, *args, **kwargs)
+
+    async def aenqueue(self, target: AsyncTarget, /, *args: Any, **kwargs: Any) -> Enqueued:
+        """`enqueue` for an AsyncSession or AsyncConnection."""
+        return await EnqueueOptions(self).aenqueue(target, *args, **kwargs)
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} steps={[s.name for s in self.steps]}>"
 
 
 class Task(Pipeline, Generic[P, R]):
-    """A pipeline of exactly one step; calling it calls the handler directly (handy in tests)."""
+    """A pipeline of exactly one step; calling it calls the handler directly (handy in tests).
 
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        result: R = self.steps[0].fn(*args, **kwargs)
+    `P` is the handler's parameters after `ctx`, which are what enqueue takes: `enqueue`,
+    `aenqueue` and `options(...).enqueue` are checked against them by a type checker.
+    """
+
+    def __call__(self, ctx: Context, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        result: R = self.steps[0].fn(ctx, *args, **kwargs)
         return result
+
+    def options(self, *, idempotency_key: str | None = None, queue: str | None = None,
+                priority: int | None = None, run_at: datetime | None = None,
+                delay: float | timedelta | None = None,
+                schema: str | None = None) -> EnqueueOptions[P]:
+        """This task with enqueue options (see `flowq.enqueue`), to `.enqueue(...)`."""
+        return EnqueueOptions(self, idempotency_key=idempotency_key, queue=queue,
+                              priority=priority, run_at=run_at, delay=delay, schema=schema)
+
+    def enqueue(self, target: Target, /, *args: P.args, **kwargs: P.kwargs) -> Enqueued:
+        """Enqueue a run in the transaction of `target` (a Session or Connection), with the
+        handler's arguments after `ctx`; `.options(...)` for enqueue options."""
+        return self.options().enqueue(target, *args, **kwargs)
+
+    async def aenqueue(self, target: AsyncTarget, /, *args: P.args,
+                       **kwargs: P.kwargs) -> Enqueued:
+        """`enqueue` for an AsyncSession or AsyncConnection."""
+        return await self.options().aenqueue(target, *args, **kwargs)
 
 
 class FlowQ:
@@ -213,10 +341,14 @@ class FlowQ:
 
     def task(self, *, name: str | None = None, queue: str | None = None, priority: int = 0,
              retry: Retry | None = None,
-             timeout: float | None = None) -> Callable[[Callable[P, R]], Task[P, R]]:
-        """Register the decorated function as a task (a pipeline of one step)."""
+             timeout: float | None = None
+             ) -> Callable[[Callable[Concatenate[Context, P], R]], Task[P, R]]:
+        """Register the decorated function as a task (a pipeline of one step).
 
-        def decorate(fn: Callable[P, R]) -> Task[P, R]:
+        The handler takes the context first; the `Task` is typed by the parameters after it.
+        """
+
+        def decorate(fn: Callable[Concatenate[Context, P], R]) -> Task[P, R]:
             task_name = str(name or getattr(fn, "__name__", ""))
             t: Task[P, R] = Task(self, task_name, queue=queue, priority=priority)
             t.steps.append(_make_step(fn, name=task_name, retry=retry, timeout=timeout,

@@ -98,16 +98,11 @@ class Queries:
     def _t(self, sql: str) -> TextClause:
         return sa.text(sql.replace("{s}", self.schema))
 
-    @cached_property
-    def claim_jobs(self) -> TextClause:
-        """Claim up to :limit due jobs of :queue for :worker, each under a new lease. A CTE, so
-        that the LIMIT binds the locking subquery and the UPDATE can never touch more rows
-        than were picked; SKIP LOCKED lets concurrent workers pick disjoint rows without
-        waiting on each other."""
+    def _claim(self, only: str = "") -> TextClause:
         return self._t(f"""
             WITH picked AS (
                 SELECT id FROM {{s}}.jobs
-                WHERE status = 'pending' AND queue = :queue AND run_at <= now()
+                WHERE status = 'pending' AND queue = :queue AND run_at <= now(){only}
                 ORDER BY priority, run_at, id
                 LIMIT :limit
                 FOR UPDATE SKIP LOCKED
@@ -118,6 +113,14 @@ class Queries:
                    locked_at = now(), heartbeat_at = now()
               FROM picked WHERE j.id = picked.id
             RETURNING {_CLAIMED}""")
+
+    @cached_property
+    def claim_jobs(self) -> TextClause:
+        """Claim up to :limit due jobs of :queue for :worker, each under a new lease. A CTE, so
+        that the LIMIT binds the locking subquery and the UPDATE can never touch more rows
+        than were picked; SKIP LOCKED lets concurrent workers pick disjoint rows without
+        waiting on each other."""
+        return self._claim()
 
     # -- enqueue (flowq.session, flowq.aio): in the caller's transaction ----------------------
 
@@ -434,6 +437,25 @@ class Queries:
              WHERE CAST(:status AS text) IS NULL OR r.status = :status
              ORDER BY r.run_id DESC
              LIMIT :limit""")
+
+    # -- the test kit (flowq.testing) -------------------------------------------------------
+
+    @cached_property
+    def select_pending_jobs(self) -> TextClause:
+        """Pending jobs of :task and of :queue (NULL: any), oldest first: what the test kit's
+        `assert_enqueued` looks at, sent through the caller's own transaction."""
+        return self._t("""
+            SELECT * FROM {s}.jobs
+             WHERE status = 'pending'
+               AND (CAST(:task AS text) IS NULL OR task = CAST(:task AS text))
+               AND (CAST(:queue AS text) IS NULL OR queue = CAST(:queue AS text))
+             ORDER BY id""")
+
+    @cached_property
+    def claim_run_jobs(self) -> TextClause:
+        """`claim_jobs` restricted to the runs :run_ids (`flowq.testing.drain(runs=...)`);
+        the same statement, written once."""
+        return self._claim(" AND run_id = ANY(CAST(:run_ids AS bigint[]))")
 
 
 @cache

@@ -1,9 +1,12 @@
-"""Helpers for testing code that uses flowq, shipped with it (flowq's own tests use them).
+"""Waiting and looking: the small helpers flowq's own tests have always used.
 
-- `wait_until(predicate, timeout)`: poll a condition with a deadline instead of sleeping.
-- `run_until_idle(app, url)`: run a real in-process worker until no due job is left.
-- `job_rows(engine)`: the rows of `flowq.jobs`, for assertions.
-- `assert_enqueued(engine, task, **args)`: the pending job of `task` with these arguments.
+- `wait_until(predicate, timeout=30.0, interval=0.05)`: poll a condition with a deadline
+  instead of sleeping.
+- `run_until_idle(app, url, horizon=60.0, **config)`: run a real in-process worker (threads,
+  its own connections, committed jobs only) until no due job is left. For a deterministic,
+  thread-free run inside a test's transaction, use `flowq.testing.drain`.
+- `job_rows(engine, schema="flowq", where="TRUE", **params)`: the committed rows of
+  `flowq.jobs`, for assertions.
 """
 
 from __future__ import annotations
@@ -14,10 +17,10 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
-from flowq.app import FlowQ, Pipeline
+from flowq.app import FlowQ
 from flowq.schema import DEFAULT_SCHEMA, validate_schema_name
 
-__all__ = ["assert_enqueued", "job_rows", "run_until_idle", "wait_until"]
+__all__ = ["job_rows", "run_until_idle", "wait_until"]
 
 T = TypeVar("T")
 
@@ -55,14 +58,3 @@ def job_rows(engine: sa.Engine, schema: str = DEFAULT_SCHEMA,
     with engine.connect() as conn:
         return list(conn.execute(sa.text(
             f"SELECT * FROM {schema}.jobs WHERE {where} ORDER BY id"), params))
-
-
-def assert_enqueued(engine: sa.Engine, task: Pipeline | str, schema: str = DEFAULT_SCHEMA,
-                    **args: Any) -> sa.Row[Any]:
-    """The pending job of `task` whose arguments include `args`; AssertionError if none."""
-    name = task.name if isinstance(task, Pipeline) else task
-    rows = [r for r in job_rows(engine, schema, "status = 'pending' AND task = :t", t=name)
-            if all(r.args.get(k) == v for k, v in args.items())]
-    if not rows:
-        raise AssertionError(f"no pending job of {name!r} with arguments {args!r}")
-    return rows[0]

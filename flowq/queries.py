@@ -205,6 +205,20 @@ class Queries:
                              AND run_at <= now() + make_interval(secs => :horizon))""")
 
     @cached_property
+    def find_stranded_jobs(self) -> TextClause:
+        """Due jobs of :tasks that sit on a queue outside :queues (the queues their app's
+        steps use, which its workers serve by default): enqueued with a queue= no worker of
+        that app serves, they would wait forever. Up to 20 (queue, task) groups, largest
+        first; the worker logs them at start."""
+        return self._t("""
+            SELECT queue, task, count(*) AS n,
+                   extract(epoch FROM now() - min(run_at))::float8 AS oldest_s
+              FROM {s}.jobs
+             WHERE status = 'pending' AND run_at <= now()
+               AND task = ANY(:tasks) AND queue <> ALL(:queues)
+             GROUP BY queue, task ORDER BY count(*) DESC LIMIT 20""")
+
+    @cached_property
     def heartbeat_jobs(self) -> TextClause:
         """Refresh the heartbeat of this worker's claims (:ids, :leases); returns the ids
         still ours."""

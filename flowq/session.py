@@ -194,7 +194,15 @@ def _common_params(task: Pipeline | str, *, queue: str | None, priority: int | N
         default_queue, default_priority = first.queue, definition.priority
     else:
         # Unknown here (the producer need not import handlers): the worker resolves the
-        # first step and its policy from its own registry; '' means "the first step".
+        # first step and its policy from its own registry; '' means "the first step". The
+        # queue cannot be guessed: a default one that the task's workers do not serve would
+        # leave the job pending forever, so the caller names it.
+        if queue is None:
+            raise UnknownTaskError(
+                f"{name!r} is not a task or pipeline defined in this process, so flowq cannot "
+                f"know which queue its workers serve: pass queue= (e.g. "
+                f"enqueue({name!r}, queue={DEFAULT_QUEUE!r}, ...)), or import the module that "
+                "defines it")
         step_name, max_attempts = "", DEFAULT_MAX_ATTEMPTS
         default_queue, default_priority = DEFAULT_QUEUE, 0
     if priority is None:

@@ -49,7 +49,7 @@ def test_commit_and_rollback_through_async_session(db_url: str, engine: sa.Engin
             kept = await s.enqueue("async_kept", queue="aq", n=1)
             await s.commit()
         async with Session() as s:
-            gone = await s.enqueue("async_gone", n=2)
+            gone = await s.enqueue("async_gone", queue="default", n=2)
             await s.rollback()
         return kept, gone
 
@@ -62,9 +62,9 @@ def test_commit_and_rollback_through_async_session(db_url: str, engine: sa.Engin
 def test_savepoint_and_async_connection(db_url: str, engine: sa.Engine) -> None:
     async def go(aengine: AsyncEngine) -> None:
         async with aengine.connect() as conn:
-            await enqueue(conn, "outer")
+            await enqueue(conn, "outer", queue="default")
             sp = await conn.begin_nested()
-            await enqueue(conn, "inner")
+            await enqueue(conn, "inner", queue="default")
             await sp.rollback()
             await conn.commit()
 
@@ -76,10 +76,10 @@ def test_idempotency_and_bulk(db_url: str, engine: sa.Engine) -> None:
     async def go(aengine: AsyncEngine) -> tuple[flowq.Enqueued, flowq.Enqueued, list[int]]:
         Session = async_sessionmaker(aengine, class_=AsyncSession)
         async with Session.begin() as s:
-            a = await s.enqueue("pay", idempotency_key="async-key", amount=1)
+            a = await s.enqueue("pay", queue="default", idempotency_key="async-key", amount=1)
         async with Session.begin() as s:
-            b = await enqueue(s, "pay", idempotency_key="async-key", amount=2)
-            ids = await s.enqueue_many("bulk", [{"i": i} for i in range(100)])
+            b = await enqueue(s, "pay", queue="default", idempotency_key="async-key", amount=2)
+            ids = await s.enqueue_many("bulk", [{"i": i} for i in range(100)], queue="default")
         return a, b, ids
 
     a, b, ids = run(db_url, go)
@@ -96,7 +96,7 @@ def test_concurrent_idempotent_enqueues_agree(db_url: str, engine: sa.Engine) ->
 
         async def one(i: int) -> int:
             async with Session.begin() as s:
-                return (await s.enqueue("charge", idempotency_key="k", who=i)).id
+                return (await s.enqueue("charge", queue="default", idempotency_key="k", who=i)).id
 
         return set(await asyncio.gather(*(one(i) for i in range(10))))
 
@@ -109,10 +109,10 @@ def test_bad_input_leaves_the_async_transaction_usable(db_url: str, engine: sa.E
     async def go(aengine: AsyncEngine) -> None:
         async with async_sessionmaker(aengine, class_=AsyncSession)() as s:
             with pytest.raises(flowq.InvalidArgumentsError, match="when"):
-                await s.enqueue("t", when=object())
+                await s.enqueue("t", queue="default", when=object())
             with pytest.raises(flowq.InvalidQueueError):
                 await enqueue_many(s, "t", [{}], queue="bad queue!")
-            await s.enqueue("after")
+            await s.enqueue("after", queue="default")
             await s.commit()
 
     run(db_url, go)
@@ -128,12 +128,12 @@ def test_a_due_time_out_of_range_leaves_the_async_transaction_usable(
         db_url: str, engine: sa.Engine, options: dict[str, Any]) -> None:
     async def go(aengine: AsyncEngine) -> None:
         async with async_sessionmaker(aengine, class_=AsyncSession)() as s:
-            await s.enqueue("before")
+            await s.enqueue("before", queue="default")
             with pytest.raises(flowq.InvalidArgumentsError, match=r"run_at|delay"):
-                await s.enqueue("t", **options)
+                await s.enqueue("t", queue="default", **options)
             with pytest.raises(flowq.InvalidArgumentsError, match=r"run_at|delay"):
-                await enqueue_many(s, "t", [{}], **options)
-            await s.enqueue("after")
+                await enqueue_many(s, "t", [{}], queue="default", **options)
+            await s.enqueue("after", queue="default")
             await s.commit()
 
     run(db_url, go)
@@ -144,7 +144,7 @@ def test_missing_schema_in_async(empty_db_url: str) -> None:
     async def go(aengine: AsyncEngine) -> int:
         async with aengine.connect() as conn:
             with pytest.raises(flowq.SchemaMissingError, match="flowq migrate"):
-                await enqueue(conn, "t")
+                await enqueue(conn, "t", queue="default")
             return int((await conn.execute(sa.text("SELECT 1"))).scalar_one())
 
     assert run(empty_db_url, go) == 1
@@ -152,7 +152,7 @@ def test_missing_schema_in_async(empty_db_url: str) -> None:
 
 def test_sync_session_is_refused_with_a_pointer(engine: sa.Engine) -> None:
     with engine.connect() as conn, pytest.raises(TypeError, match=r"flowq\.enqueue"):
-        asyncio.run(enqueue(conn, "t"))  # type: ignore[arg-type]
+        asyncio.run(enqueue(conn, "t", queue="default"))  # type: ignore[arg-type]
 
 
 def test_an_asyncpg_session_enqueues_like_a_psycopg_one(db_url: str, engine: sa.Engine) -> None:
@@ -166,13 +166,13 @@ def test_an_asyncpg_session_enqueues_like_a_psycopg_one(db_url: str, engine: sa.
             Session = async_sessionmaker(aengine, class_=AsyncSession)
             async with Session() as s:
                 plain = await s.enqueue("via_asyncpg", queue="aq", n=1, delay=5)
-                keyed = await s.enqueue("via_asyncpg", idempotency_key="apg", n=2)
-                again = await s.enqueue("via_asyncpg", idempotency_key="apg", n=3)
-                many = await s.enqueue_many("via_asyncpg", [{"n": 4}, {"n": 5}])
+                keyed = await s.enqueue("via_asyncpg", queue="default", idempotency_key="apg", n=2)
+                again = await s.enqueue("via_asyncpg", queue="default", idempotency_key="apg", n=3)
+                many = await s.enqueue_many("via_asyncpg", [{"n": 4}, {"n": 5}], queue="default")
                 await s.commit()
             assert (again.id, again.created) == (keyed.id, False)
             async with Session() as s:
-                await s.enqueue("via_asyncpg", n=6)
+                await s.enqueue("via_asyncpg", queue="default", n=6)
                 await s.rollback()
             return plain, keyed, many
         finally:

@@ -159,7 +159,7 @@ def test_enqueue_of_an_empty_pipeline_is_refused(app: flowq.FlowQ, engine: sa.En
         with pytest.raises(flowq.ConfigurationError, match="no steps"):
             flowq.enqueue(conn, empty)
         with pytest.raises(flowq.ConfigurationError, match="no steps"):
-            flowq.enqueue(conn, "empty_pipeline")  # by name: the live app knows it
+            flowq.enqueue(conn, "empty_pipeline", queue="default")  # by name: the live app knows it
         conn.execute(sa.text("SELECT 1"))
     with pytest.raises(flowq.ConfigurationError, match="no steps"):
         app.check()

@@ -35,7 +35,7 @@ def user_db(db_url: str) -> Iterator[str]:
     """A migrated database holding a user's data: a pending job, a view, `demo_orders`."""
     engine = sa.create_engine(db_url, poolclass=sa.pool.NullPool)
     with engine.begin() as c:
-        flowq.enqueue(c, "user_task", order_id=7)
+        flowq.enqueue(c, "user_task", queue="default", order_id=7)
         c.execute(sa.text("CREATE VIEW public.job_view AS SELECT * FROM flowq.jobs"))
         c.execute(sa.text("CREATE TABLE public.demo_orders (id int PRIMARY KEY, item text)"))
         c.execute(sa.text("INSERT INTO public.demo_orders VALUES (1, 'the user''s order')"))

@@ -39,7 +39,7 @@ def Session(engine: sa.Engine) -> sessionmaker[flowq.Session]:
 def existing(Session: sessionmaker[flowq.Session]) -> flowq.Enqueued:
     """A run committed under KEY before the test starts."""
     with Session.begin() as s:
-        return s.enqueue("pay", idempotency_key=KEY, who="first")
+        return s.enqueue("pay", queue="default", idempotency_key=KEY, who="first")
 
 
 def arun(db_url: str, fn: Callable[[AsyncEngine], Awaitable[T]]) -> T:
@@ -88,7 +88,7 @@ class Inserter:
         self.engine = engine
         self.outcome = outcome
         self.session = sessionmaker(engine, class_=flowq.Session)()
-        self.run = self.session.enqueue("pay", idempotency_key=KEY, who="inserter")
+        self.run = self.session.enqueue("pay", queue="default", idempotency_key=KEY, who="inserter")
         assert self.run.created
         self.pid = backend_pid(self.session)
         self.errors: list[BaseException] = []
@@ -119,7 +119,7 @@ def test_a_duplicate_enqueue_does_not_lock_the_existing_run(
         Session: sessionmaker[flowq.Session], engine: sa.Engine,
         existing: flowq.Enqueued) -> None:
     with Session() as s:
-        again = s.enqueue("pay", idempotency_key=KEY, who="again")
+        again = s.enqueue("pay", queue="default", idempotency_key=KEY, who="again")
         assert (again.id, again.job_id, again.created) == (existing.id, existing.job_id, False)
         heartbeat(engine, existing.job_id)  # while the duplicate's transaction is open
         s.commit()
@@ -135,7 +135,7 @@ def test_a_duplicate_enqueue_does_not_wait_for_a_worker_updating_the_run(
                        {"id": existing.job_id})  # row locked until the worker commits
         with Session() as s:
             s.execute(sa.text("SET LOCAL lock_timeout = '1s'"))
-            again = s.enqueue("pay", idempotency_key=KEY)
+            again = s.enqueue("pay", queue="default", idempotency_key=KEY)
             s.commit()
         worker.commit()
     assert (again.id, again.created) == (existing.id, False)
@@ -151,7 +151,7 @@ def test_repeatable_read_returns_an_old_key_whose_row_changed_after_the_snapshot
     with rr() as s:
         s.execute(sa.text("SELECT 1"))  # the snapshot is taken here
         heartbeat(engine, existing.job_id)  # a worker updates the row and commits
-        again = s.enqueue("pay", idempotency_key=KEY)
+        again = s.enqueue("pay", queue="default", idempotency_key=KEY)
         s.commit()
     assert (again.id, again.job_id, again.created) == (existing.id, existing.job_id, False)
     assert len(job_rows(engine)) == 1
@@ -165,12 +165,12 @@ def test_repeatable_read_refuses_a_key_inserted_after_the_snapshot(
     with rr() as s:
         s.execute(sa.text("SELECT 1"))
         with Session.begin() as other:
-            winner = other.enqueue("pay", idempotency_key=KEY)
+            winner = other.enqueue("pay", queue="default", idempotency_key=KEY)
         with pytest.raises(sa.exc.OperationalError) as info:
-            s.enqueue("pay", idempotency_key=KEY)
+            s.enqueue("pay", queue="default", idempotency_key=KEY)
         assert getattr(info.value.orig, "sqlstate", None) == "40001"
         s.rollback()
-        retried = s.enqueue("pay", idempotency_key=KEY)
+        retried = s.enqueue("pay", queue="default", idempotency_key=KEY)
         s.commit()
     assert (retried.id, retried.created) == (winner.id, False)
 
@@ -184,7 +184,7 @@ def test_a_caller_racing_an_uncommitted_inserter_waits_for_its_outcome(
     inserter = Inserter(engine, outcome)
     with Session() as s:
         ender = inserter.end_when_waited_for(backend_pid(s))
-        run = s.enqueue("pay", idempotency_key=KEY, who="racer")
+        run = s.enqueue("pay", queue="default", idempotency_key=KEY, who="racer")
         s.commit()
     ender.join(30)
     assert inserter.errors == []
@@ -220,7 +220,7 @@ def test_50_concurrent_enqueuers_of_one_key_agree_on_one_run(engine: sa.Engine) 
             if i:
                 go.wait(30)
             with Session() as s:
-                run = s.enqueue("charge", idempotency_key="concurrent", who=i)
+                run = s.enqueue("charge", queue="default", idempotency_key="concurrent", who=i)
                 returned_at[i] = time.monotonic()
                 with lock:
                     in_enqueue[0] -= 1
@@ -277,9 +277,9 @@ def test_async_duplicate_enqueue_does_not_lock_the_existing_run(
         db_url: str, engine: sa.Engine, existing: flowq.Enqueued) -> None:
     async def go(aengine: AsyncEngine) -> flowq.Enqueued:
         async with async_sessionmaker(aengine, class_=AsyncSession)() as s:
-            again = await s.enqueue("pay", idempotency_key=KEY, who="again")
+            again = await s.enqueue("pay", queue="default", idempotency_key=KEY, who="again")
             await asyncio.to_thread(heartbeat, engine, existing.job_id)
-            fresh = await s.enqueue("pay", idempotency_key="another-key")
+            fresh = await s.enqueue("pay", queue="default", idempotency_key="another-key")
             await s.commit()
         assert fresh.created
         return again
@@ -296,7 +296,7 @@ def test_async_repeatable_read_returns_an_old_key_whose_row_changed(
         async with async_sessionmaker(rr, class_=AsyncSession)() as s:
             await s.execute(sa.text("SELECT 1"))
             await asyncio.to_thread(heartbeat, engine, existing.job_id)
-            again = await s.enqueue("pay", idempotency_key=KEY)
+            again = await s.enqueue("pay", queue="default", idempotency_key=KEY)
             await s.commit()
         return again
 
@@ -313,7 +313,7 @@ def test_async_caller_racing_an_uncommitted_inserter_waits_for_its_outcome(
         async with async_sessionmaker(aengine, class_=AsyncSession)() as s:
             pid = (await s.execute(sa.text("SELECT pg_backend_pid()"))).scalar_one()
             ender = inserter.end_when_waited_for(pid)
-            run = await s.enqueue("pay", idempotency_key=KEY, who="racer")
+            run = await s.enqueue("pay", queue="default", idempotency_key=KEY, who="racer")
             await s.commit()
         await asyncio.to_thread(ender.join, 30)
         return run
@@ -353,10 +353,10 @@ def test_a_winner_deleted_before_it_is_read_is_retried_then_reported(
             pid.append((await s.execute(sa.text("SELECT pg_backend_pid()"))).scalar_one())
             run: flowq.Enqueued | None = None
             try:
-                run = await s.enqueue("pay", idempotency_key=KEY, who="racer")
+                run = await s.enqueue("pay", queue="default", idempotency_key=KEY, who="racer")
             except flowq.FlowqError as exc:
                 assert "deleted" in str(exc) and KEY in str(exc)
-                await s.enqueue("after")  # the transaction is still usable
+                await s.enqueue("after", queue="default")  # the transaction is still usable
             await s.commit()
         return run
 
@@ -377,14 +377,14 @@ def test_keys_in_another_schema(db_url: str, engine: sa.Engine) -> None:
     flowq.migrate(engine, schema="flowq_alt")
     Session = sessionmaker(engine, class_=flowq.Session)
     with Session.begin() as s:
-        default = s.enqueue("pay", idempotency_key=KEY)
-        first = s.enqueue("pay", idempotency_key=KEY, schema="flowq_alt", who="first")
+        default = s.enqueue("pay", queue="default", idempotency_key=KEY)
+        first = s.enqueue("pay", queue="default", idempotency_key=KEY, schema="flowq_alt", who="first")
     with Session.begin() as s:
-        again = s.enqueue("pay", idempotency_key=KEY, schema="flowq_alt")
+        again = s.enqueue("pay", queue="default", idempotency_key=KEY, schema="flowq_alt")
 
     async def go(aengine: AsyncEngine) -> flowq.Enqueued:
         async with async_sessionmaker(aengine, class_=AsyncSession).begin() as s:
-            return await s.enqueue("pay", idempotency_key=KEY, schema="flowq_alt")
+            return await s.enqueue("pay", queue="default", idempotency_key=KEY, schema="flowq_alt")
 
     via_async = arun(db_url, go)
     assert (default.created, first.created, again.created, via_async.created) == (
@@ -397,11 +397,11 @@ def test_keys_in_another_schema(db_url: str, engine: sa.Engine) -> None:
 def test_the_key_is_read_through_its_unique_index(
         Session: sessionmaker[flowq.Session], engine: sa.Engine) -> None:
     with Session.begin() as s:
-        s.enqueue_many("filler", [{"n": i} for i in range(2000)])
-        s.enqueue("pay", idempotency_key=KEY)
+        s.enqueue_many("filler", [{"n": i} for i in range(2000)], queue="default")
+        s.enqueue("pay", queue="default", idempotency_key=KEY)
     with engine.begin() as c:
         c.execute(sa.text("ANALYZE flowq.jobs"))
-    call = prepare_enqueue("pay", {}, idempotency_key=KEY)
+    call = prepare_enqueue("pay", {}, idempotency_key=KEY, queue="default")
     url = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
     with psycopg.connect(url) as raw:
         for statement in (call.statement, call.lookup):

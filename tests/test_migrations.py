@@ -115,7 +115,7 @@ def test_downgrade_to_base_and_upgrade_again(engine: sa.Engine) -> None:
     assert _has_jobs(engine)
     assert _flowq_version(engine) == [HEAD]
     with engine.begin() as conn:
-        assert flowq.enqueue(conn, "after_reupgrade").created
+        assert flowq.enqueue(conn, "after_reupgrade", queue="default").created
 
 
 def test_indexes_exist(engine: sa.Engine) -> None:
@@ -152,7 +152,7 @@ def test_non_default_schema(empty_engine: sa.Engine) -> None:
     assert _flowq_version(empty_engine, "flowq_alt") == [HEAD]
 
     with empty_engine.begin() as conn:
-        by_name = flowq.enqueue(conn, "alt_task", schema="flowq_alt", n=1)
+        by_name = flowq.enqueue(conn, "alt_task", queue="default", schema="flowq_alt", n=1)
     alt_app = flowq.FlowQ(schema="flowq_alt")
 
     @alt_app.task()
@@ -160,14 +160,14 @@ def test_non_default_schema(empty_engine: sa.Engine) -> None:
 
     with empty_engine.begin() as conn:
         by_task = flowq.enqueue(conn, alt_defined, n=2)  # the app's schema
-        ids = flowq.enqueue_many(conn, "alt_bulk", [{}, {}], schema="flowq_alt")
+        ids = flowq.enqueue_many(conn, "alt_bulk", [{}, {}], queue="default", schema="flowq_alt")
     with empty_engine.connect() as c:
         rows = c.execute(sa.text("SELECT run_id, task FROM flowq_alt.jobs ORDER BY id")).all()
     assert [tuple(r) for r in rows] == [(by_name.id, "alt_task"), (by_task.id, "alt_defined"),
                                         (ids[0], "alt_bulk"), (ids[1], "alt_bulk")]
     # Without schema=, enqueue looks for the default schema, which is not there.
     with empty_engine.connect() as conn, pytest.raises(flowq.SchemaMissingError, match="'flowq'"):
-        flowq.enqueue(conn, "alt_task")
+        flowq.enqueue(conn, "alt_task", queue="default")
     # The two schemas can live side by side, each with its own history.
     migrate(empty_engine)
     assert _flowq_version(empty_engine) == [HEAD]

@@ -225,7 +225,7 @@ def test_list_runs_by_status(ledger: sa.Engine, db_url: str) -> None:
 def test_runs_in_another_schema(server_url: str, db_url: str, engine: sa.Engine) -> None:
     flowq.migrate(engine, schema="other")
     with engine.begin() as conn:
-        run = flowq.enqueue(conn, "anything", schema="other", delay=3600)
+        run = flowq.enqueue(conn, "anything", queue="default", schema="other", delay=3600)
     assert get_run(engine, run.id, schema="other").status == "pending"
     with pytest.raises(flowq.RunNotFoundError):
         get_run(engine, run.id)

@@ -116,7 +116,7 @@ def test_a_delayed_job_notifies_when_it_falls_due(
 def test_notify_is_delivered_only_at_commit(
         Session: sessionmaker[flowq.Session], listener: Listener) -> None:
     with Session() as s:
-        s.enqueue("pending_until_commit")
+        s.enqueue("pending_until_commit", queue="default")
         assert listener.received() == []
         s.commit()
     assert listener.received() == ["default"]
@@ -125,7 +125,7 @@ def test_notify_is_delivered_only_at_commit(
 def test_rollback_leaves_no_row_and_no_notify(
         Session: sessionmaker[flowq.Session], engine: sa.Engine, listener: Listener) -> None:
     with Session() as s:
-        s.enqueue("never_happens", x=1)
+        s.enqueue("never_happens", queue="default", x=1)
         s.rollback()
     assert _rows(engine) == []
     assert listener.received() == []
@@ -151,12 +151,12 @@ def test_plain_connection(engine: sa.Engine, listener: Listener) -> None:
     with engine.begin() as conn:
         conn.execute(sa.text("CREATE TABLE orders (id int)"))
         conn.execute(sa.text("INSERT INTO orders VALUES (1)"))
-        run = flowq.enqueue(conn, "ship_order", order_id=1)
+        run = flowq.enqueue(conn, "ship_order", queue="default", order_id=1)
     assert _tasks(engine) == ["ship_order"]
     assert _rows(engine)[0].run_id == run.id
     assert listener.received() == ["default"]
     with engine.connect() as conn:
-        flowq.enqueue(conn, "dropped_with_connection")
+        flowq.enqueue(conn, "dropped_with_connection", queue="default")
         conn.rollback()
     assert _tasks(engine) == ["ship_order"]
 
@@ -166,9 +166,9 @@ def test_scoped_session_function_form(engine: sa.Engine) -> None:
     # flowq.enqueue(db.session, ...).
     scoped = scoped_session(sessionmaker(engine))
     try:
-        flowq.enqueue(scoped, "from_scoped", n=1)
+        flowq.enqueue(scoped, "from_scoped", queue="default", n=1)
         scoped.commit()
-        flowq.enqueue(scoped, "rolled_back_scoped", n=2)
+        flowq.enqueue(scoped, "rolled_back_scoped", queue="default", n=2)
         scoped.rollback()
     finally:
         scoped.remove()
@@ -189,7 +189,7 @@ def test_joins_orm_writes_in_the_same_transaction(engine: sa.Engine) -> None:
         order = Order()
         s.add(order)
         s.flush()  # the generated id exists only after a flush
-        s.enqueue("ship", order_id=order.id)
+        s.enqueue("ship", queue="default", order_id=order.id)
         s.rollback()
     with engine.connect() as c:
         assert c.execute(sa.text("SELECT count(*) FROM orders")).scalar() == 0
@@ -202,12 +202,20 @@ def test_joins_orm_writes_in_the_same_transaction(engine: sa.Engine) -> None:
 def test_enqueue_by_name_without_definition(
         Session: sessionmaker[flowq.Session], engine: sa.Engine) -> None:
     with Session.begin() as s:
-        s.enqueue("nowhere_defined_task", a=[1, 2])
+        s.enqueue("nowhere_defined_task", queue="default", a=[1, 2])
         s.enqueue("nowhere_defined_task", queue="elsewhere")
     rows = _rows(engine)
     assert [r.queue for r in rows] == ["default", "elsewhere"]
     assert rows[0].step == ""  # resolved by the worker from its registry
     assert rows[0].args == {"a": [1, 2]}
+
+
+def test_enqueue_by_an_unknown_name_needs_its_queue(Session: sessionmaker[flowq.Session],
+                                                    engine: sa.Engine) -> None:
+    """A producer that does not import the handler cannot know its queue: guessing `default`
+    stranded jobs whose workers serve other queues, so it must say (issue 10)."""
+    _assert_refused(Session, engine, lambda s: s.enqueue("fast_by_name", n=21),
+                    flowq.UnknownTaskError, "'fast_by_name'", "pass queue=")
 
 
 def test_enqueue_by_name_validates_against_a_live_app(
@@ -239,7 +247,7 @@ def test_delay_is_added_to_the_database_clock(
         Session: sessionmaker[flowq.Session], delay: float | timedelta) -> None:
     expected = delay if isinstance(delay, timedelta) else timedelta(seconds=delay)
     with Session() as s:
-        s.enqueue("later", delay=delay)
+        s.enqueue("later", queue="default", delay=delay)
         # now() is the transaction's start time on the database clock: the same now() that
         # the INSERT used, so the difference is exact.
         diff = s.execute(sa.text("SELECT run_at - now() FROM flowq.jobs")).scalar_one()
@@ -249,7 +257,7 @@ def test_delay_is_added_to_the_database_clock(
 
 def test_no_delay_means_due_now(Session: sessionmaker[flowq.Session]) -> None:
     with Session() as s:
-        s.enqueue("now")
+        s.enqueue("now", queue="default")
         assert s.execute(sa.text("SELECT run_at = now() FROM flowq.jobs")).scalar_one()
         s.rollback()
 
@@ -290,7 +298,7 @@ BAD_DUE_TIMES: list[tuple[dict[str, Any], str]] = [
 ])
 def test_bad_options_are_refused(Session: sessionmaker[flowq.Session], engine: sa.Engine,
                                  options: dict[str, Any], fragment: str) -> None:
-    _assert_refused(Session, engine, lambda s: s.enqueue("t", **options),
+    _assert_refused(Session, engine, lambda s: s.enqueue("t", queue="default", **options),
                     flowq.InvalidArgumentsError, fragment)
 
 
@@ -298,7 +306,7 @@ def test_bad_options_are_refused(Session: sessionmaker[flowq.Session], engine: s
 def test_bad_due_times_are_refused_by_enqueue_many(
         Session: sessionmaker[flowq.Session], engine: sa.Engine, options: dict[str, Any],
         fragment: str) -> None:
-    _assert_refused(Session, engine, lambda s: s.enqueue_many("t", [{}], **options),
+    _assert_refused(Session, engine, lambda s: s.enqueue_many("t", [{}], queue="default", **options),
                     flowq.InvalidArgumentsError, fragment)
 
 
@@ -308,10 +316,10 @@ def test_the_extreme_due_times_accepted_read_back_in_any_time_zone(
     latest = MAX_RUN_AT
     with Session() as s:
         s.execute(sa.text("SELECT set_config('TimeZone', :tz, true)"), {"tz": time_zone})
-        s.enqueue("latest", run_at=latest)
-        s.enqueue("earliest", run_at=MIN_RUN_AT)
-        s.enqueue("long_ago", delay=-1e10)  # a negative delay is due at once, as before
-        s.enqueue_many("latest_many", [{}], delay=latest - datetime.now(timezone.utc)
+        s.enqueue("latest", queue="default", run_at=latest)
+        s.enqueue("earliest", queue="default", run_at=MIN_RUN_AT)
+        s.enqueue("long_ago", queue="default", delay=-1e10)  # a negative delay is due at once, as before
+        s.enqueue_many("latest_many", [{}], queue="default", delay=latest - datetime.now(timezone.utc)
                        - timedelta(hours=1))
         run_at = dict(s.execute(sa.text("SELECT task, run_at FROM flowq.jobs")).all())
         s.commit()
@@ -361,7 +369,7 @@ def test_enqueue_many_validates_every_item_first(
 
 def test_enqueue_many_of_nothing_sends_nothing(engine: sa.Engine) -> None:
     with engine.begin() as conn:
-        assert flowq.enqueue_many(conn, "nothing", []) == []
+        assert flowq.enqueue_many(conn, "nothing", [], queue="default") == []
     assert _rows(engine) == []
 
 
@@ -371,10 +379,10 @@ def test_enqueue_many_of_nothing_sends_nothing(engine: sa.Engine) -> None:
 def test_idempotency_key_returns_existing_run_whatever_its_arguments(
         Session: sessionmaker[flowq.Session], engine: sa.Engine, listener: Listener) -> None:
     with Session.begin() as s:
-        first = s.enqueue("pay", idempotency_key="order-1", amount=10)
+        first = s.enqueue("pay", queue="default", idempotency_key="order-1", amount=10)
     assert listener.received() == ["default"]
     with Session.begin() as s:
-        again = s.enqueue("pay", idempotency_key="order-1", amount=999)
+        again = s.enqueue("pay", queue="default", idempotency_key="order-1", amount=999)
     assert (again.id, again.job_id, again.created) == (first.id, first.job_id, False)
     [row] = _rows(engine)
     assert row.args == {"amount": 10}
@@ -384,8 +392,8 @@ def test_idempotency_key_returns_existing_run_whatever_its_arguments(
 def test_idempotency_key_in_the_same_transaction(Session: sessionmaker[flowq.Session],
                                                   engine: sa.Engine) -> None:
     with Session.begin() as s:
-        a = s.enqueue("pay", idempotency_key="same-tx")
-        b = s.enqueue("pay", idempotency_key="same-tx")
+        a = s.enqueue("pay", queue="default", idempotency_key="same-tx")
+        b = s.enqueue("pay", queue="default", idempotency_key="same-tx")
     assert (a.created, b.created, a.id) == (True, False, b.id)
     assert len(_rows(engine)) == 1
 
@@ -402,7 +410,7 @@ def _assert_refused(Session: sessionmaker[flowq.Session], engine: sa.Engine,
                     *fragments: str) -> None:
     before = len(_rows(engine))
     with Session() as s:
-        s.enqueue(MARKER, step="before")
+        s.enqueue(MARKER, queue="default", step="before")
         with pytest.raises(exc_type) as info:
             call(s)
         assert isinstance(info.value, flowq.FlowqError)
@@ -410,7 +418,7 @@ def _assert_refused(Session: sessionmaker[flowq.Session], engine: sa.Engine,
             assert fragment in str(info.value)
         # The failed call sent nothing that could abort the transaction.
         s.execute(sa.text("SELECT 1"))
-        s.enqueue(MARKER, step="after")
+        s.enqueue(MARKER, queue="default", step="after")
         s.commit()
     rows = _rows(engine)[before:]
     assert [r.args["step"] for r in rows] == ["before", "after"]
@@ -441,7 +449,7 @@ class _User(_Base):
 ])
 def test_non_json_argument_is_refused(Session: sessionmaker[flowq.Session], engine: sa.Engine,
                                       value: object, fragment: str) -> None:
-    _assert_refused(Session, engine, lambda s: s.enqueue("takes_anything", payload=value),
+    _assert_refused(Session, engine, lambda s: s.enqueue("takes_anything", queue="default", payload=value),
                     flowq.InvalidArgumentsError, "payload", fragment)
 
 
@@ -478,7 +486,7 @@ def test_invalid_task_is_refused(Session: sessionmaker[flowq.Session], engine: s
 
 def test_non_session_target_is_a_type_error() -> None:
     with pytest.raises(TypeError, match=r"flowq\.aio"):
-        flowq.enqueue(object(), "t")  # type: ignore[arg-type]
+        flowq.enqueue(object(), "t", queue="default")  # type: ignore[arg-type]
 
 
 def test_missing_schema_says_to_run_migrate(empty_db_url: str) -> None:
@@ -487,9 +495,9 @@ def test_missing_schema_says_to_run_migrate(empty_db_url: str) -> None:
         with engine.connect() as conn:
             conn.execute(sa.text("CREATE TABLE business (id int)"))
             with pytest.raises(flowq.SchemaMissingError, match="flowq migrate"):
-                flowq.enqueue(conn, "t")
+                flowq.enqueue(conn, "t", queue="default")
             with pytest.raises(flowq.SchemaMissingError, match="flowq migrate"):
-                flowq.enqueue_many(conn, "t", [{}])
+                flowq.enqueue_many(conn, "t", [{}], queue="default")
             # Refused before the INSERT was sent: the caller's transaction carries on.
             conn.execute(sa.text("INSERT INTO business VALUES (1)"))
             conn.commit()
@@ -500,21 +508,21 @@ def test_missing_schema_says_to_run_migrate(empty_db_url: str) -> None:
 
 def test_schema_dropped_after_first_check_is_still_reported(engine: sa.Engine) -> None:
     with engine.begin() as conn:
-        flowq.enqueue(conn, "t")  # the engine is now known to have the schema
+        flowq.enqueue(conn, "t", queue="default")  # the engine is now known to have the schema
     with engine.begin() as conn:
         conn.execute(sa.text("DROP SCHEMA flowq CASCADE"))
     with engine.connect() as conn, pytest.raises(flowq.SchemaMissingError, match="migrate"):
-        flowq.enqueue(conn, "t")
+        flowq.enqueue(conn, "t", queue="default")
     with engine.connect() as conn:
         with pytest.raises(flowq.SchemaMissingError):
-            flowq.enqueue(conn, "t")  # checked up front again: the transaction carries on
+            flowq.enqueue(conn, "t", queue="default")  # checked up front again: the transaction carries on
         assert conn.execute(sa.text("SELECT 1")).scalar() == 1
 
 
 def test_tuples_come_back_as_lists(Session: sessionmaker[flowq.Session],
                                    engine: sa.Engine) -> None:
     with Session.begin() as s:
-        s.enqueue("t", point=(1, 2), nested={"pair": ("a", ("b",))}, text="ü\u2028 ok")
+        s.enqueue("t", queue="default", point=(1, 2), nested={"pair": ("a", ("b",))}, text="ü\u2028 ok")
     [row] = _rows(engine)
     assert row.args == {"point": [1, 2], "nested": {"pair": ["a", ["b"]]}, "text": "ü\u2028 ok"}
 
@@ -527,7 +535,7 @@ def test_enqueue_first_in_the_transaction_rides_with_begin(
     """The enqueue opens the transaction (psycopg's BEGIN is pipelined with it): what follows
     is still in that transaction, and a rollback takes the job with it."""
     with Session() as s:
-        run = s.enqueue("t", n=1)
+        run = s.enqueue("t", queue="default", n=1)
         xid_then = s.execute(sa.text("SELECT txid_current()")).scalar()
         job_xmin = s.execute(sa.text("SELECT xmin::text::bigint FROM flowq.jobs WHERE id = :i"),
                              {"i": run.job_id}).scalar()
@@ -543,9 +551,9 @@ def test_a_failure_on_the_direct_path_is_sqlalchemys_exception(
         with pytest.raises(sa.exc.DBAPIError):
             s.execute(sa.text("SELECT 1 / 0"))
         with pytest.raises(sa.exc.InternalError, match="current transaction is aborted"):
-            s.enqueue("t")
+            s.enqueue("t", queue="default")
         s.rollback()
-        s.enqueue("t")  # the session carries on after its rollback
+        s.enqueue("t", queue="default")  # the session carries on after its rollback
         s.commit()
     assert _tasks(engine) == ["t"]
 
@@ -553,16 +561,16 @@ def test_a_failure_on_the_direct_path_is_sqlalchemys_exception(
 def test_a_killed_connection_is_invalidated_and_the_next_session_works(
         Session: sessionmaker[flowq.Session], engine: sa.Engine) -> None:
     with Session() as s:
-        s.enqueue("t")  # also proves the schema check is done
+        s.enqueue("t", queue="default")  # also proves the schema check is done
         s.commit()
     with Session() as s:
         pid = s.execute(sa.text("SELECT pg_backend_pid()")).scalar()
         with engine.connect() as other:
             other.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pid})
         with pytest.raises(sa.exc.OperationalError):
-            s.enqueue("t")
+            s.enqueue("t", queue="default")
     with Session.begin() as s:
-        s.enqueue("t")
+        s.enqueue("t", queue="default")
     assert _tasks(engine) == ["t", "t"]
 
 
@@ -570,12 +578,12 @@ def test_enqueue_inside_the_callers_own_pipeline(
         Session: sessionmaker[flowq.Session], engine: sa.Engine) -> None:
     """psycopg nests pipelines: the enqueue syncs what the caller queued, then its own."""
     with Session() as s:
-        first = s.enqueue("t", n=1)  # outside: SQLAlchemy's own reads need results at once
+        first = s.enqueue("t", queue="default", n=1)  # outside: SQLAlchemy's own reads need results at once
         raw = s.connection().connection.dbapi_connection
         assert isinstance(raw, psycopg.Connection)
         with raw.pipeline():
             raw.execute("SELECT 1")
-            second = s.enqueue("t", n=2)
+            second = s.enqueue("t", queue="default", n=2)
         s.commit()
     assert [r.run_id for r in _rows(engine)] == [first.id, second.id]
 
@@ -586,10 +594,10 @@ def test_a_plain_connection_commits_the_job(engine: sa.Engine) -> None:
     find no transaction and the job would be rolled back with the pooled connection."""
     for _ in range(2):  # the second time the schema check is cached: enqueue sends the only SQL
         with engine.connect() as conn:
-            flowq.enqueue(conn, "t")
+            flowq.enqueue(conn, "t", queue="default")
             assert conn.in_transaction()
             conn.commit()
     with engine.connect() as conn:
-        flowq.enqueue(conn, "t")
+        flowq.enqueue(conn, "t", queue="default")
         conn.rollback()
     assert _tasks(engine) == ["t", "t"]

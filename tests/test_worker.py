@@ -354,7 +354,7 @@ def test_unknown_task_is_retried_later_with_a_clear_error(app: flowq.FlowQ, engi
     def known(ctx: Context) -> None:
         pass
 
-    enqueue(engine, "from_a_newer_producer", x=1)
+    enqueue(engine, "from_a_newer_producer", queue="default", x=1)
     run_until_idle(app, db_url, horizon=0)  # do not wait for the retry
     row = only_row(engine, "run_at > now()")
     assert (row.status, row.attempts) == ("pending", 1)
@@ -688,3 +688,27 @@ def test_a_prune_waiting_on_a_lock_does_not_delay_heartbeats(app: flowq.FlowQ,
         wait_until(lambda: only_row(engine, "id = :id", id=job).status == "succeeded",
                    timeout=20, message="the job to finish")
     assert only_row(engine, "id = :id", id=job).attempts == 1
+
+
+def test_a_worker_warns_at_start_of_its_tasks_stranded_on_other_queues(
+        app: flowq.FlowQ, engine: sa.Engine, db_url: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Enqueued by name with a queue none of the app's steps uses, a job would wait forever:
+    the worker says so when it starts (issue 10)."""
+    import logging
+
+    @app.task(queue="fast")
+    def fast(ctx: Context, n: int) -> None: ...
+
+    with engine.begin() as conn:
+        flowq.enqueue(conn, "fast", queue="default", n=21)  # the producer guessed wrong
+        flowq.enqueue(conn, fast, n=1)  # on its own queue: not stranded
+    w = Worker(app, db_url, WorkerConfig())
+    try:
+        with caplog.at_level(logging.WARNING, logger="flowq"):
+            assert w.warn_stranded() == 1
+    finally:
+        for e in w.engines.values():
+            e.dispose()
+    [line] = [r.getMessage() for r in caplog.records if "no worker of this app" in r.getMessage()]
+    assert "queue=default" in line and "task=fast" in line and "jobs=1" in line

@@ -313,9 +313,26 @@ class Worker:
             "queues": self.queues, "horizon": self._idle_horizon})
         return bool(rows[0][0])
 
+    def warn_stranded(self) -> int:
+        """Log due jobs of this app's tasks waiting on queues no step of the app uses (a
+        producer's `queue=` that no worker serves by default); returns how many groups."""
+        with self.engines["maintain"].connect() as conn:
+            rows = conn.execute(self.q.find_stranded_jobs, {
+                "tasks": [p.name for p in self.app], "queues": self.app.queues}).all()
+        for r in rows:
+            log_event(WARNING, "due jobs wait on a queue no worker of this app serves by "
+                      "default: start one with --queues including it, or enqueue with the "
+                      "task's own queue", queue=r.queue, task=r.task, jobs=r.n,
+                      oldest_due_s=round(r.oldest_s, 1))
+        return len(rows)
+
     def _housekeeping(self) -> None:
         """Reaper and pruner (heartbeats have their own thread), and the supervisor check."""
         c = self.config
+        try:
+            self.warn_stranded()
+        except Exception as exc:  # a hint only: never stop the worker for it
+            log_event(WARNING, "could not look for stranded jobs", error=first_line(exc))
         now = time.monotonic()
         due = {"reap": now + 1.0, "prune": now + 5.0}
         services = {"reap": (self.reaper.run_once, c.reap_interval),

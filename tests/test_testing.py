@@ -196,33 +196,6 @@ def test_assertions_through_an_async_session(app: flowq.FlowQ, db_url: str) -> N
     asyncio.run(main())
 
 
-def test_the_old_engine_only_helper_failed_on_a_connection(app: flowq.FlowQ,
-                                                           engine: sa.Engine) -> None:
-    """What issue 10 reported: the helper reached for `engine.connect()`, so a Connection
-    raised AttributeError and a Session could not be used at all."""
-    old: dict[str, Any] = {"__name__": "old_testing"}
-    source = subprocess.run(["git", "show", "HEAD:flowq/testing.py"], capture_output=True,
-                            text=True, cwd=Path(__file__).parent.parent)
-    if source.returncode != 0:
-        pytest.skip("no git history here")
-    exec(compile(source.stdout, "old_testing.py", "exec"), old)
-
-    @app.task()
-    def once(ctx: Context) -> None:
-        pass
-
-    with engine.connect() as conn, conn.begin():
-        flowq.enqueue(conn, once)
-        with pytest.raises(AttributeError):
-            old["assert_enqueued"](conn, once)
-        assert assert_enqueued(conn, once)
-    with orm.Session(engine) as session:
-        flowq.enqueue(session, once)
-        with pytest.raises(AttributeError):
-            old["assert_enqueued"](session, once)
-        assert assert_enqueued(session, once)
-
-
 # -- drain ------------------------------------------------------------------------------------
 
 
@@ -315,7 +288,7 @@ def test_drain_inside_a_rolled_back_transaction_leaves_nothing_behind(
                             {"b": f"{body} {ctx.attempt}"})
         if ctx.attempt == 1:
             raise ValueError("first try fails: its note must be rolled back")
-        flowq.enqueue(ctx.session, "audit", what=body)  # in the handler's transaction too
+        flowq.enqueue(ctx.session, "audit", queue="default", what=body)  # in the handler's transaction too
 
     @app.task()
     def audit(ctx: Context, what: str) -> None:
@@ -410,7 +383,7 @@ def test_drain_awaits_async_handlers_and_unknown_tasks_die(app: flowq.FlowQ,
 
     with engine.connect() as conn, conn.begin():
         flowq.enqueue(conn, nap, n=1)
-        flowq.enqueue(conn, "nobody_knows")
+        flowq.enqueue(conn, "nobody_knows", queue="default")
         # By name, unknown to this app: the default policy's cap, then dead.
         assert drain(conn, app, raise_on_dead=False) == DrainResult(
             succeeded=1, retried=DEFAULT_MAX_ATTEMPTS - 1, dead=1)

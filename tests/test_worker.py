@@ -712,3 +712,19 @@ def test_a_worker_warns_at_start_of_its_tasks_stranded_on_other_queues(
             e.dispose()
     [line] = [r.getMessage() for r in caplog.records if "no worker of this app" in r.getMessage()]
     assert "queue=default" in line and "task=fast" in line and "jobs=1" in line
+
+
+@pytest.mark.parametrize("driver", ["postgresql+asyncpg", "postgresql+psycopg2", "postgres"])
+def test_a_worker_takes_the_url_an_app_already_has(app: flowq.FlowQ, engine: sa.Engine,
+                                                   db_url: str, driver: str) -> None:
+    """FastAPI apps keep a `postgresql+asyncpg://` DATABASE_URL; the worker uses psycopg for its
+    own connections whatever driver the URL names (issue 10)."""
+    @app.task()
+    def ping(ctx: Context) -> dict[str, bool]:
+        ctx.session.execute(sa.text("SELECT 1"))
+        return {"pong": True}
+
+    job = enqueue(engine, ping)
+    run_until_idle(app, sa.make_url(db_url).set(drivername=driver).render_as_string(
+        hide_password=False))
+    assert only_row(engine, "run_id = :r", r=job).result == {"pong": True}

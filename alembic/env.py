@@ -10,11 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import context
 
-from flowq.migrations import VERSION_TABLE
+from flowq.migrations import MIGRATE_LOCK, VERSION_TABLE
 from flowq.schema import DEFAULT_SCHEMA, metadata
-
-# Any constant would do; it only has to be the same for every flowq process.
-_MIGRATE_LOCK = 0x666C6F77  # "flow"
 
 config = context.config
 schema: str = config.attributes.get("flowq_schema", DEFAULT_SCHEMA)
@@ -50,7 +47,7 @@ def run_online() -> None:
     connection: sa.Connection | None = config.attributes.get("connection")
     if connection is None:
         raise RuntimeError("flowq migrations run through flowq.migrate(), not the alembic CLI")
-    connection.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATE_LOCK})
+    connection.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATE_LOCK})
     connection.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
     _configure(connection=connection)
     with context.begin_transaction():

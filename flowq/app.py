@@ -115,16 +115,27 @@ class Step(Generic[P, R]):
             if len(self._fitting_names) < MAX_REMEMBERED_NAME_SETS:
                 self._fitting_names.add(names)
         except TypeError as exc:
-            # bind() names only its first complaint (often a missing argument), so name
-            # misspelt ones too: they are usually the cause.
-            params = list(self.signature.parameters.values())[1:]
-            unknown = sorted(set(args) - {p.name for p in params})
-            if unknown and not any(p.kind is p.VAR_KEYWORD for p in params):
-                exc = TypeError(f"unexpected keyword argument(s) {', '.join(map(repr, unknown))}"
-                                f"; {exc}")
             raise InvalidArgumentsError(
-                f"{what} do not fit step {self.name!r} {self.signature}: {exc}"
+                f"{what} do not fit step {self.name!r} {self.signature}: "
+                f"{self._misfit(args, exc)}"
             ) from None
+
+    def _misfit(self, args: dict[str, Any], exc: TypeError) -> str:
+        # bind() names only its first complaint (often a missing argument), so name every
+        # misspelt argument first, they are usually the cause; then whatever else is wrong
+        # once they are left out, and never the same complaint twice.
+        params = list(self.signature.parameters.values())[1:]
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            return str(exc)
+        unknown = sorted(set(args) - {p.name for p in params})
+        if not unknown:
+            return str(exc)
+        problems = [f"unexpected keyword argument(s) {', '.join(map(repr, unknown))}"]
+        try:
+            self.signature.bind(None, **{k: v for k, v in args.items() if k not in unknown})
+        except TypeError as rest:
+            problems.append(str(rest))
+        return "; ".join(problems)
 
 
 def _make_step(fn: Callable[..., Any], *, name: str | None, retry: Retry | None,

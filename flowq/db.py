@@ -33,6 +33,7 @@ __all__ = [
     "raw_sql",
     "resolve_url",
     "schema_exists",
+    "schema_missing",
 ]
 
 URL_ENV_VARS = ("FLOWQ_DATABASE_URL", "DATABASE_URL")
@@ -157,10 +158,21 @@ def ensure_schema(engine: sa.Engine, schema: str = DEFAULT_SCHEMA) -> None:
             "Check the URL (--database-url or FLOWQ_DATABASE_URL) and that PostgreSQL is running."
         )) from None
     if not present:
-        raise SchemaMissingError(
-            f"the database at {describe_url(engine.url)} has no flowq schema {schema!r}: "
-            "run `flowq migrate` first."
-        )
+        raise schema_missing(schema, engine.url)
+
+
+def schema_missing(schema: str, url: str | URL | None = None) -> SchemaMissingError:
+    """The error for a database without flowq's tables in `schema`: it says how to migrate
+    it, with `--schema` when that is not the default. With `url` (the CLI, a worker starting)
+    it names the database; without (an enqueue) it also gives the Python call."""
+    command = "flowq migrate" + (f" --schema {schema}" if schema != DEFAULT_SCHEMA else "")
+    if url is not None:
+        return SchemaMissingError(f"the database at {describe_url(url)} has no flowq schema "
+                                  f"{schema!r}: run `{command}` first.")
+    call = "flowq.migrate(engine" + (f", schema={schema!r})" if schema != DEFAULT_SCHEMA
+                                     else ")")
+    return SchemaMissingError(f"the database has no flowq schema {schema!r}: run `{command}` "
+                              f"first (or {call}).")
 
 
 def _first_line(exc: object) -> str:

@@ -2,7 +2,8 @@
 
 ```
 FlowqError                      root: catch this to catch everything flowq raises
-├── ConfigurationError          a task, pipeline or setting is defined wrongly (import time)
+├── ConfigurationError          a task, pipeline or setting is defined wrongly (at import;
+│                               an empty pipeline at worker start or enqueue)
 ├── UnknownTaskError            a name is not registered in the app
 ├── InvalidArgumentsError       enqueue arguments are not JSON or do not fit the handler
 ├── InvalidQueueError           a queue name is not a plain identifier

@@ -43,12 +43,12 @@ from sqlalchemy import orm
 
 from flowq.app import DEFAULT_QUEUE, Pipeline, _validate_name, find_definition, validate_queue
 from flowq.db import is_missing_schema_error, raw_sql
+from flowq.db import schema_missing as schema_missing  # re-exported for flowq.aio
 from flowq.direct import fetch_rows
 from flowq.errors import (
     ConfigurationError,
     FlowqError,
     InvalidArgumentsError,
-    SchemaMissingError,
     UnknownTaskError,
 )
 from flowq.jsonargs import JSONError, dumps_checked
@@ -329,12 +329,6 @@ class _MigratedSchemas:
 
 
 migrated_schemas = _MigratedSchemas()
-
-def schema_missing(schema: str) -> SchemaMissingError:
-    return SchemaMissingError(
-        f"the database has no flowq schema {schema!r}: run `flowq migrate` first "
-        "(or flowq.migrate(engine))."
-    )
 
 
 def translate_error(exc: sa.exc.ProgrammingError, engine: sa.Engine,

@@ -183,3 +183,19 @@ def test_pipeline_is_enqueued_at_its_first_step(app: flowq.FlowQ, engine: sa.Eng
         row = c.execute(sa.text(
             "SELECT task, step, queue, priority, max_attempts FROM flowq.jobs")).one()
     assert tuple(row) == ("flow", "first", "first_q", 4, 3)
+
+
+def test_check_arguments_says_each_complaint_once(app: flowq.FlowQ) -> None:
+    @app.task()
+    def greet(ctx: object, name: str) -> None: ...
+
+    def message(args: dict[str, Any]) -> str:
+        with pytest.raises(flowq.InvalidArgumentsError) as info:
+            greet.steps[0].check_arguments(args)
+        return str(info.value).partition(f"{greet.steps[0].signature}: ")[2]
+
+    assert message({"name": "x", "extra": 1}) == "unexpected keyword argument(s) 'extra'"
+    assert message({"name": "x", "b": 1, "a": 2}) == "unexpected keyword argument(s) 'a', 'b'"
+    assert message({"extra": 1}) == ("unexpected keyword argument(s) 'extra'; "
+                                     "missing a required argument: 'name'")
+    assert message({}) == "missing a required argument: 'name'"

@@ -69,10 +69,10 @@ def closed_port_url() -> str:
 
 
 def test_migrate_is_idempotent(empty_db_url: str) -> None:
-    for _ in range(2):
+    for expected in ("created", "already up to date"):
         result = flowq("migrate", "--database-url", empty_db_url)
         assert result.exit_code == 0, result.output
-        assert "up to date" in result.output
+        assert expected in result.output
     engine = sa.create_engine(empty_db_url)
     try:
         assert job_rows(engine) == []
@@ -268,3 +268,33 @@ def test_python_m_flowq_worker_user_errors(empty_db_url: str, spec: str, fragmen
     text = proc.stderr.strip()
     assert text.startswith("Error: ") and "\n" not in text, text
     assert fragment in text
+
+
+@pytest.mark.parametrize("command", [["reap"], ["prune"], ["runs", "list"]])
+def test_missing_non_default_schema_says_to_migrate_with_that_schema(
+        command: list[str], db_url: str) -> None:
+    assert_user_error(flowq(*command, "--database-url", db_url, "--schema", "nope"),
+                      "no flowq schema 'nope'", "run `flowq migrate --schema nope` first.")
+
+
+def test_migrate_says_whether_it_created_upgraded_or_found_the_schema_up_to_date(
+        empty_db_url: str) -> None:
+    from flowq.migrations import downgrade
+
+    def migrate(*args: str) -> str:
+        result = flowq("migrate", "--database-url", empty_db_url, *args)
+        assert result.exit_code == 0, result.output
+        return result.output.strip()
+
+    assert migrate() == "created flowq schema 'flowq' at revision 0002."
+    assert migrate() == "flowq schema 'flowq' is already up to date (revision 0002)."
+    engine = sa.create_engine(empty_db_url)
+    try:
+        downgrade(engine, revision="0001")
+        assert migrate() == "upgraded flowq schema 'flowq' from revision 0001 to 0002."
+        with engine.begin() as conn:
+            conn.execute(sa.text("CREATE SCHEMA mine"))
+    finally:
+        engine.dispose()
+    assert migrate("--schema", "mine") == (
+        "created flowq's tables in the existing schema 'mine' at revision 0002.")

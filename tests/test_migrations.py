@@ -17,7 +17,14 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
 import flowq
-from flowq.migrations import VERSION_TABLE, downgrade, migrate, sql_script
+from flowq.migrations import (
+    VERSION_TABLE,
+    Migrated,
+    current_revision,
+    downgrade,
+    migrate,
+    sql_script,
+)
 from flowq.schema import DEFAULT_SCHEMA, metadata
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,6 +51,10 @@ def _flowq_version(engine: sa.Engine, schema: str = DEFAULT_SCHEMA) -> list[str]
     with engine.connect() as c:
         return list(c.execute(sa.text(f"SELECT version_num FROM {schema}.{VERSION_TABLE}"))
                     .scalars())
+
+
+def _schema_exists(engine: sa.Engine, schema: str = DEFAULT_SCHEMA) -> bool:
+    return _scalar(engine, "SELECT 1 FROM pg_namespace WHERE nspname = :s", s=schema) == 1
 
 
 def test_migrate_is_idempotent(empty_engine: sa.Engine) -> None:
@@ -110,7 +121,7 @@ def test_downgrade_to_base_and_upgrade_again(engine: sa.Engine) -> None:
     downgrade(engine)
     assert not _has_jobs(engine)
     assert _scalar(engine, "SELECT to_regclass('flowq.run_id_seq')") is None
-    assert _flowq_version(engine) == []
+    assert not _schema_exists(engine)  # the version table and the schema went too
     migrate(engine)
     assert _has_jobs(engine)
     assert _flowq_version(engine) == [HEAD]
@@ -231,3 +242,58 @@ def test_wheel_ships_the_migrations(tmp_path: Path, empty_db_url: str) -> None:
             assert "CREATE TABLE flowq.jobs" in ddl
     finally:
         engine.dispose()
+
+
+def test_migrate_says_what_it_did(empty_engine: sa.Engine) -> None:
+    assert migrate(empty_engine) == Migrated(None, HEAD, created_schema=True)
+    assert migrate(empty_engine) == Migrated(HEAD, HEAD, created_schema=False)
+    downgrade(empty_engine, revision="0001")
+    done = migrate(empty_engine)
+    assert (done.before, done.after, done.changed) == ("0001", HEAD, True)
+    with empty_engine.connect() as conn:
+        assert current_revision(conn) == HEAD
+        assert current_revision(conn, "flowq_nowhere") is None
+
+
+def test_downgrade_to_base_removes_the_schema_migrate_created(empty_engine: sa.Engine) -> None:
+    migrate(empty_engine)
+    downgrade(empty_engine)
+    assert not _schema_exists(empty_engine)
+    migrate(empty_engine)  # and from nothing again
+    assert _flowq_version(empty_engine) == [HEAD]
+
+
+def test_downgrade_partway_keeps_the_version_table(empty_engine: sa.Engine) -> None:
+    migrate(empty_engine)
+    downgrade(empty_engine, revision="0001")
+    assert _flowq_version(empty_engine) == ["0001"]
+    assert _has_jobs(empty_engine)
+
+
+@pytest.mark.parametrize("other_object", [
+    "CREATE TABLE flowq.mine (id int)",
+    "CREATE TYPE flowq.mood AS ENUM ('ok')",
+    "CREATE FUNCTION flowq.one() RETURNS int LANGUAGE sql AS 'SELECT 1'",
+])
+def test_downgrade_keeps_a_schema_holding_objects_flowq_did_not_create(
+        empty_engine: sa.Engine, other_object: str) -> None:
+    migrate(empty_engine)
+    with empty_engine.begin() as c:
+        c.execute(sa.text(other_object))
+    downgrade(empty_engine)
+    assert _schema_exists(empty_engine)
+    assert not _has_jobs(empty_engine)
+    assert _scalar(empty_engine, f"SELECT to_regclass('flowq.{VERSION_TABLE}')") is None
+    with empty_engine.connect() as c:  # the other object is untouched
+        assert c.execute(sa.text(
+            "SELECT count(*) FROM pg_depend WHERE refobjid = 'flowq'::regnamespace")
+        ).scalar()
+
+
+def test_downgrade_keeps_a_schema_flowq_did_not_create(empty_engine: sa.Engine) -> None:
+    with empty_engine.begin() as c:
+        c.execute(sa.text("CREATE SCHEMA flowq"))
+    assert migrate(empty_engine).created_schema is False
+    downgrade(empty_engine)
+    assert _schema_exists(empty_engine)
+    assert _scalar(empty_engine, f"SELECT to_regclass('flowq.{VERSION_TABLE}')") is None

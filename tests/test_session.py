@@ -601,3 +601,16 @@ def test_a_plain_connection_commits_the_job(engine: sa.Engine) -> None:
         flowq.enqueue(conn, "t", queue="default")
         conn.rollback()
     assert _tasks(engine) == ["t", "t"]
+
+
+def test_missing_non_default_schema_says_to_migrate_that_schema(engine: sa.Engine) -> None:
+    hint = r"`flowq migrate --schema nope` first \(or flowq\.migrate\(engine, schema='nope'\)\)"
+    with engine.connect() as conn, pytest.raises(flowq.SchemaMissingError, match=hint):
+        flowq.enqueue(conn, "t", queue="default", schema="nope")
+    flowq.migrate(engine, schema="nope")
+    with engine.begin() as conn:
+        flowq.enqueue(conn, "t", queue="default", schema="nope")  # now known to have it
+    with engine.begin() as conn:
+        conn.execute(sa.text("DROP SCHEMA nope CASCADE"))
+    with engine.connect() as conn, pytest.raises(flowq.SchemaMissingError, match=hint):
+        flowq.enqueue(conn, "t", queue="default", schema="nope")

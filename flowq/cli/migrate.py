@@ -1,7 +1,8 @@
 """`flowq migrate`: create or upgrade flowq's tables, or (`--sql`) print the DDL for review.
 
 Options: `--database-url` (default: FLOWQ_DATABASE_URL, then DATABASE_URL), `--schema`
-(default "flowq"), `--sql`.
+(default "flowq"), `--sql`. It says what it did: created the schema, upgraded it from one
+revision to another, or found it already up to date.
 """
 
 from __future__ import annotations
@@ -28,7 +29,16 @@ def migrate(database_url: str | None, schema: str, sql: bool) -> None:
         return
     engine = create_engine(require_url(database_url))
     try:
-        run_migrate(engine, schema=schema)
+        done = run_migrate(engine, schema=schema)
     finally:
         engine.dispose()
-    click.echo(f"flowq schema {schema!r} is up to date.")
+    if done.created_schema:
+        click.echo(f"created flowq schema {schema!r} at revision {done.after}.")
+    elif done.before is None:
+        click.echo(f"created flowq's tables in the existing schema {schema!r} at revision "
+                   f"{done.after}.")
+    elif done.changed:
+        click.echo(f"upgraded flowq schema {schema!r} from revision {done.before} to "
+                   f"{done.after}.")
+    else:
+        click.echo(f"flowq schema {schema!r} is already up to date (revision {done.after}).")

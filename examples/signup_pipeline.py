@@ -2,8 +2,9 @@
 
     .venv/bin/python examples/signup_pipeline.py [DATABASE_URL]
 
-Without a URL (argument, FLOWQ_DATABASE_URL or DATABASE_URL) it starts a throwaway embedded
-PostgreSQL. It migrates flowq's schema, creates the app's tables, enqueues three sign-ups in
+Without a URL argument it starts a throwaway embedded PostgreSQL (it never reads
+FLOWQ_DATABASE_URL or DATABASE_URL: an example touches only the database it is given). It
+migrates flowq's schema, creates the app's tables, enqueues three sign-ups in
 the same transactions that write their `SignupRequest` rows, runs a worker in this process
 until nothing is left to do, and prints each run.
 
@@ -18,7 +19,6 @@ What it shows:
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 from collections.abc import Iterator
@@ -84,7 +84,9 @@ gateway = FakeGateway()
 # -- the pipeline -----------------------------------------------------------------------------
 
 app = flowq.FlowQ()
-signup = app.pipeline("signup")
+# A queue of its own: the in-process worker serves only it, so run against a database you
+# gave, it never claims that database's other jobs.
+signup = app.pipeline("signup", queue="signup_example")
 
 
 @signup.step()
@@ -144,7 +146,7 @@ def main(url: str | None) -> int:
                 request = SignupRequest(email=email)
                 session.add(request)
                 run = session.enqueue(signup, email=email, plan=plan,
-                                      idempotency_key=f"signup:{email}")
+                                      idempotency_key=f"signup-example:{email}")
                 request.run_id = run.id
                 run_ids.append(run.id)
 
@@ -170,6 +172,4 @@ def main(url: str | None) -> int:
 
 
 if __name__ == "__main__":
-    given = sys.argv[1] if len(sys.argv) > 1 else None
-    sys.exit(main(given or os.environ.get("FLOWQ_DATABASE_URL") or os.environ.get(
-        "DATABASE_URL")))
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else None))

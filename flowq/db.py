@@ -21,6 +21,7 @@ from sqlalchemy.dialects.postgresql import psycopg as sa_psycopg
 from sqlalchemy.engine import URL, make_url
 
 from flowq.errors import DatabaseUnavailableError, FlowqError, SchemaMissingError
+from flowq.migrations import HEAD_REVISION, current_revision
 from flowq.queries import queries
 from flowq.schema import DEFAULT_SCHEMA, schema_map
 
@@ -147,11 +148,17 @@ def schema_exists(conn: sa.Connection, schema: str = DEFAULT_SCHEMA) -> bool:
     return conn.execute(queries(schema).check_schema).scalar() is not None
 
 
-def ensure_schema(engine: sa.Engine, schema: str = DEFAULT_SCHEMA) -> None:
-    """Raise a one-sentence flowq error if the database is unreachable or not migrated."""
+def ensure_schema(engine: sa.Engine, schema: str = DEFAULT_SCHEMA, *,
+                  current: bool = False) -> None:
+    """Raise a one-sentence flowq error if the database is unreachable or not migrated; with
+    `current`, also if its flowq schema is behind the revision this flowq needs (a worker
+    must not start on it: its statements would fail one by one)."""
+    revision: str | None = None
     try:
         with engine.connect() as conn:
             present = schema_exists(conn, schema)
+            if present and current:
+                revision = current_revision(conn, schema)
     except sa.exc.OperationalError as exc:
         raise DatabaseUnavailableError(mask_secrets(
             f"cannot connect to {describe_url(engine.url)}: {_first_line(exc.orig)}. "
@@ -159,6 +166,12 @@ def ensure_schema(engine: sa.Engine, schema: str = DEFAULT_SCHEMA) -> None:
         )) from None
     if not present:
         raise schema_missing(schema, engine.url)
+    if current and revision != HEAD_REVISION:
+        command = "flowq migrate" + (f" --schema {schema}" if schema != DEFAULT_SCHEMA
+                                     else "")
+        raise SchemaMissingError(
+            f"the flowq schema {schema!r} at {describe_url(engine.url)} is at revision "
+            f"{revision}, and this flowq needs {HEAD_REVISION}: run `{command}` first.")
 
 
 def schema_missing(schema: str, url: str | URL | None = None) -> SchemaMissingError:

@@ -27,12 +27,15 @@ from alembic.runtime.migration import MigrationContext
 
 from flowq.schema import DEFAULT_SCHEMA, validate_schema_name
 
-__all__ = ["MIGRATE_LOCK", "SCHEMA_COMMENT", "VERSION_TABLE", "Migrated", "alembic_config",
+__all__ = ["HEAD_REVISION", "MIGRATE_LOCK", "SCHEMA_COMMENT", "VERSION_TABLE", "Migrated", "alembic_config",
            "current_revision", "downgrade", "migrate", "migrations_dir", "sql_script"]
 
 T = TypeVar("T")
 
 VERSION_TABLE = "alembic_version"
+# The revision this flowq needs (a test checks it is the migrations' head): a worker refuses
+# to start on a schema behind it, with one sentence instead of failing statements.
+HEAD_REVISION: Final = "0003"
 # The advisory lock serialising migrations; env.py takes the same key (any constant would do,
 # as long as every flowq process uses it).
 MIGRATE_LOCK: Final = 0x666C6F77  # "flow"

@@ -44,13 +44,18 @@ __all__ = [
     "RunInfo",
     "RunSummary",
     "StepInfo",
+    "UnservedJobs",
     "cancel_run",
     "get_run",
     "list_runs",
     "retry_run",
+    "unserved_jobs",
 ]
 
 DEFAULT_LIST_LIMIT: Final = 50
+# A worker heartbeats its registry entry every --heartbeat-interval (5 s by default): one
+# silent for a minute is gone.
+UNSERVED_STALE_AFTER: Final = 60.0
 # A run has one active step at a time, so the locked set settles in one or two passes;
 # the cap only guards against a bug turning this into a loop.
 _MAX_LOCK_PASSES: Final = 100
@@ -251,6 +256,34 @@ def list_runs(bind: Bind, *, status: Status | None = None, limit: int = DEFAULT_
         return [RunSummary(run_id=r.run_id, task=r.task, status=r.status, step=r.step,
                            step_index=r.step_index, idempotency_key=r.idempotency_key,
                            created_at=r.created_at, finished_at=r.finished_at) for r in rows]
+
+    return _read(bind, read)
+
+
+@dataclass(frozen=True)
+class UnservedJobs:
+    """Due jobs of one task on one queue that no live worker serves (none listens on the
+    queue with the task in its app): they wait until one starts."""
+
+    queue: str
+    task: str
+    jobs: int
+    oldest_due_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def unserved_jobs(bind: Bind, *, schema: str = DEFAULT_SCHEMA,
+                  stale_after: float = UNSERVED_STALE_AFTER,
+                  limit: int = 20) -> list[UnservedJobs]:
+    """Due jobs no live worker serves, by (queue, task), largest groups first. A worker is
+    live while its registry heartbeat (`flowq.workers`) is younger than `stale_after`."""
+    q = Queries(schema)
+
+    def read(conn: sa.Connection) -> list[UnservedJobs]:
+        rows = conn.execute(q.select_unserved_jobs, {"stale": stale_after, "limit": limit})
+        return [UnservedJobs(r.queue, r.task, r.n, r.oldest_s) for r in rows]
 
     return _read(bind, read)
 

@@ -16,7 +16,7 @@ import re
 from typing import Final, Literal
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 from flowq.errors import ConfigurationError
 
@@ -32,6 +32,7 @@ __all__ = [
     "run_id_seq",
     "schema_map",
     "validate_schema_name",
+    "workers",
 ]
 
 DEFAULT_SCHEMA: Final = "flowq"
@@ -96,6 +97,26 @@ jobs = sa.Table(
     # An idempotency key names a run: one per schema, held by the run's first step.
     sa.Index("jobs_idempotency_key_idx", "idempotency_key", unique=True,
              postgresql_where=sa.text("idempotency_key IS NOT NULL")),
+)
+
+
+# The live workers: one row per worker process, registered at start, heartbeated, deleted at
+# a clean stop and expired by the reaper after a crash. What they serve tells which due jobs
+# no live worker serves.
+workers = sa.Table(
+    "workers",
+    metadata,
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("host", sa.Text, nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("queues", ARRAY(sa.Text), nullable=False),
+    sa.Column("tasks", ARRAY(sa.Text), nullable=False),
+    sa.Column("concurrency", sa.Integer, nullable=False),
+    sa.Column("version", sa.Text, nullable=False),
+    sa.Column("started_at", sa.DateTime(timezone=True), nullable=False,
+              server_default=sa.func.now()),
+    sa.Column("heartbeat_at", sa.DateTime(timezone=True), nullable=False,
+              server_default=sa.func.now()),
 )
 
 

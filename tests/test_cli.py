@@ -279,22 +279,22 @@ def test_missing_non_default_schema_says_to_migrate_with_that_schema(
 
 def test_migrate_says_whether_it_created_upgraded_or_found_the_schema_up_to_date(
         empty_db_url: str) -> None:
-    from flowq.migrations import downgrade
+    from flowq.migrations import HEAD_REVISION, downgrade
 
     def migrate(*args: str) -> str:
         result = flowq("migrate", "--database-url", empty_db_url, *args)
         assert result.exit_code == 0, result.output
         return result.output.strip()
 
-    assert migrate() == "created flowq schema 'flowq' at revision 0002."
-    assert migrate() == "flowq schema 'flowq' is already up to date (revision 0002)."
+    assert migrate() == f"created flowq schema 'flowq' at revision {HEAD_REVISION}."
+    assert migrate() == f"flowq schema 'flowq' is already up to date (revision {HEAD_REVISION})."
     engine = sa.create_engine(empty_db_url)
     try:
         downgrade(engine, revision="0001")
-        assert migrate() == "upgraded flowq schema 'flowq' from revision 0001 to 0002."
+        assert migrate() == f"upgraded flowq schema 'flowq' from revision 0001 to {HEAD_REVISION}."
         with engine.begin() as conn:
             conn.execute(sa.text("CREATE SCHEMA mine"))
     finally:
         engine.dispose()
     assert migrate("--schema", "mine") == (
-        "created flowq's tables in the existing schema 'mine' at revision 0002.")
+        f"created flowq's tables in the existing schema 'mine' at revision {HEAD_REVISION}.")

@@ -28,7 +28,7 @@ from flowq.migrations import (
 from flowq.schema import DEFAULT_SCHEMA, metadata
 
 REPO = Path(__file__).resolve().parent.parent
-HEAD = "0002"
+HEAD = "0003"
 
 
 @pytest.fixture
@@ -297,3 +297,11 @@ def test_downgrade_keeps_a_schema_flowq_did_not_create(empty_engine: sa.Engine) 
     downgrade(empty_engine)
     assert _schema_exists(empty_engine)
     assert _scalar(empty_engine, f"SELECT to_regclass('flowq.{VERSION_TABLE}')") is None
+
+
+def test_the_revision_a_worker_needs_is_the_migrations_head() -> None:
+    from alembic.script import ScriptDirectory
+
+    from flowq.migrations import HEAD_REVISION, alembic_config
+
+    assert ScriptDirectory.from_config(alembic_config()).get_current_head() == HEAD_REVISION

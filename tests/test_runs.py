@@ -280,3 +280,20 @@ def someone_waits_for_a_lock(engine: sa.Engine) -> bool:
         return bool(conn.execute(sa.text(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
             "AND wait_event_type = 'Lock'")).scalar())
+
+
+def test_runs_list_names_due_jobs_no_live_worker_serves(ledger: sa.Engine, db_url: str) -> None:
+    """A job whose queue no live worker serves waits forever; `flowq runs list` says so, and
+    stops saying it once a worker that serves it is registered (issue 10)."""
+    with ledger.begin() as conn:
+        flowq.enqueue(conn, "fast", queue="default", n=21)
+    data = cli_json(db_url, "list")
+    assert [(u["queue"], u["task"], u["jobs"]) for u in data["unserved"]] == [
+        ("default", "fast", 1)]
+    code, out, _ = cli(db_url, "list")
+    assert code == 0 and "served by no live worker" in out and "'fast'" in out
+    with ledger.begin() as conn:
+        conn.execute(sa.text(
+            "INSERT INTO flowq.workers (name, host, pid, queues, tasks, concurrency, version) "
+            "VALUES ('w', 'h', 1, '{default}', '{fast}', 1, 'x')"))
+    assert cli_json(db_url, "list")["unserved"] == []

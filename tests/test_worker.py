@@ -728,3 +728,55 @@ def test_a_worker_takes_the_url_an_app_already_has(app: flowq.FlowQ, engine: sa.
     run_until_idle(app, sa.make_url(db_url).set(drivername=driver).render_as_string(
         hide_password=False))
     assert only_row(engine, "run_id = :r", r=job).result == {"pong": True}
+
+
+def test_a_worker_registers_beats_and_leaves_the_registry(app: flowq.FlowQ, engine: sa.Engine,
+                                                          db_url: str) -> None:
+    """`flowq.workers` says who serves what; a crashed worker's entry expires, and a worker
+    whose entry expired while it stalled enters again (issue 10: unserved jobs)."""
+    from flowq.queries import Queries
+    from flowq.worker.maintenance import Reaper
+
+    @app.task(queue="reg")
+    def noop(ctx: Context) -> None: ...
+
+    def entries() -> list[Any]:
+        with engine.connect() as conn:
+            return list(conn.execute(sa.text(
+                "SELECT name, queues, tasks, concurrency, pid FROM flowq.workers")))
+
+    with engine.begin() as conn:  # a worker that crashed long ago
+        conn.execute(sa.text(
+            "INSERT INTO flowq.workers (name, host, pid, queues, tasks, concurrency, version, "
+            "heartbeat_at) VALUES ('dead', 'h', 1, '{reg}', '{noop}', 1, 'x', "
+            "now() - interval '1 hour')"))
+    with running_worker(app, db_url, heartbeat_interval=0.2, stale_after=1.0) as w:
+        mine = wait_until(lambda: [e for e in entries() if e.name == w.config.name],
+                          timeout=10, message="the worker's entry")
+        assert (mine[0].queues, mine[0].tasks, mine[0].concurrency) == (["reg"], ["noop"], 10)
+        assert Reaper(engine, Queries("flowq"), stale_after=1.0).run_once() == 0
+        assert [e.name for e in entries()] == [w.config.name]  # the dead one expired
+        with engine.begin() as conn:  # as if it stalled past the expiry
+            conn.execute(sa.text("DELETE FROM flowq.workers"))
+        wait_until(lambda: [e.name for e in entries()] == [w.config.name], timeout=10,
+                   message="the worker to enter the registry again")
+    assert entries() == []  # a clean stop leaves it
+
+
+def test_a_worker_refuses_a_schema_behind_its_revision(app: flowq.FlowQ, engine: sa.Engine,
+                                                       db_url: str) -> None:
+    from flowq.migrations import HEAD_REVISION, downgrade
+
+    @app.task()
+    def noop(ctx: Context) -> None: ...
+
+    downgrade(engine, revision="0002")
+    w = Worker(app, db_url, WorkerConfig())
+    try:
+        with pytest.raises(flowq.SchemaMissingError,
+                           match=f"is at revision 0002, and this flowq needs {HEAD_REVISION}: "
+                                 "run `flowq migrate` first"):
+            w.check_database()
+    finally:
+        for e in w.engines.values():
+            e.dispose()

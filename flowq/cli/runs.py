@@ -17,7 +17,7 @@ from typing import Any, Final, cast
 import click
 
 from flowq.cli.common import open_engine, schema_option, url_option
-from flowq.runs import RunInfo, cancel_run, get_run, list_runs, retry_run
+from flowq.runs import RunInfo, cancel_run, get_run, list_runs, retry_run, unserved_jobs
 from flowq.schema import STATUSES, Status
 
 __all__ = ["runs"]
@@ -86,13 +86,19 @@ def list_command(database_url: str | None, schema: str, status: str | None, limi
     try:
         found = list_runs(engine, status=cast("Status | None", status), limit=limit,
                           schema=schema)
+        unserved = unserved_jobs(engine, schema=schema)
     finally:
         engine.dispose()
     rows = [[str(r.run_id), r.task, r.status, f"{r.step_index}:{r.step or '-'}",
              _when(r.created_at), _when(r.finished_at), r.idempotency_key or ""] for r in found]
-    _emit(as_json, {"runs": [r.to_dict() for r in found]},
-          _table(["run", "task", "status", "step", "created", "finished", "key"], rows)
-          if found else "no runs.")
+    text = (_table(["run", "task", "status", "step", "created", "finished", "key"], rows)
+            if found else "no runs.")
+    for u in unserved:
+        text += (f"\nwarning: {u.jobs} due job(s) of task {u.task!r} on queue {u.queue!r} "
+                 f"are served by no live worker (oldest due {u.oldest_due_s:,.0f}s ago): start "
+                 f"one whose app defines {u.task!r} with --queues including {u.queue!r}.")
+    _emit(as_json, {"runs": [r.to_dict() for r in found],
+                    "unserved": [u.to_dict() for u in unserved]}, text)
 
 
 @runs.command("show")

@@ -21,6 +21,7 @@ role never stalls another.
 from __future__ import annotations
 
 import heapq
+import importlib.metadata
 import math
 import os
 import signal
@@ -177,8 +178,23 @@ class Worker:
         return self.claimer.claimed
 
     def check_database(self) -> None:
-        """Raise a one-sentence flowq error if the database is unreachable or not migrated."""
-        ensure_schema(self.engines["maintain"], self.app.schema)
+        """Raise a one-sentence flowq error if the database is unreachable, not migrated, or
+        migrated to an older revision than this flowq needs."""
+        ensure_schema(self.engines["maintain"], self.app.schema, current=True)
+
+    def _register(self) -> None:
+        """Enter this worker in `flowq.workers` (what it serves), so operators and `flowq runs
+        list` can tell which due jobs no live worker serves."""
+        c = self.config
+        with self.engines["maintain"].begin() as conn:
+            conn.execute(self.q.register_worker, {
+                "name": c.name, "host": socket.gethostname(), "pid": os.getpid(),
+                "queues": self.queues, "tasks": [p.name for p in self.app],
+                "concurrency": c.concurrency, "version": _version()})
+
+    def _beat_registry(self) -> None:
+        if not self.heartbeat.conn.execute(self.q.beat_worker, {"name": self.config.name}):
+            self._register()  # expired while this worker was stalled: enter it again
 
     # -- signals from the parts ---------------------------------------------------------------
 
@@ -234,6 +250,8 @@ class Worker:
 
     def start_parts(self) -> None:
         self.check_database()
+        self._register()
+        self.heartbeat.also = self._beat_registry
         self.completer.start()
         self.executor.start()
         self.heartbeat.start()
@@ -397,6 +415,11 @@ class Worker:
             self._release(unfinished)
         self.completer.stop(timeout=5.0)
         self.executor.stop()
+        try:
+            with self.engines["maintain"].begin() as conn:
+                conn.execute(self.q.unregister_worker, {"name": c.name})
+        except DB_ERRORS as exc:  # the entry expires on its own
+            log_event(WARNING, "could not leave the workers registry", error=first_line(exc))
         self.heartbeat.stop()
         if self._housekeeper is not None:
             self._housekeeper.join(timeout=5.0)
@@ -418,3 +441,10 @@ class Worker:
         except DB_ERRORS as exc:
             log_event(ERROR, "could not release unfinished jobs; the reaper will requeue them",
                       error=first_line(exc))
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("flowq")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"

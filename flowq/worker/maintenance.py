@@ -60,6 +60,8 @@ class Heartbeat:
         self.unsettled = unsettled or claims
         self.interval = interval
         self._reported: set[Claim] = set()  # lost claims already logged, while they run on
+        # Called after each beat of the claims (the worker's own registry entry).
+        self.also: Callable[[], None] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -97,6 +99,8 @@ class Heartbeat:
         while not self._stop.wait(self.interval):
             try:
                 self.run_once()
+                if self.also is not None:
+                    self.also()
             except DB_ERRORS as exc:
                 log_event(WARNING, "heartbeat failed; will retry", error=first_line(exc))
             except Exception as exc:  # never let the heartbeat die silently
@@ -121,6 +125,13 @@ class Reaper:
             rows = conn.execute(self.queries.reap_jobs, {
                 "stale": self.stale_after, "limit": self.limit,
                 "channel": notify_channel(self.queries.schema)}).all()
+            # Registry entries of workers that stopped heartbeating (twice the jobs' margin:
+            # an entry only informs, a live worker re-registers if it ever loses its own).
+            expired = conn.execute(self.queries.expire_workers,
+                                   {"stale": 2 * self.stale_after}).scalars().all()
+        if expired:
+            log_event(WARNING, "removed workers that stopped heartbeating from the registry",
+                      workers=",".join(expired))
         for r in rows:
             log_event(ERROR if r.status == "dead" else WARNING,
                       "reaped a job whose worker stopped heartbeating", job_id=r.id,

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy import Connection, event
+
 from flowq.errors import FlowqError
 from flowq.session import Session
 
@@ -23,6 +25,9 @@ class StepSession(Session):
     """The Session behind `ctx.session`: flowq commits it together with the step's completion."""
 
     _flowq_may_commit = False
+    # The server process of its open transaction (set when it begins): an attempt abandoned
+    # at its timeout has its transaction ended through it, releasing its row locks at once.
+    backend_pid: int | None = None
 
     def commit(self) -> None:
         if not self._flowq_may_commit:
@@ -74,3 +79,16 @@ class Context:
 
     def __getstate__(self) -> dict[str, Any]:  # pragma: no cover - contexts are not pickled
         raise TypeError("a flowq Context cannot be pickled")
+
+
+@event.listens_for(StepSession, "after_begin")
+def _remember_backend(session: StepSession, transaction: Any, connection: Connection) -> None:
+    info = getattr(connection.connection.dbapi_connection, "info", None)
+    pid = getattr(info, "backend_pid", None)
+    session.backend_pid = pid if isinstance(pid, int) else None
+
+
+@event.listens_for(StepSession, "after_transaction_end")
+def _forget_backend(session: StepSession, transaction: Any) -> None:
+    if transaction.parent is None:  # the outermost transaction: its connection goes back
+        session.backend_pid = None

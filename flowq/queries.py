@@ -328,6 +328,13 @@ class Queries:
             RETURNING j.id""")
 
     @cached_property
+    def end_backend(self) -> TextClause:
+        """End server process :pid: the connection of an attempt abandoned at its timeout,
+        whose open transaction would otherwise hold its row locks until the stuck handler
+        returns (if ever)."""
+        return sa.text("SELECT pg_terminate_backend(:pid)")
+
+    @cached_property
     def try_maintenance_lock(self) -> TextClause:
         """Take the transaction-scoped advisory lock of one maintenance service, or not."""
         return sa.text("SELECT pg_try_advisory_xact_lock(hashtext(:name))")

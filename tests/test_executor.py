@@ -190,3 +190,71 @@ def test_a_blocked_event_loop_is_replaced(app: flowq.FlowQ, run: Any) -> None:
     out = run(blocker)
     assert isinstance(out, Failed) and out.text.startswith("StepTimeout:")
     assert isinstance(run(fine), Succeeded)  # on a fresh loop, while the old one is blocked
+
+
+def test_a_loop_blocked_long_is_replaced_even_without_deadlines(app: flowq.FlowQ,
+                                                                run: Any) -> None:
+    """The blocker's own timeout fired before the loop counted as blocked; the attempts that
+    queued behind it must not wait (and be heartbeated) for as long as it blocks. One at its
+    attempt cap ends instead of running past it (review findings 1 and 6)."""
+    run.executor.loop_blocked_for = 1.0
+
+    @app.task(retry=TWO, timeout=0.2)
+    async def blocker(ctx: Context) -> None:
+        time.sleep(4)
+
+    @app.task(retry=TWO)
+    async def quick(ctx: Context) -> None:
+        await asyncio.sleep(0.01)
+
+    assert isinstance(run(blocker), Failed)
+    executor = run.executor
+    recorder = executor.completer
+    for job_id, attempts in ((900, 1), (901, 2)):
+        executor.submit(ClaimedJob(job_id, job_id, job_id, "quick", "quick", 0, "default", 0,
+                                   attempts, 2, "{}", False, 0.0))
+    wait_until(lambda: {900, 901} <= recorder.outcomes.keys(), timeout=15,
+               message="the attempts behind the blocker to be settled")
+    retried, capped = recorder.outcomes[900], recorder.outcomes[901]
+    assert isinstance(retried, Retried) and retried.reason.startswith("EventLoopBlocked")
+    assert isinstance(capped, Failed) and capped.retry_in is None
+    wait_until(lambda: executor.in_flight == 0, timeout=5, message="the slots back")
+
+
+def test_a_policy_wait_without_max_is_clamped(app: flowq.FlowQ, run: Any) -> None:
+    from tenacity import wait_exponential
+
+    @app.task(retry=flowq.Retry(wait=wait_exponential(), max_attempts=100))
+    def grows(ctx: Context) -> None:
+        raise ValueError("again")
+
+    out = run(grows, attempts=50)
+    assert isinstance(out, Failed) and out.retry_in == 366 * 86400.0
+
+
+def test_a_slot_is_not_lost_when_scheduling_or_spawning_fails(
+        app: flowq.FlowQ, run: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    @app.task(timeout=0.2)
+    def stuck(ctx: Context) -> None:
+        time.sleep(2)
+
+    @app.task()
+    async def later(ctx: Context) -> None: ...
+
+    executor = run.executor
+
+    def no_thread() -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(executor, "_spawn", no_thread)
+    assert isinstance(run(stuck), Failed)  # abandoned; the replacement thread failed
+    wait_until(lambda: executor.in_flight == 0, timeout=5, message="the slot back")
+
+    def no_loop(*args: Any) -> Any:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(asyncio, "run_coroutine_threadsafe", no_loop)
+    with pytest.raises(OSError):
+        executor.submit(ClaimedJob(950, 950, 950, "later", "later", 0, "default", 0, 1, 10,
+                                   "{}", False, 0.0))
+    assert executor.in_flight == 0 and executor.unsettled_claims() == []

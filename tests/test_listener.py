@@ -56,3 +56,15 @@ def test_a_dropped_connection_reconnects_and_wakes(engine: sa.Engine,
     # Notifications sent while it was away are lost: it wakes the claimer once reconnected.
     wait_until(lambda: wakes.now >= 2 and listener.connected.is_set(), timeout=15,
                message="the reconnect")
+
+
+def test_a_notify_with_no_time_wakes_now(engine: sa.Engine,
+                                         listening: tuple[Listener, Wakes]) -> None:
+    """Anyone may NOTIFY: `a@NaN` or `a@inf` must not enter the wake-up schedule, where a NaN
+    would sit at the top for good (review finding 5)."""
+    _, wakes = listening
+    with engine.begin() as conn:
+        for payload in ("a@NaN", "a@inf", "a@-inf"):
+            conn.execute(sa.text("SELECT pg_notify('flowq', :p)"), {"p": payload})
+    wait_until(lambda: wakes.now == 4, timeout=10, message="three wake-ups now")
+    assert wakes.later == []

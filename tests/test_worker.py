@@ -780,3 +780,41 @@ def test_a_worker_refuses_a_schema_behind_its_revision(app: flowq.FlowQ, engine:
     finally:
         for e in w.engines.values():
             e.dispose()
+
+
+def test_an_abandoned_attempt_releases_its_row_locks_at_once(app: flowq.FlowQ,
+                                                              engine: sa.Engine,
+                                                              db_url: str) -> None:
+    """Attempt 1 updates a row through ctx.session, then hangs past its timeout. Its open
+    transaction is ended when it is abandoned, so attempt 2 is not blocked on its row lock
+    (it used to be, until every attempt timed out and the job ended dead; review finding 2)."""
+    import time
+
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE counter (id int PRIMARY KEY, n int)"))
+        conn.execute(sa.text("INSERT INTO counter VALUES (1, 0)"))
+
+    @app.task(retry=flowq.Retry(stop=stop_after_attempt(3), wait=wait_fixed(0)), timeout=1.0)
+    def bump(ctx: Context) -> None:
+        ctx.session.execute(sa.text("UPDATE counter SET n = n + 1 WHERE id = 1"))
+        if ctx.attempt == 1:
+            time.sleep(15)  # holds the row lock, unless its transaction is ended
+
+    job = enqueue(engine, bump)
+    with running_worker(app, db_url):
+        wait_until(lambda: only_row(engine, "run_id = :r", r=job).status != "pending"
+                   and only_row(engine, "run_id = :r", r=job).status != "running",
+                   timeout=20, message="the job to end")
+    row = only_row(engine, "run_id = :r", r=job)
+    assert (row.status, row.attempts) == ("succeeded", 2), row.last_error
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT n FROM counter")).scalar() == 1
+
+
+@pytest.mark.parametrize("knob", ["poll_interval", "heartbeat_interval", "stale_after",
+                                  "shutdown_grace", "retention"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0])
+def test_worker_settings_must_be_finite(knob: str, value: float) -> None:
+    config = WorkerConfig(**{knob: value})  # type: ignore[arg-type]
+    with pytest.raises(flowq.ConfigurationError, match=knob):
+        config.validate()

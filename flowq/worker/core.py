@@ -93,8 +93,14 @@ class WorkerConfig:
             raise ConfigurationError("concurrency must be at least 1")
         for knob in ("poll_interval", "heartbeat_interval", "stale_after", "reap_interval",
                      "prune_interval"):
-            if getattr(self, knob) <= 0:
-                raise ConfigurationError(f"{knob} must be positive")
+            value = getattr(self, knob)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ConfigurationError(f"{knob} must be a positive number of seconds, got "
+                                         f"{value!r}")
+        for knob in ("shutdown_grace", "retention", "dead_retention"):
+            value = getattr(self, knob)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise ConfigurationError(f"{knob} must be a number of seconds, got {value!r}")
         if self.stale_after <= 2 * self.heartbeat_interval:
             raise ConfigurationError(
                 "stale_after must exceed twice heartbeat_interval, or live jobs get reaped")
@@ -142,6 +148,7 @@ class Worker:
             app, self.completer, concurrency=c.concurrency,
             session_factory=lambda: StepSession(bind=session_bind),
             on_slot_free=self._on_slot_free)
+        self.executor.end_backend = self._end_backend
         self.claimer = Claimer(self.claim_conn, self.q, self.queues, c.name,
                                self.executor.submit)
         self.heartbeat = m.Heartbeat(
@@ -206,6 +213,9 @@ class Worker:
         """A job is due in `delay` seconds (a retry this worker wrote, or a delayed job whose
         NOTIFY it saw): claim then, not at the next poll, so a 0.2 s retry runs 0.2 s later
         whatever the poll interval."""
+        if not math.isfinite(delay) or delay <= 0:
+            self._wake.set()  # now (NaN or infinity name no time: a hostile NOTIFY)
+            return
         if delay >= self.config.poll_interval:
             return  # the poll comes first anyway
         with self._due_lock:
@@ -221,6 +231,10 @@ class Worker:
                 heapq.heappop(self._due)
                 due = True
             return due, self._due[0] if self._due else math.inf
+
+    def _end_backend(self, pid: int) -> None:
+        with self.engines["maintain"].connect() as conn:
+            conn.execute(self.q.end_backend, {"pid": pid})
 
     def _on_slot_free(self, in_flight: int) -> None:
         # Wake the claim loop only when it would claim: a batch's worth of free slots, or

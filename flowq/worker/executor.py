@@ -41,7 +41,7 @@ from flowq.context import Context, StepSession
 from flowq.errors import CancelRun, InvalidArgumentsError, RetryStep, UnknownTaskError
 from flowq.jsonargs import JSONError, dumps_checked
 from flowq.retry import Retry
-from flowq.storable import delay_of, describe, first_line, safe_str, storable_text
+from flowq.storable import clamp_delay, delay_of, describe, first_line, safe_str, storable_text
 from flowq.worker.completer import Completer
 from flowq.worker.logs import ERROR, WARNING, log_event
 from flowq.worker.model import (
@@ -64,6 +64,9 @@ WATCH_INTERVAL: Final = 0.1
 # LOOP_STALL when one of its attempts passes its deadline is blocked, and is replaced.
 LOOP_TICK: Final = 0.1
 LOOP_STALL: Final = 1.0
+# A loop that has not ticked for this long while attempts wait on it is replaced, deadline or
+# not. Long enough for an async handler's honest blocking call (a slow ctx.session query).
+LOOP_BLOCKED_FOR: Final = 10.0
 _DEFAULT_RETRY: Final = Retry()
 SUMMARY_CHARS: Final = 300  # of an error, in log lines (last_error keeps MAX_TEXT_CHARS)
 
@@ -102,6 +105,7 @@ class _Running:
     done: bool = False  # set once, by whoever finishes first: the handler or the watchdog
     loop: _Loop | None = None  # async attempts: the loop running them
     future: Future[None] | None = None
+    ctx: Context | None = None  # once prepared: its session's connection, to end on abandon
 
     @property
     def step(self) -> Step[Any, Any] | None:
@@ -126,6 +130,10 @@ class Executor:
         self._loop: _Loop | None = None
         self._stopping = threading.Event()
         self._watchdog: threading.Thread | None = None
+        # Ends a database backend by pid (the worker's maintenance pool): how an abandoned
+        # attempt's open transaction is rolled back at once. None: left to the stuck thread.
+        self.end_backend: Callable[[int], None] | None = None
+        self.loop_blocked_for = LOOP_BLOCKED_FOR
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -184,12 +192,19 @@ class Executor:
         rec = _Running(job, now, now + timeout if timeout else None, resolved)
         with self._lock:
             self._running[job.claim] = rec
-        if isinstance(resolved, tuple) and resolved[1].is_async:
-            rec.loop = self._ensure_loop()
-            rec.future = asyncio.run_coroutine_threadsafe(self._run_async(rec, *resolved),
-                                                          rec.loop.loop)
-        else:
-            self._work.put(rec)
+        try:
+            if isinstance(resolved, tuple) and resolved[1].is_async:
+                rec.loop = self._ensure_loop()
+                rec.future = asyncio.run_coroutine_threadsafe(self._run_async(rec, *resolved),
+                                                              rec.loop.loop)
+            else:
+                self._work.put(rec)
+        except BaseException:
+            # Not started: forget it, so that it is neither heartbeated nor holding a slot
+            # (the claim runs out and the reaper requeues the job).
+            with self._lock:
+                self._running.pop(job.claim, None)
+            raise
 
     def _watch(self) -> None:
         while not self._stopping.wait(WATCH_INTERVAL):
@@ -214,23 +229,54 @@ class Executor:
                 abandoned += 1
                 if rec.loop is not None and rec.loop.blocked(now):
                     blocked.add(rec.loop)
+        # A loop blocked for long with attempts waiting on it is replaced even when none of
+        # them has a deadline (or the blocker's was so short that it was abandoned before the
+        # loop counted as blocked): otherwise those attempts would hold their slots, and be
+        # heartbeated, for as long as the blocker blocks.
+        with self._lock:
+            current = self._loop
+            waiting = current is not None and any(
+                r.loop is current and not r.done for r in self._running.values())
+        if current is not None and waiting and now - current.last_tick > self.loop_blocked_for:
+            blocked.add(current)
         for stuck in blocked:
             self._replace_loop(stuck, now)
         return abandoned
 
     def _abandon(self, rec: _Running, outcome: Outcome) -> bool:
-        """Settle `rec` from outside its handler (the watchdog); False if it had settled."""
+        """Settle `rec` from outside its handler (the watchdog); False if it had settled.
+
+        The slot is freed first: nothing after that point may cost it. The abandoned
+        attempt's `ctx.session` transaction is ended on the server at once (its connection
+        is terminated), so its row locks do not block the next attempt of the same step."""
         with rec.lock:
             if rec.done:
                 return False
             rec.done = True
+            # Under the lock: the handler's thread cannot settle (and hand its connection back
+            # to the pool, where another attempt could take it) before this is done.
+            self._end_transaction(rec)
         self.completer.submit(rec.job, outcome, time.monotonic() - rec.started)
+        self._finish_slot(rec)
         if rec.future is not None:
             rec.future.cancel()  # thread-safe: cancels the task on its loop
         else:
-            self._spawn()  # the stuck thread keeps its OS thread; the slot gets a new one
-        self._finish_slot(rec)
+            try:
+                self._spawn()  # the stuck thread keeps its OS thread; the slot gets a new one
+            except Exception as exc:  # e.g. "can't start new thread": fewer threads, not a leak
+                log_event(ERROR, "could not start a replacement handler thread",
+                          error=first_line(describe(exc)))
         return True
+
+    def _end_transaction(self, rec: _Running) -> None:
+        pid = _backend_pid(rec.ctx)
+        if pid is None or self.end_backend is None:
+            return
+        try:
+            self.end_backend(pid)
+        except Exception as exc:
+            log_event(WARNING, "could not end an abandoned attempt's transaction",
+                      job_id=rec.job.id, error=first_line(describe(exc)))
 
     def _replace_loop(self, stuck: _Loop, now: float) -> None:
         with self._lock:
@@ -238,12 +284,15 @@ class Executor:
                 self._loop = None  # the next async attempt starts a fresh loop
             left = [r for r in self._running.values() if r.loop is stuck and not r.done]
         stuck.loop.call_soon_threadsafe(stuck.loop.stop)  # if it ever unblocks
-        log_event(ERROR, "event loop blocked by a handler past its deadline; replaced by a "
-                  "fresh loop", blocked_s=round(now - stuck.last_tick, 1),
+        log_event(ERROR, "event loop blocked by a handler; replaced by a fresh loop",
+                  blocked_s=round(now - stuck.last_tick, 1),
                   retried_job_ids=",".join(str(r.job.id) for r in left))
         for rec in left:
-            self._abandon(rec, Retried(0.0, "EventLoopBlocked: another handler blocked the "
-                                            "event loop this attempt ran on"))
+            reason = "EventLoopBlocked: a handler blocked the event loop this attempt ran on"
+            cap = rec.step.retry.attempt_cap if rec.step is not None else rec.job.max_attempts
+            self._abandon(rec, Retried(0.0, reason) if rec.job.attempts < cap
+                          else Failed(f"{reason} (the attempt cap of {cap} is reached)", None,
+                                      "EventLoopBlocked"))
 
     def _finish_slot(self, rec: _Running) -> None:
         with self._lock:
@@ -291,7 +340,8 @@ class Executor:
             text = storable_text(f"{text}\n\nThe step's retry policy raised while judging this "
                                  f"failure, so it is not retried:\n{describe(policy_error)}")
             return Failed(text, None, summary)
-        return Failed(text, delay, summary)
+        # A wait without a `max` grows past any date (wait_exponential at attempt 50): clamp.
+        return Failed(text, None if delay is None else clamp_delay(delay), summary)
 
     def _prepare(self, rec: _Running, step: Step[Any, Any]) -> tuple[Context, dict[str, Any]]:
         job = rec.job
@@ -305,6 +355,7 @@ class Executor:
         ctx = Context(job_id=job.id, run_id=job.run_id, task=job.task, step=step.name,
                       attempt=job.attempts, queue=job.queue,
                       _session_factory=self.session_factory)
+        rec.ctx = ctx
         return ctx, args
 
     def _outcome_of_result(self, rec: _Running, pipeline: Pipeline, step: Step[Any, Any],
@@ -435,3 +486,10 @@ def _quietly(session: StepSession | None, method: str) -> None:
         getattr(session, method)()
     except Exception as exc:
         log_event(WARNING, f"ctx.session {method} failed", error=first_line(safe_str(exc)))
+
+
+def _backend_pid(ctx: Context | None) -> int | None:
+    """The server process of an attempt's open `ctx.session` transaction, if it has one."""
+    session = ctx._session if ctx is not None else None
+    pid = getattr(session, "backend_pid", None)
+    return pid if isinstance(pid, int) else None

@@ -10,6 +10,7 @@ for PgBouncer in transaction mode, which cannot hold a LISTEN.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Collection
 from typing import Final
@@ -62,9 +63,11 @@ class Listener:
         try:
             seconds = float(due_in)
         except ValueError:  # not ours to parse: wake, the claim finds out
+            seconds = math.nan
+        if math.isfinite(seconds):
+            self.wake_in(seconds)
+        else:  # NaN or infinity (anyone may NOTIFY): wake now, never poison the schedule
             self.wake()
-            return
-        self.wake_in(seconds)
 
     def _loop(self) -> None:
         backoff = 0.1

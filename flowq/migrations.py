@@ -27,8 +27,9 @@ from alembic.runtime.migration import MigrationContext
 
 from flowq.schema import DEFAULT_SCHEMA, validate_schema_name
 
-__all__ = ["HEAD_REVISION", "MIGRATE_LOCK", "SCHEMA_COMMENT", "VERSION_TABLE", "Migrated", "alembic_config",
-           "current_revision", "downgrade", "migrate", "migrations_dir", "sql_script"]
+__all__ = ["HEAD_REVISION", "MIGRATE_LOCK", "SCHEMA_COMMENT", "VERSION_TABLE", "Migrated",
+           "alembic_config", "current_revision", "downgrade", "migrate", "migrations_dir",
+           "revision_schema", "sql_script"]
 
 T = TypeVar("T")
 
@@ -56,6 +57,14 @@ class Migrated:
     @property
     def changed(self) -> bool:
         return self.before != self.after
+
+
+def revision_schema() -> str:
+    """The schema a revision applies its DDL to, for use inside `upgrade()`/`downgrade()`: read
+    when the revision runs, not at import, since one process may migrate several schemas."""
+    from alembic import context
+
+    return validate_schema_name(context.config.attributes.get("flowq_schema", DEFAULT_SCHEMA))
 
 
 def migrations_dir() -> Path:

@@ -8,8 +8,10 @@ Create Date: 2026-11-30
 from __future__ import annotations
 
 import sqlalchemy as sa
-from alembic import context, op
+from alembic import op
 from sqlalchemy.dialects import postgresql
+
+from flowq.migrations import revision_schema
 
 revision = "0001"
 down_revision = None
@@ -17,15 +19,8 @@ branch_labels = None
 depends_on = None
 
 
-
-def _schema() -> str:
-    # Read when the revision runs, not at import: one process may migrate several schemas.
-    schema: str = context.config.attributes.get("flowq_schema", "flowq")
-    return schema
-
-
 def upgrade() -> None:
-    S = _schema()
+    S = revision_schema()
     op.execute(sa.schema.CreateSequence(sa.Sequence("run_id_seq", schema=S)))
     op.create_table(
         "jobs",
@@ -74,6 +69,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    S = _schema()
+    S = revision_schema()
     op.drop_table("jobs", schema=S)
     op.execute(f"DROP SEQUENCE IF EXISTS {S}.run_id_seq")

@@ -12,7 +12,9 @@ Create Date: 2026-11-30
 from __future__ import annotations
 
 import sqlalchemy as sa
-from alembic import context, op
+from alembic import op
+
+from flowq.migrations import revision_schema
 
 revision = "0002"
 down_revision = "0001"
@@ -20,13 +22,8 @@ branch_labels = None
 depends_on = None
 
 
-def _schema() -> str:
-    schema: str = context.config.attributes.get("flowq_schema", "flowq")
-    return schema
-
-
 def upgrade() -> None:
-    S = _schema()
+    S = revision_schema()
     op.execute(sa.schema.CreateSequence(sa.Sequence("lease_seq", schema=S)))
     # Nullable and without a default: adding it rewrites nothing, even on a large table.
     # Rows running at upgrade time have no lease; their (old) worker's writes then match
@@ -36,6 +33,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    S = _schema()
+    S = revision_schema()
     op.drop_column("jobs", "lease", schema=S)
     op.execute(f"DROP SEQUENCE IF EXISTS {S}.lease_seq")

@@ -12,18 +12,15 @@ Create Date: 2026-11-30
 from __future__ import annotations
 
 import sqlalchemy as sa
-from alembic import context, op
+from alembic import op
 from sqlalchemy.dialects import postgresql
+
+from flowq.migrations import revision_schema
 
 revision = "0003"
 down_revision = "0002"
 branch_labels = None
 depends_on = None
-
-
-def _schema() -> str:
-    schema: str = context.config.attributes.get("flowq_schema", "flowq")
-    return schema
 
 
 def upgrade() -> None:
@@ -40,9 +37,9 @@ def upgrade() -> None:
                   server_default=sa.func.now()),
         sa.Column("heartbeat_at", sa.DateTime(timezone=True), nullable=False,
                   server_default=sa.func.now()),
-        schema=_schema(),
+        schema=revision_schema(),
     )
 
 
 def downgrade() -> None:
-    op.drop_table("workers", schema=_schema())
+    op.drop_table("workers", schema=revision_schema())

@@ -192,11 +192,12 @@ class Executor:
         rec = _Running(job, now, now + timeout if timeout else None, resolved)
         with self._lock:
             self._running[job.claim] = rec
+        coro = None
         try:
             if isinstance(resolved, tuple) and resolved[1].is_async:
                 rec.loop = self._ensure_loop()
-                rec.future = asyncio.run_coroutine_threadsafe(self._run_async(rec, *resolved),
-                                                              rec.loop.loop)
+                coro = self._run_async(rec, *resolved)
+                rec.future = asyncio.run_coroutine_threadsafe(coro, rec.loop.loop)
             else:
                 self._work.put(rec)
         except BaseException:
@@ -204,6 +205,8 @@ class Executor:
             # (the claim runs out and the reaper requeues the job).
             with self._lock:
                 self._running.pop(job.claim, None)
+            if coro is not None:
+                coro.close()
             raise
 
     def _watch(self) -> None:

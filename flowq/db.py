@@ -24,6 +24,7 @@ from flowq.errors import DatabaseUnavailableError, FlowqError, SchemaMissingErro
 from flowq.migrations import HEAD_REVISION, current_revision
 from flowq.queries import queries
 from flowq.schema import DEFAULT_SCHEMA, schema_map
+from flowq.storable import first_line
 
 __all__ = [
     "create_engine",
@@ -161,7 +162,7 @@ def ensure_schema(engine: sa.Engine, schema: str = DEFAULT_SCHEMA, *,
                 revision = current_revision(conn, schema)
     except sa.exc.OperationalError as exc:
         raise DatabaseUnavailableError(mask_secrets(
-            f"cannot connect to {describe_url(engine.url)}: {_first_line(exc.orig)}. "
+            f"cannot connect to {describe_url(engine.url)}: {first_line(exc.orig)}. "
             "Check the URL (--database-url or FLOWQ_DATABASE_URL) and that PostgreSQL is running."
         )) from None
     if not present:
@@ -187,10 +188,6 @@ def schema_missing(schema: str, url: str | URL | None = None) -> SchemaMissingEr
     return SchemaMissingError(f"the database has no flowq schema {schema!r}: run `{command}` "
                               f"first (or {call}).")
 
-
-def _first_line(exc: object) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def is_missing_schema_error(exc: BaseException) -> bool:

@@ -35,6 +35,7 @@ import flowq.db
 from flowq.app import Task
 from flowq.context import Context
 from flowq.errors import FlowqError
+from flowq.storable import first_line
 from flowq.worker import Worker, WorkerConfig
 from flowq.worker.logs import configure_logging
 
@@ -121,7 +122,7 @@ def _run_in_own_schema(url: str, n_jobs: int) -> None:
                 c.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
         except sa.exc.ProgrammingError as exc:  # e.g. no CREATE privilege on the database
             raise FlowqError(f"the demo cannot create its schema {schema!r}: "
-                             f"{str(exc.orig).strip().splitlines()[0]}") from None
+                             f"{first_line(exc.orig)}") from None
         try:
             _run(engine, url, build_demo(schema), n_jobs)
         finally:

@@ -72,11 +72,12 @@ def describe(exc: BaseException) -> str:
 
 
 def first_line(text: object) -> str:
-    """The first non-empty line of `text` (an error message), or ''."""
+    """The first non-empty line of `text` (an error message); for an exception without a
+    message its type name, else ''."""
     for line in safe_str(text).splitlines():
         if line.strip():
             return line.strip()
-    return ""
+    return _type_name(text) if isinstance(text, BaseException) else ""
 
 
 def clamp_delay(seconds: float) -> float:

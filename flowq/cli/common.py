@@ -29,6 +29,7 @@ from flowq.app import FlowQ
 from flowq.db import create_engine, ensure_schema, mask_secrets, resolve_url
 from flowq.errors import ConfigurationError, FlowqError
 from flowq.schema import DEFAULT_SCHEMA
+from flowq.storable import first_line
 
 __all__ = ["FlowqGroup", "UserError", "load_app", "open_engine", "require_url",
            "schema_option", "url_option", "user_errors"]
@@ -77,8 +78,7 @@ def user_errors() -> Iterator[None]:
         # sent (a bad connection option in the URL); a failing statement keeps its traceback.
         if exc.statement is not None and not isinstance(exc, sa.exc.OperationalError):
             raise
-        first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-        raise UserError(f"cannot reach the database: {first}. Check --database-url and that "
+        raise UserError(f"cannot reach the database: {first_line(exc.orig or exc)}. Check --database-url and that "
                         "PostgreSQL is running.") from None
 
 

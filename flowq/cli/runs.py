@@ -19,6 +19,7 @@ import click
 from flowq.cli.common import open_engine, schema_option, url_option
 from flowq.runs import RunInfo, cancel_run, get_run, list_runs, retry_run, unserved_jobs
 from flowq.schema import STATUSES, Status
+from flowq.storable import first_line
 
 __all__ = ["runs"]
 
@@ -32,8 +33,8 @@ def _when(value: datetime | None) -> str:
     return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value else "-"
 
 
-def _first_line(text: str | None) -> str:
-    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+def _error_cell(text: str | None) -> str:
+    line = first_line(text or "")
     return line if len(line) <= ERROR_CHARS else line[: ERROR_CHARS - 1] + "…"
 
 
@@ -56,7 +57,7 @@ def _describe(run: RunInfo) -> str:
     if run.status == "succeeded":
         lines.append(f"result {json.dumps(run.result)}")
     rows = [[str(s.index), s.step or "-", s.status, f"{s.attempts}/{s.max_attempts}", s.queue,
-             str(s.job_id), _when(s.finished_at), _first_line(s.last_error)]
+             str(s.job_id), _when(s.finished_at), _error_cell(s.last_error)]
             for s in run.steps]
     lines += ["", _table(["#", "step", "status", "attempts", "queue", "job", "finished",
                           "last error"], rows)]

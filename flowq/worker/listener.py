@@ -17,6 +17,7 @@ from typing import Final
 
 import psycopg
 
+from flowq.storable import first_line
 from flowq.worker.logs import log_event
 
 __all__ = ["Listener"]
@@ -87,7 +88,6 @@ class Listener:
                 if self._stop.is_set():
                     return
                 log_event(WARNING, "listen connection lost; reconnecting",
-                          error=str(exc).strip().splitlines()[0] if str(exc).strip() else
-                          type(exc).__name__, retry_in_s=round(backoff, 2))
+                          error=first_line(exc), retry_in_s=round(backoff, 2))
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, RECONNECT_MAX)

@@ -18,13 +18,12 @@ import time
 from types import FrameType
 from typing import Final
 
-from flowq.worker.logs import log_event
+from flowq.worker.logs import INFO, WARNING, log_event
 
 __all__ = ["child_argv", "supervise"]
 
 SUPERVISOR_ENV: Final = "FLOWQ_SUPERVISOR_PID"
 RESTART_BACKOFF: Final = 1.0
-INFO, WARNING = 20, 30
 
 
 def child_argv(argv: list[str]) -> list[str]:

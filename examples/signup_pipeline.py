@@ -18,10 +18,8 @@ What it shows:
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import sqlalchemy as sa
@@ -29,6 +27,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 from tenacity import stop_after_attempt, wait_fixed
 
 import flowq
+import flowq.embedded
 from flowq.context import Context
 from flowq.db import create_engine
 from flowq.runs import get_run
@@ -120,20 +119,8 @@ def send_welcome(ctx: Context, account_id: int, charge_id: str) -> dict[str, Any
 # -- running it -------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def database(url: str | None) -> Iterator[str]:
-    if url:
-        yield url
-        return
-    from flowq.embedded import LocalPostgres
-
-    print("no database URL given: starting an embedded PostgreSQL ...")
-    with LocalPostgres() as pg:
-        yield pg.url
-
-
 def main(url: str | None) -> int:
-    with database(url) as db_url:
+    with flowq.embedded.database(url) as db_url:
         engine = create_engine(db_url)
         flowq.migrate(engine)
         Base.metadata.create_all(engine)

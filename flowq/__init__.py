@@ -21,19 +21,24 @@ from flowq.errors import (
     RunNotFoundError,
     RunStateError,
     SchemaMissingError,
+    SignalError,
+    SignalTimeout,
     UnknownTaskError,
+    WorkflowError,
 )
 from flowq.migrations import migrate
 from flowq.retry import Retry
-from flowq.session import Enqueued, Session, SessionMixin, enqueue, enqueue_many
+from flowq.session import Enqueued, Session, SessionMixin, enqueue, enqueue_many, signal
 from flowq.worker import Worker, WorkerConfig
 from flowq.worker.logs import configure_logging
+from flowq.workflows import Each, Signalled, each
 
 __all__ = [
     "CancelRun",
     "ConfigurationError",
     "Context",
     "DatabaseUnavailableError",
+    "Each",
     "EmbeddedPostgresError",
     "Enqueued",
     "FlowQ",
@@ -48,15 +53,21 @@ __all__ = [
     "SchemaMissingError",
     "Session",
     "SessionMixin",
+    "SignalError",
+    "SignalTimeout",
+    "Signalled",
     "Step",
     "Task",
     "UnknownTaskError",
     "Worker",
     "WorkerConfig",
+    "WorkflowError",
     "configure_logging",
+    "each",
     "enqueue",
     "enqueue_many",
     "migrate",
+    "signal",
 ]
 
 __version__ = "0.1.0"

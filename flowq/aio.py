@@ -31,14 +31,16 @@ from flowq.session import (
     schema_missing,
     translate_error,
 )
+from flowq.workflows import PreparedSignal, Signalled, prepare_signal
 
-__all__ = ["AsyncSession", "AsyncSessionMixin", "Enqueued", "enqueue", "enqueue_many"]
+__all__ = ["AsyncSession", "AsyncSessionMixin", "Enqueued", "enqueue", "enqueue_many",
+           "signal"]
 
 T = TypeVar("T")
 AsyncTarget = _SAAsyncSession | AsyncConnection | async_scoped_session[Any]
 
 
-async def _connection(target: AsyncTarget, call: PreparedCall[Any]) -> AsyncConnection:
+async def _connection(target: AsyncTarget, call: PreparedCall[Any] | PreparedSignal) -> AsyncConnection:
     if isinstance(target, AsyncConnection):
         return target
     if isinstance(target, _SAAsyncSession | async_scoped_session):
@@ -49,7 +51,7 @@ async def _connection(target: AsyncTarget, call: PreparedCall[Any]) -> AsyncConn
     )
 
 
-async def execute(target: AsyncTarget, call: PreparedCall[T]) -> T:
+async def execute(target: AsyncTarget, call: PreparedCall[T] | PreparedSignal) -> T:
     """Run a prepared enqueue in `target`'s transaction (see `flowq.session.execute`)."""
     conn = await _connection(target, call)
     engine = conn.sync_engine
@@ -96,8 +98,21 @@ async def enqueue_many(target: AsyncTarget, task: Pipeline | str,
     return [] if call is None else await execute(target, call)
 
 
+async def signal(target: AsyncTarget, run_id: int, name: str, payload: Any = None, /, *,
+                 schema: str | None = None) -> Signalled:
+    """Send a signal in the transaction of an AsyncSession or AsyncConnection; see
+    `flowq.signal`."""
+    return cast(Signalled, await execute(target, prepare_signal(run_id, name, payload,
+                                                                schema=schema)))
+
+
 class AsyncSessionMixin:
-    """Adds `await session.enqueue()` and `enqueue_many()` to an AsyncSession class."""
+    """Adds `await session.enqueue()`, `enqueue_many()` and `signal()` to an AsyncSession."""
+
+    async def signal(self, run_id: int, name: str, payload: Any = None, /, *,
+                     schema: str | None = None) -> Signalled:
+        """Send a signal to a run in this session's transaction; see `flowq.aio.signal`."""
+        return await signal(cast(_SAAsyncSession, self), run_id, name, payload, schema=schema)
 
     async def enqueue(self, task: Pipeline | str, /, **options_and_args: Any) -> Enqueued:
         """Enqueue `task` in this session's transaction; see `flowq.aio.enqueue`."""

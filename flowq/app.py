@@ -18,10 +18,12 @@ the validation and SQL are `flowq.session`'s (`prepare_enqueue`, `execute`).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import math
 import re
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, Final, Generic, ParamSpec, TypeVar
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Final, Generic, ParamSpec, T
 from flowq.errors import ConfigurationError, InvalidArgumentsError, InvalidQueueError
 from flowq.retry import Retry
 from flowq.schema import DEFAULT_SCHEMA, validate_schema_name
+from flowq.storable import MAX_DELAY
 
 if TYPE_CHECKING:
     # flowq.session and flowq.context import this module; flowq.aio must stay unimported
@@ -56,6 +59,10 @@ RESERVED_OPTIONS: Final = frozenset({"idempotency_key", "queue", "priority", "ru
                                      "schema"})
 _QUEUE_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,63}$")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:\-]{0,199}$")
+
+# A waiting step's default timeout: a week, so a forgotten signal ends the run (by its
+# retry policy) instead of leaving it waiting forever.
+DEFAULT_WAIT_TIMEOUT: Final = timedelta(days=7)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -98,6 +105,14 @@ class Step(Generic[P, R]):
     index: int
     signature: inspect.Signature = field(repr=False)
     is_async: bool = False
+    # Workflows (see docs/workflows.md): the names of the steps this one waits for (none: a
+    # root, started with the run), the signal it waits for and how long (seconds), and how
+    # long after its parents finished it starts (seconds).
+    parents: tuple[str, ...] = ()
+    retry_given: bool = False  # False: the default policy (which does not retry SignalTimeout)
+    wait_for: str | None = None
+    wait_timeout: float | None = None
+    delay: float = 0.0
     # Argument-name sets known to bind: arguments are always keywords, so whether they bind
     # depends on the names alone, and binding (~5 us) is most of checking a small call.
     _fitting_names: set[tuple[str, ...]] = field(default_factory=set, init=False, repr=False)
@@ -138,6 +153,21 @@ class Step(Generic[P, R]):
         return "; ".join(problems)
 
 
+def _seconds(what: str, value: object, *, minimum: float) -> float:
+    """`value` (seconds or a timedelta) as seconds, refused unless finite and in range."""
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise ConfigurationError(f"{what} must be seconds or a timedelta, got {value!r}")
+    if not (math.isfinite(seconds) and minimum <= seconds <= MAX_DELAY):
+        raise ConfigurationError(
+            f"{what} must be between {minimum:g} seconds and {MAX_DELAY / 86400:g} days, "
+            f"got {value!r}")
+    return seconds
+
+
 def _make_step(fn: Callable[..., Any], *, name: str | None, retry: Retry | None,
                timeout: float | None, queue: str, index: int) -> Step[Any, Any]:
     if not callable(fn):
@@ -161,7 +191,8 @@ def _make_step(fn: Callable[..., Any], *, name: str | None, retry: Retry | None,
         raise ConfigurationError(f"timeout of {step_name!r} must be a positive number of seconds")
     if retry is not None and not isinstance(retry, Retry):
         raise ConfigurationError(f"retry of {step_name!r} must be a flowq.Retry(...)")
-    return Step(name=step_name, fn=fn, retry=retry or Retry(), timeout=timeout,
+    return Step(name=step_name, fn=fn, retry=retry or Retry(), retry_given=retry is not None,
+                timeout=timeout,
                 queue=validate_queue(queue), index=index, signature=sig,
                 is_async=inspect.iscoroutinefunction(fn))
 
@@ -254,9 +285,20 @@ class Pipeline:
         self.steps: list[Step[Any, Any]] = []
 
     def step(self, *, name: str | None = None, retry: Retry | None = None,
-             timeout: float | None = None,
-             queue: str | None = None) -> Callable[[Callable[P, R]], Step[P, R]]:
-        """Register the decorated function as this pipeline's next step."""
+             timeout: float | None = None, queue: str | None = None,
+             parents: Sequence[Step[Any, Any] | str] | None = None,
+             wait_for: str | None = None, wait_timeout: float | timedelta | None = None,
+             delay: float | timedelta | None = None
+             ) -> Callable[[Callable[P, R]], Step[P, R]]:
+        """Register the decorated function as a step of this pipeline.
+
+        Without `parents=` it follows the step defined before it (a chain); `parents=[a, b]`
+        makes it wait for both (a join: it receives each parent's result as a keyword named
+        after that parent); `parents=[]` makes it a root, started with the run. `wait_for=`
+        names a signal it waits for (its payload arrives as a keyword of that name), at most
+        `wait_timeout` (default 7 days); `delay=` starts it that long after its parents
+        finished. Parents must be defined before their children, so a graph has no cycles.
+        """
 
         def decorate(fn: Callable[P, R]) -> Step[P, R]:
             s = _make_step(fn, name=name, retry=retry, timeout=timeout,
@@ -266,10 +308,98 @@ class Pipeline:
                     f"pipeline {self.name!r} already has a step named {s.name!r}: "
                     "step names must be unique within a pipeline (pass name=...)."
                 )
+            s = dataclasses.replace(
+                s, parents=self._parents_of(s.name, parents),
+                wait_for=self._wait_of(s.name, wait_for),
+                wait_timeout=None if wait_for is None else _seconds(
+                    f"wait_timeout of {s.name!r}", DEFAULT_WAIT_TIMEOUT if wait_timeout is None
+                    else wait_timeout, minimum=0.001),
+                delay=0.0 if delay is None else _seconds(f"delay of {s.name!r}", delay,
+                                                         minimum=0.0))
+            if wait_for is None and wait_timeout is not None:
+                raise ConfigurationError(
+                    f"step {s.name!r} has a wait_timeout but no wait_for: name the signal")
+            if s.wait_for is not None and s.delay:
+                raise ConfigurationError(
+                    f"step {s.name!r}: wait_for and delay cannot be combined (a waiting step "
+                    "starts when its signal arrives)")
+            self._check_inputs(s)
             self.steps.append(s)
             return s
 
         return decorate
+
+    def _parents_of(self, name: str,
+                    parents: Sequence[Step[Any, Any] | str] | None) -> tuple[str, ...]:
+        if parents is None:  # a chain: the step defined before, if any
+            return (self.steps[-1].name,) if self.steps else ()
+        if isinstance(parents, str | Step) or not isinstance(parents, Sequence):
+            raise ConfigurationError(
+                f"parents of {name!r} must be a list of steps, e.g. parents=[fetch, parse]")
+        names: list[str] = []
+        for p in parents:
+            if isinstance(p, Step):
+                if not any(p is s for s in self.steps):
+                    raise ConfigurationError(
+                        f"parent {p.name!r} of step {name!r} is not a step of pipeline "
+                        f"{self.name!r} (a parent in another pipeline?)")
+                pname = p.name
+            elif isinstance(p, str):
+                if p == name:
+                    raise ConfigurationError(
+                        f"step {name!r} cannot be its own parent (that is a cycle)")
+                if self.step_named(p) is None:
+                    raise ConfigurationError(
+                        f"unknown parent {p!r} of step {name!r}: pipeline {self.name!r} has no "
+                        "such step yet (define parents before their children: that is also "
+                        "what keeps the graph free of cycles)")
+                pname = p
+            else:
+                raise ConfigurationError(
+                    f"parents of {name!r} must be steps of {self.name!r}, got {p!r}")
+            if pname in names:
+                raise ConfigurationError(f"step {name!r} lists parent {pname!r} twice")
+            names.append(pname)
+        return tuple(names)
+
+    def _wait_of(self, name: str, wait_for: str | None) -> str | None:
+        if wait_for is None:
+            return None
+        signal = _validate_name("signal", wait_for)
+        other = next((s for s in self.steps if s.wait_for == signal), None)
+        if other is not None:
+            raise ConfigurationError(
+                f"step {other.name!r} of {self.name!r} already waits for signal {signal!r}: "
+                "a signal is delivered to one step of a run")
+        return signal
+
+    def _check_inputs(self, s: Step[Any, Any]) -> None:
+        """A step with several parents takes each one's result as a keyword named after it,
+        and a waiting step its signal's payload: refuse a handler that cannot take them."""
+        names = list(s.parents) if len(s.parents) > 1 else []
+        if s.wait_for is not None:
+            if s.wait_for in names:
+                raise ConfigurationError(
+                    f"step {s.name!r} waits for signal {s.wait_for!r}, which is also the name "
+                    "of one of its parents: rename one")
+            names.append(s.wait_for)
+        if not names:
+            return
+        params = list(s.signature.parameters.values())[1:]
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            return
+        accepted = {p.name for p in params
+                    if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        missing = [n for n in names if n not in accepted]
+        if missing:
+            raise ConfigurationError(
+                f"step {s.name!r} {s.signature} cannot take keyword(s) "
+                f"{', '.join(map(repr, missing))}: "
+                + ("a step with several parents receives each parent's result as a keyword "
+                   "named after that parent" if len(s.parents) > 1 else "")
+                + ("; " if len(s.parents) > 1 and s.wait_for else "")
+                + (f"a step waiting for a signal receives its payload as a keyword named "
+                   f"{s.wait_for!r}" if s.wait_for else ""))
 
     @property
     def first(self) -> Step[Any, Any]:
@@ -277,12 +407,23 @@ class Pipeline:
             raise ConfigurationError(f"pipeline {self.name!r} has no steps")
         return self.steps[0]
 
+    @property
+    def roots(self) -> list[Step[Any, Any]]:
+        """The steps that start with the run (no parents), in definition order."""
+        return [s for s in self.steps if not s.parents]
+
+    def children(self, step: Step[Any, Any]) -> list[Step[Any, Any]]:
+        """The steps that list `step` as a parent, in definition order."""
+        return [s for s in self.steps if step.name in s.parents]
+
+    @property
+    def leaves(self) -> list[Step[Any, Any]]:
+        """The steps no other step waits for: the run has succeeded when all of them have."""
+        parents = {p for s in self.steps for p in s.parents}
+        return [s for s in self.steps if s.name not in parents]
+
     def step_named(self, name: str) -> Step[Any, Any] | None:
         return next((s for s in self.steps if s.name == name), None)
-
-    def next_after(self, step: Step[Any, Any]) -> Step[Any, Any] | None:
-        i = self.steps.index(step)
-        return self.steps[i + 1] if i + 1 < len(self.steps) else None
 
     def options(self, *, idempotency_key: str | None = None, queue: str | None = None,
                 priority: int | None = None, run_at: datetime | None = None,

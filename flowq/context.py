@@ -57,11 +57,15 @@ class Context:
     queue: str
     _session_factory: Callable[[], StepSession] | None = field(default=None, repr=False)
     _session: StepSession | None = field(default=None, repr=False)
+    map_index: int | None = None  # the item position, in an instance of a mapped step
 
     @property
     def idempotency_key(self) -> str:
-        """Stable across every attempt of this step of this run, distinct across steps and runs:
-        pass it to payment and mail APIs so a re-run step is not charged or sent twice."""
+        """Stable across every attempt of this step of this run, distinct across steps, runs
+        and map instances: pass it to payment and mail APIs so a re-run step is not charged or
+        sent twice."""
+        if self.map_index is not None:
+            return f"flowq:{self.run_id}:{self.step}:{self.map_index}"
         return f"flowq:{self.run_id}:{self.step}"
 
     @property

@@ -33,14 +33,14 @@ import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Literal
 
 from flowq.errors import EmbeddedPostgresError
 
-__all__ = ["FAST_SETTINGS", "LocalPostgres", "embedded_bindir"]
+__all__ = ["FAST_SETTINGS", "LocalPostgres", "database", "embedded_bindir"]
 
 # For tests: durability off, since a crash of the test server loses nothing of value.
 FAST_SETTINGS: Final[Mapping[str, str]] = {
@@ -216,6 +216,19 @@ class LocalPostgres:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def database(url: str | None) -> Iterator[str]:
+    """`url` if one is given, else the URL of an embedded PostgreSQL started for the block
+    (and stopped after it): what a script or example that runs anywhere needs. Never reads
+    DATABASE_URL: a script touches only the database it was explicitly given."""
+    if url:
+        yield url
+        return
+    print("no database URL given: starting an embedded PostgreSQL ...")
+    with LocalPostgres() as pg:
+        yield pg.url
 
 
 def _main(argv: list[str] | None = None) -> int:

@@ -11,8 +11,14 @@ FlowqError                      root: catch this to catch everything flowq raise
 ├── DatabaseUnavailableError    the database cannot be reached at the given URL
 ├── EmbeddedPostgresError       the embedded PostgreSQL is missing or failed to start
 ├── RunNotFoundError            no run with that id (or it was pruned)
-└── RunStateError               the run's state does not allow that (retry a run that is not dead)
+├── RunStateError               the run's state does not allow that (retry a run that is not dead)
+└── WorkflowError               a workflow used wrongly at run time: `each()` of something
+    │                           that is not a list of dicts, a mapped step with two parents
+    └── SignalError             a signal nobody waits for, sent twice, or whose payload is not JSON
 ```
+
+`SignalTimeout` is what a step waiting for a signal fails with when its `wait_timeout` passes:
+its retry policy decides (by default it is not retried: the step ends `dead`).
 
 Control flow raised *by handlers* is not an error and lives outside the tree:
 `RetryStep` and `CancelRun` derive from `BaseException` so that a handler's broad
@@ -35,7 +41,10 @@ __all__ = [
     "RunNotFoundError",
     "RunStateError",
     "SchemaMissingError",
+    "SignalError",
+    "SignalTimeout",
     "UnknownTaskError",
+    "WorkflowError",
 ]
 
 
@@ -80,6 +89,20 @@ class RunNotFoundError(FlowqError):
 
 class RunStateError(FlowqError):
     """The run is not in a state that allows this (e.g. retrying a run that is not dead)."""
+
+
+class WorkflowError(FlowqError):
+    """A workflow was used wrongly at run time (a step raising it is not retried: it would
+    fail the same way again)."""
+
+
+class SignalError(WorkflowError):
+    """The signal cannot be delivered: no step of the run's pipeline waits for it, it was
+    already sent with another payload, or its payload is not JSON."""
+
+
+class SignalTimeout(FlowqError):
+    """The step's signal did not arrive within its wait_timeout."""
 
 
 class RetryStep(BaseException):

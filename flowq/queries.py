@@ -26,7 +26,7 @@ __all__ = ["Queries", "queries"]
 # The columns a worker needs of a claimed row, in `ClaimedJob`'s field order.
 _CLAIMED = """j.id, j.lease, j.run_id, j.task, j.step, j.step_index, j.queue, j.priority,
     j.attempts, j.max_attempts, j.args::text AS args, j.cancel_requested,
-    extract(epoch FROM now() - j.created_at)::float8 AS age"""
+    extract(epoch FROM now() - j.created_at)::float8 AS age, j.map_index, j.joined"""
 
 # The fence's status check, written so that no partial index can serve it (the planner cannot
 # prove `status = 'running'` from `... IS TRUE`). A fenced write must find its rows through the
@@ -56,6 +56,13 @@ def _wake(queue: str, run_at: str) -> str:
             f"extract(epoch FROM {run_at} - now())::text ELSE {queue} END")
 
 
+def _notify_new(rows: str) -> str:
+    """An expression waking the workers of the new jobs in `rows` (a FROM item with `queue`
+    and `run_at`, and optionally a WHERE): one notification per distinct payload."""
+    return (f"(SELECT count(pg_notify(:channel, w)) FROM (SELECT DISTINCT "
+            f"{_wake('queue', 'run_at')} AS w FROM {rows}) x)")
+
+
 _Columns = tuple[tuple[str, str], ...]
 _CLAIM_KEY: _Columns = (("id", "bigint"), ("lease", "bigint"))
 # A successor names the claim it follows, (id, lease): a worker may hold two claims of one
@@ -63,7 +70,12 @@ _CLAIM_KEY: _Columns = (("id", "bigint"), ("lease", "bigint"))
 # may create the next step, once.
 _SUCCESSOR: _Columns = (("id", "bigint"), ("lease", "bigint"), ("task", "text"),
                         ("step", "text"), ("step_index", "smallint"), ("queue", "text"),
-                        ("max_attempts", "int"), ("args", "jsonb"))
+                        ("max_attempts", "int"), ("args", "jsonb"), ("map_index", "int"),
+                        ("delay", "float8"))
+# What a success spawns in a workflow (`flowq.worker.model.Spawn`): a successor's columns,
+# the signal it waits for (and how long), and its share in a join (`parents` > 0).
+_SPAWN: _Columns = (*_SUCCESSOR, ("signal", "text"), ("wait", "float8"), ("parents", "int"),
+                    ("delta", "int"), ("source", "text"), ("input", "jsonb"))
 
 
 def plural(name: str) -> str:
@@ -87,6 +99,18 @@ def _rows(alias: str, columns: _Columns, *, single: bool, prefix: str = "") -> s
         return f"(VALUES ({values})) AS {alias}({names})"
     arrays = ", ".join(f"CAST(:{prefix}{plural(name)} AS {type_}[])" for name, type_ in columns)
     return f"unnest({arrays}) AS {alias}({names})"
+
+
+def _succeed(single: bool) -> str:
+    """Mark claims succeeded with their results (`c(id, lease, result)`, batch or single),
+    fenced; every completing statement starts with it, as its `done` CTE."""
+    claims = _rows("c", (*_CLAIM_KEY, ("result", "jsonb")), single=single)
+    return f"""
+                UPDATE {{s}}.jobs j
+                   SET status = 'succeeded', result = c.result, finished_at = now(), {_UNLOCK}
+                  FROM {claims}
+                 WHERE {_FENCE}
+                RETURNING j.id, j.lease, j.run_id, j.priority, j.cancel_requested"""
 
 
 class Queries:
@@ -193,6 +217,57 @@ class Queries:
                    pg_notify(:channel, {_wake("CAST(:queue AS text)", "min(run_at)")})
               FROM inserted""")
 
+    @cached_property
+    def insert_run(self) -> TextClause:
+        """Enqueue a run of a workflow: one row per root step (:steps, :step_indexes, :queues,
+        :max_attempts, :delays, :signals, :waits; the first one holds :idempotency_key, NULL
+        for none), all sharing one run_id. A root waiting for a signal starts `waiting` and
+        is entered in `flowq.signals` (a signal needs its run to exist, so none can be there
+        yet). Keyed like `insert_job_by_key`: the other roots are inserted only if the first
+        one was, and the run holding the key is returned otherwise."""
+        roots = ("unnest(CAST(:steps AS text[]), CAST(:step_indexes AS smallint[]), "
+                 "CAST(:queues AS text[]), CAST(:max_attempts AS int[]), "
+                 "CAST(:delays AS float8[]), CAST(:signals AS text[]), CAST(:waits AS float8[])) "
+                 "WITH ORDINALITY AS r(step, step_index, queue, max_attempts, delay, signal, "
+                 "wait, n)")
+        columns = """task, step, step_index, queue, priority, max_attempts, args, status,
+                     run_at"""
+        values = f"""CAST(:task AS text), r.step, r.step_index, r.queue,
+                     CAST(:priority AS smallint), r.max_attempts, CAST(:args AS jsonb),
+                     CASE WHEN r.signal IS NULL THEN 'pending' ELSE 'waiting' END,
+                     CASE WHEN r.signal IS NULL
+                          THEN {_DUE} + make_interval(secs => r.delay)
+                          ELSE now() + make_interval(secs => r.wait) END"""
+        return self._t(f"""
+            WITH existing AS ({self.find_run_by_key.text}),
+            first AS (
+                INSERT INTO {{s}}.jobs ({columns}, idempotency_key)
+                SELECT {values}, CAST(:idempotency_key AS text)
+                  FROM {roots}
+                 WHERE r.n = 1 AND NOT EXISTS (SELECT 1 FROM existing)
+                ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+                RETURNING id, run_id, step, queue, status, run_at
+            ), rest AS (
+                INSERT INTO {{s}}.jobs (run_id, {columns})
+                SELECT f.run_id, {values}
+                  FROM first f CROSS JOIN {roots}
+                 WHERE r.n > 1
+                RETURNING id, run_id, step, queue, status, run_at
+            ), met AS (
+                INSERT INTO {{s}}.signals (run_id, name, step, timeout_s, reached_at)
+                SELECT a.run_id, r.signal, r.step, r.wait, now()
+                  FROM (SELECT run_id, step FROM first UNION ALL SELECT run_id, step FROM rest) a
+                  JOIN {roots} ON r.step = a.step
+                 WHERE r.signal IS NOT NULL
+            )
+            SELECT f.id, f.run_id, true AS created,
+                   {_notify_new("(SELECT queue, status, run_at FROM first UNION ALL "
+                                "SELECT queue, status, run_at FROM rest) a "
+                                "WHERE status = 'pending'")}
+              FROM first f
+            UNION ALL
+            SELECT id, run_id, created, NULL FROM existing""")
+
     # -- the worker ---------------------------------------------------------------------------
 
     @cached_property
@@ -203,6 +278,40 @@ class Queries:
             SELECT EXISTS (SELECT 1 FROM {s}.jobs
                            WHERE status = 'pending' AND queue = ANY(:queues)
                              AND run_at <= now() + make_interval(secs => :horizon))""")
+
+    @cached_property
+    def select_map_results(self) -> TextClause:
+        """The results of every instance of mapped step :step of run :run_id, in item order:
+        a join's input from a mapped parent, collected when the join runs (an instance
+        completing never reads its siblings; the join's counter is all it touches)."""
+        return self._t("""
+            SELECT result FROM {s}.jobs
+             WHERE run_id = :run_id AND step = :step AND map_index IS NOT NULL
+             ORDER BY map_index""")
+
+    @cached_property
+    def find_signal(self) -> TextClause:
+        """The payload of signal :name of run :run_id, if it was sent: (payload,) or no row."""
+        return self._t("""
+            SELECT payload FROM {s}.signals
+             WHERE run_id = :run_id AND name = :name AND sent_at IS NOT NULL""")
+
+    @cached_property
+    def expire_waits(self) -> TextClause:
+        """Make up to :limit steps whose signal did not arrive by their timeout (`run_at`)
+        runnable: they run without the payload, fail with SignalTimeout, and their retry
+        policy decides. Returns (id, queue) and wakes their queues."""
+        return self._t("""
+            WITH expired AS (
+                SELECT id FROM {s}.jobs
+                 WHERE status = 'waiting' AND run_at <= now()
+                 ORDER BY run_at LIMIT :limit
+                 FOR UPDATE SKIP LOCKED
+            ), woken AS (
+                UPDATE {s}.jobs j SET status = 'pending'
+                  FROM expired e WHERE j.id = e.id AND (j.status = 'waiting') IS TRUE
+                RETURNING j.id, j.queue)
+            SELECT w.id, w.queue, pg_notify(:channel, w.queue) FROM woken w""")
 
     @cached_property
     def find_stranded_jobs(self) -> TextClause:
@@ -229,13 +338,9 @@ class Queries:
             RETURNING j.id""")
 
     def _complete(self, *, single: bool) -> TextClause:
-        claims = _rows("c", (*_CLAIM_KEY, ("result", "jsonb")), single=single)
         return self._t(f"""
-            UPDATE {{s}}.jobs j
-               SET status = 'succeeded', result = c.result, finished_at = now(), {_UNLOCK}
-              FROM {claims}
-             WHERE {_FENCE}
-            RETURNING j.id, j.cancel_requested""")
+            WITH done AS ({_succeed(single)})
+            SELECT id, cancel_requested FROM done""")
 
     @cached_property
     def complete_jobs(self) -> TextClause:
@@ -250,43 +355,107 @@ class Queries:
         return self._complete(single=True)
 
     def _complete_steps(self, *, single: bool) -> TextClause:
-        claims = _rows("c", (*_CLAIM_KEY, ("result", "jsonb")), single=single)
-        successors = _rows("n", _SUCCESSOR, single=single, prefix="next_")
+        # Successors are always a batch: one success may create many (a map's instances).
+        successors = _rows("n", _SUCCESSOR, single=False, prefix="next_")
         return self._t(f"""
-            WITH done AS (
-                UPDATE {{s}}.jobs j
-                   SET status = 'succeeded', result = c.result, finished_at = now(), {_UNLOCK}
-                  FROM {claims}
-                 WHERE {_FENCE}
-                RETURNING j.id, j.lease, j.run_id, j.priority, j.cancel_requested
-            ), inserted AS (
+            WITH done AS ({_succeed(single)}), inserted AS (
                 INSERT INTO {{s}}.jobs (run_id, task, step, step_index, queue, priority,
-                                        max_attempts, args)
+                                        max_attempts, args, map_index, run_at)
                 SELECT d.run_id, n.task, n.step, n.step_index, n.queue, d.priority,
-                       n.max_attempts, n.args
+                       n.max_attempts, n.args, n.map_index,
+                       now() + make_interval(secs => n.delay)
                   FROM done d JOIN {successors} ON n.id = d.id AND n.lease = d.lease
                  WHERE NOT d.cancel_requested
-                RETURNING queue
+                RETURNING queue, run_at
             )
-            SELECT d.id, d.cancel_requested,
-                   (SELECT count(pg_notify(:channel, q))
-                      FROM (SELECT DISTINCT queue AS q FROM inserted) x) AS woken
+            SELECT d.id, d.cancel_requested, {_notify_new("inserted")} AS woken
               FROM done d""")
 
     @cached_property
     def complete_steps(self) -> TextClause:
-        """`complete_jobs` plus, in the same statement, the next step of every run whose step
-        just succeeded (`:next_ids`, `:next_leases` name the claim each successor follows; none
-        when the run was cancelled meanwhile), waking the workers of their queues. One statement, so
-        it is atomic even in autocommit: no step is ever done without its successor, nor a
-        successor created for a step that was not ours."""
+        """`complete_jobs` plus, in the same statement, the steps the successes create (a
+        chain's next step, a map's instances; `:next_ids`, `:next_leases` name the claim each
+        follows; none when the run was cancelled meanwhile), waking the workers of their
+        queues. One statement, so it is atomic even in autocommit: no step is ever done
+        without its successors, nor a successor created for a step that was not ours."""
         return self._complete_steps(single=False)
 
     @cached_property
     def complete_step(self) -> TextClause:
-        """`complete_steps` for one claim and its successor (`:next_id`, `:next_task`, ...),
-        by primary key (see `complete_job`)."""
+        """`complete_steps` for one claim (`:id`, `:lease`, `:result`), by primary key (see
+        `complete_job`)."""
         return self._complete_steps(single=True)
+
+    def _complete_flow(self, *, single: bool) -> TextClause:
+        spawns = _rows("n", _SPAWN, single=False, prefix="next_")
+        waits = "r.signal IS NOT NULL AND m.sent_at IS NULL"
+        return self._t(f"""
+            WITH done AS ({_succeed(single)}), spawn AS (
+                SELECT d.run_id, d.priority, n.*
+                  FROM done d JOIN {spawns} ON n.id = d.id AND n.lease = d.lease
+                 WHERE NOT d.cancel_requested
+            ), counted AS (
+                INSERT INTO {{s}}.joins (run_id, step, parents, remaining, inputs)
+                SELECT run_id, step, max(parents), max(parents) + sum(delta),
+                       COALESCE(jsonb_object_agg(source, input)
+                                FILTER (WHERE source IS NOT NULL), '{{}}'::jsonb)
+                  FROM spawn WHERE parents > 0
+                 GROUP BY run_id, step
+                 ORDER BY run_id, step  -- one lock order for every batch: fewer deadlocks
+                ON CONFLICT (run_id, step) DO UPDATE
+                   SET remaining = joins.remaining + excluded.remaining - excluded.parents,
+                       inputs = joins.inputs || excluded.inputs
+                RETURNING run_id, step, remaining, inputs
+            ), ready AS (
+                SELECT run_id, priority, task, step, step_index, queue, max_attempts, args,
+                       map_index, delay, signal, wait, false AS joined
+                  FROM spawn WHERE parents = 0
+                UNION ALL
+                SELECT * FROM (
+                    SELECT DISTINCT ON (s.run_id, s.step)
+                           s.run_id, s.priority, s.task, s.step, s.step_index, s.queue,
+                           s.max_attempts, c.inputs, NULL::int, s.delay, s.signal, s.wait, true
+                      FROM spawn s JOIN counted c ON c.run_id = s.run_id AND c.step = s.step
+                     WHERE s.parents > 0 AND c.remaining = 0) joined
+            ), met AS (
+                INSERT INTO {{s}}.signals (run_id, name, step, timeout_s, reached_at)
+                SELECT run_id, signal, step, wait, now() FROM ready WHERE signal IS NOT NULL
+                ON CONFLICT (run_id, name) DO UPDATE
+                   SET step = excluded.step, timeout_s = excluded.timeout_s,
+                       reached_at = excluded.reached_at
+                RETURNING run_id, name, payload, sent_at
+            ), inserted AS (
+                INSERT INTO {{s}}.jobs (run_id, task, step, step_index, queue, priority,
+                                        max_attempts, args, map_index, joined, status, run_at)
+                SELECT r.run_id, r.task, r.step, r.step_index, r.queue, r.priority,
+                       r.max_attempts,
+                       CASE WHEN m.sent_at IS NULL THEN r.args
+                            ELSE r.args || jsonb_build_object(r.signal, m.payload) END,
+                       r.map_index, r.joined,
+                       CASE WHEN {waits} THEN 'waiting' ELSE 'pending' END,
+                       now() + make_interval(secs => CASE WHEN {waits} THEN r.wait
+                                                          ELSE r.delay END)
+                  FROM ready r LEFT JOIN met m ON m.run_id = r.run_id AND m.name = r.signal
+                RETURNING queue, status, run_at
+            )
+            SELECT d.id, d.cancel_requested,
+                   {_notify_new("inserted WHERE status = 'pending'")} AS woken
+              FROM done d""")
+
+    @cached_property
+    def complete_flows(self) -> TextClause:
+        """`complete_steps` for workflows: besides the steps created at once, each success
+        adds its share to the counters of the joins it is a parent of (`flowq.joins`; the
+        success that brings one to zero creates that step, exactly once, even when two
+        parents complete at the same instant: the counter row serializes them), and a step
+        that waits for a signal meets it on `flowq.signals` (created `waiting` until its
+        timeout, or `pending` with the payload if it was already sent)."""
+        return self._complete_flow(single=False)
+
+    @cached_property
+    def complete_flow(self) -> TextClause:
+        """`complete_flows` for one claim, by primary key."""
+        return self._complete_flow(single=True)
 
     @cached_property
     def retry_job(self) -> TextClause:
@@ -380,12 +549,16 @@ class Queries:
                   AND NOT EXISTS (
                       SELECT 1 FROM {s}.jobs o
                       WHERE o.run_id = j.run_id
-                        AND (o.status IN ('pending', 'running')
+                        AND (o.status IN ('pending', 'running', 'waiting')
                              OR o.finished_at >= now() - make_interval(secs => :retention)
                              OR (o.status = 'dead' AND o.finished_at >=
                                  now() - make_interval(secs => :dead_retention))))
                 LIMIT :limit)
-            DELETE FROM {s}.jobs WHERE run_id IN (SELECT run_id FROM old)""")
+            , gone AS (DELETE FROM {s}.jobs WHERE run_id IN (SELECT run_id FROM old)
+                       RETURNING run_id)
+            , joins AS (DELETE FROM {s}.joins WHERE run_id IN (SELECT run_id FROM old))
+            , signals AS (DELETE FROM {s}.signals WHERE run_id IN (SELECT run_id FROM old))
+            SELECT count(*) FROM gone""")
 
     # -- the workers registry ---------------------------------------------------------------
 
@@ -435,6 +608,56 @@ class Queries:
                       AND w.heartbeat_at >= now() - make_interval(secs => :stale))
              GROUP BY j.queue, j.task ORDER BY count(*) DESC LIMIT :limit""")
 
+    # -- signals (flowq.workflows): in the sender's transaction -----------------------------
+
+    @cached_property
+    def select_run_state(self) -> TextClause:
+        """Run :run_id's task, its number of rows and of active (unfinished) rows, and whether
+        it was cancelled: what a signal checks before it is written."""
+        return self._t("""
+            SELECT min(task), count(*),
+                   count(*) FILTER (WHERE status IN ('pending', 'running', 'waiting')),
+                   bool_or(status = 'cancelled' OR cancel_requested)
+              FROM {s}.jobs WHERE run_id = :run_id""")
+
+    @cached_property
+    def send_signal(self) -> TextClause:
+        """Record signal :name of run :run_id with :payload, unless it was sent already (then
+        no row). Returns the step waiting for it, if that step was reached. The upsert on
+        the primary key meets a completion creating the step: whichever writes second
+        waits for the first and sees its row."""
+        return self._t("""
+            INSERT INTO {s}.signals (run_id, name, payload, sent_at)
+            VALUES (:run_id, :name, CAST(:payload AS jsonb), now())
+            ON CONFLICT (run_id, name) DO UPDATE
+               SET payload = excluded.payload, sent_at = excluded.sent_at
+             WHERE signals.sent_at IS NULL
+            RETURNING step""")
+
+    @cached_property
+    def compare_signal(self) -> TextClause:
+        """Whether the signal already sent as :name for :run_id has this very :payload."""
+        return self._t("""
+            SELECT payload = CAST(:payload AS jsonb) FROM {s}.signals
+             WHERE run_id = :run_id AND name = :name""")
+
+    @cached_property
+    def wake_signalled_step(self) -> TextClause:
+        """Hand the payload to step :step of run :run_id, which waits for signal :name: it
+        becomes runnable now with the payload as its keyword argument :name. A new
+        statement, so that under READ COMMITTED it sees a step created by a completion that
+        `send_signal` waited for."""
+        return self._t("""
+            WITH woken AS (
+                UPDATE {s}.jobs
+                   SET status = 'pending', run_at = least(run_at, now()),
+                       args = args || jsonb_build_object(CAST(:name AS text),
+                                                         CAST(:payload AS jsonb))
+                 WHERE run_id = :run_id AND step = :step AND map_index IS NULL
+                   AND status IN ('waiting', 'pending')
+                RETURNING id, queue)
+            SELECT w.id, pg_notify(:channel, w.queue) FROM woken w""")
+
     # -- runs: inspection and control (flowq.runs) ------------------------------------------
 
     @cached_property
@@ -444,9 +667,10 @@ class Queries:
         return self._t("""
             SELECT id, run_id, task, step, step_index, queue, status, priority, attempts,
                    max_attempts, args, result, last_error, idempotency_key, cancel_requested,
-                   run_at, locked_at, heartbeat_at, locked_by, created_at, finished_at
+                   run_at, locked_at, heartbeat_at, locked_by, created_at, finished_at,
+                   map_index
               FROM {s}.jobs WHERE run_id = :run_id
-             ORDER BY step_index, id""")
+             ORDER BY step_index, map_index NULLS FIRST, id""")
 
     @cached_property
     def lock_run_jobs(self) -> TextClause:
@@ -458,34 +682,43 @@ class Queries:
 
     @cached_property
     def cancel_run_jobs(self) -> TextClause:
-        """Cancel run :run_id (rows locked first): pending steps end `cancelled` with :error,
-        running ones get `cancel_requested` (they finish, but create no successor)."""
+        """Cancel run :run_id (rows locked first): pending and waiting steps end `cancelled`
+        with :error, running ones get `cancel_requested` (they finish, but create no
+        successor and count towards no join)."""
         return self._t("""
             UPDATE {s}.jobs
-               SET status = CASE WHEN status = 'pending' THEN 'cancelled' ELSE status END,
-                   finished_at = CASE WHEN status = 'pending' THEN now() ELSE finished_at END,
-                   last_error = CASE WHEN status = 'pending' THEN :error ELSE last_error END,
+               SET status = CASE WHEN status = 'running' THEN status ELSE 'cancelled' END,
+                   finished_at = CASE WHEN status = 'running' THEN finished_at ELSE now() END,
+                   last_error = CASE WHEN status = 'running' THEN last_error ELSE :error END,
                    cancel_requested = true
              WHERE run_id = :run_id
-               AND (status = 'pending' OR (status = 'running' AND NOT cancel_requested))
+               AND (status IN ('pending', 'waiting')
+                    OR (status = 'running' AND NOT cancel_requested))
             RETURNING id, status""")
 
     @cached_property
-    def retry_dead_job(self) -> TextClause:
-        """Send dead job :id back to pending with a fresh attempt budget, due now, and wake the
-        workers of its queue (at commit). `last_error` is kept until the next attempt ends."""
+    def retry_dead_jobs(self) -> TextClause:
+        """Send every dead step of run :run_id back with a fresh attempt budget, and wake the
+        workers of their queues (at commit): due now, or, for a step whose signal never
+        came, `waiting` again for its timeout. `last_error` is kept until the next attempt
+        ends. Returns the ids."""
         return self._t("""
             WITH retried AS (
-                UPDATE {s}.jobs
-                   SET status = 'pending', attempts = 0, run_at = now(), finished_at = NULL
-                 WHERE id = :id AND status = 'dead'
-                RETURNING id, queue)
+                UPDATE {s}.jobs j
+                   SET status = CASE WHEN g.run_id IS NULL THEN 'pending' ELSE 'waiting' END,
+                       attempts = 0, finished_at = NULL,
+                       run_at = now() + make_interval(secs => COALESCE(g.timeout_s, 0))
+                  FROM {s}.jobs d
+                  LEFT JOIN {s}.signals g
+                         ON g.run_id = d.run_id AND g.step = d.step AND g.sent_at IS NULL
+                 WHERE d.run_id = :run_id AND d.status = 'dead' AND j.id = d.id
+                RETURNING j.id, j.queue, j.status)
             SELECT r.id, pg_notify(:channel, r.queue) FROM retried r""")
 
     @cached_property
     def list_runs(self) -> TextClause:
         """The newest :limit runs (optionally only those whose derived status is :status), one
-        row each: the latest step decides the status unless any step was cancelled. Scans
+        row each, with the status `flowq.runs.run_status` derives from its steps. Scans
         the table: meant for an operator's eyes, not for a hot path."""
         return self._t("""
             SELECT * FROM (
@@ -494,8 +727,12 @@ class Queries:
                        (array_agg(step ORDER BY step_index DESC, id DESC))[1] AS step,
                        max(step_index) AS step_index,
                        CASE WHEN bool_or(status = 'cancelled' OR cancel_requested)
-                            THEN 'cancelled'
-                            ELSE (array_agg(status ORDER BY step_index DESC, id DESC))[1]
+                                 THEN 'cancelled'
+                            WHEN bool_or(status = 'running') THEN 'running'
+                            WHEN bool_or(status = 'pending') THEN 'pending'
+                            WHEN bool_or(status = 'waiting') THEN 'waiting'
+                            WHEN bool_or(status = 'dead') THEN 'dead'
+                            ELSE 'succeeded'
                        END AS status,
                        (array_agg(idempotency_key ORDER BY step_index, id))[1]
                            AS idempotency_key,

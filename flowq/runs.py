@@ -1,39 +1,51 @@
-"""Runs: inspect a run and its steps, cancel it, retry it from the step that died.
+"""Runs: inspect a run and its steps, wait for it, cancel it, retry what died.
 
-A run has no row of its own (see `flowq.schema`): it is the chain of `flowq.jobs` rows that
-share a `run_id`, one per step reached so far. Its status is derived from them:
+A run has no row of its own (see `flowq.schema`): it is the set of `flowq.jobs` rows that
+share a `run_id`, one per step reached so far (one per item for a mapped step). Its status
+is derived from them (`run_status`):
 
 - `cancelled` if any step is `cancelled` or has `cancel_requested` (a running step that was
   asked to stop still finishes; `RunInfo.finished_at` stays empty until it has);
-- otherwise the status of its latest step (highest `step_index`). A latest step that
-  `succeeded` means the run succeeded: a successor is inserted in the very transaction that
-  marks its predecessor succeeded, so no snapshot shows a finished step without its successor.
+- else `running`, `pending` or `waiting` while any step is (in that order);
+- else `dead` if any step is dead, else `succeeded`. Every step a success unblocks is
+  created in the very transaction that records the success, so a run whose rows have all
+  succeeded has reached all its leaves: no snapshot shows a success without its successors.
 
-`cancel_run` ends pending steps `cancelled` and flags a running step with `cancel_requested`:
-its handler finishes (and its `ctx.session` writes commit) but no successor is created.
-Cancelling a run that is already cancelled changes nothing; cancelling a succeeded or dead
-run raises `RunStateError` (there is nothing left to stop).
+A succeeded run's `result` is its leaves' results: the single leaf's result, or a dict by
+step name when there are several (a mapped leaf gives the list of its instances' results).
+The leaves are known from the pipeline's definition when it is imported in this process;
+otherwise the steps with the highest index are taken as the leaves.
 
-`retry_run` resumes a `dead` run from the step that died: that row goes back to `pending`,
-due now, with its attempts reset to 0 so its retry policy starts afresh; its `last_error` is
-kept until the next attempt ends, and earlier steps (and their results) are untouched.
-Retrying a run that is not dead raises `RunStateError`.
+`cancel_run` ends pending and waiting steps `cancelled` and flags running ones with
+`cancel_requested`: their handlers finish (and their `ctx.session` writes commit) but they
+create no successor and count towards no join. Cancelling a run that is already cancelled
+changes nothing; cancelling a succeeded or dead run raises `RunStateError`.
+
+`retry_run` resumes a `dead` run: every dead step (and dead map instance) goes back to
+`pending`, due now, with its attempts reset to 0 so its retry policy starts afresh (a step
+whose signal never came waits for it again, for its timeout); its `last_error` is kept until
+the next attempt ends, and nothing that succeeded runs again. Retrying a run that is not
+dead raises `RunStateError`.
 
 Both take row locks on the whole run first, so they never race a completing step. Every
 function takes an Engine (one transaction of its own) or a Connection (joins its open
-transaction, which the caller commits; else commits its own).
+transaction, which the caller commits; else commits its own). `wait_run` (and the async
+`await_run`) polls until a run has finished.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import asyncio
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 import sqlalchemy as sa
 
+from flowq.app import find_definition
 from flowq.errors import RunNotFoundError, RunStateError
 from flowq.queries import Queries
 from flowq.schema import DEFAULT_SCHEMA, Status, notify_channel
@@ -43,22 +55,28 @@ __all__ = [
     "RetryResult",
     "RunInfo",
     "RunSummary",
+    "StepGroup",
     "StepInfo",
     "UnservedJobs",
+    "await_run",
     "cancel_run",
     "get_run",
     "list_runs",
     "retry_run",
+    "run_status",
     "unserved_jobs",
+    "wait_run",
 ]
 
 DEFAULT_LIST_LIMIT: Final = 50
 # A worker heartbeats its registry entry every --heartbeat-interval (5 s by default): one
 # silent for a minute is gone.
 UNSERVED_STALE_AFTER: Final = 60.0
-# A run has one active step at a time, so the locked set settles in one or two passes;
-# the cap only guards against a bug turning this into a loop.
+# Each pass locks what the previous one saw plus what completions created meanwhile: the set
+# settles in a few passes; the cap only guards against a bug turning this into a loop.
 _MAX_LOCK_PASSES: Final = 100
+# How `wait_run` polls: from the first interval, doubling up to the last.
+_WAIT_POLL: Final = (0.02, 1.0)
 
 T = TypeVar("T")
 Bind = sa.Engine | sa.Connection
@@ -90,6 +108,20 @@ class StepInfo:
     last_error: str | None
     args: Any
     result: Any
+    map_index: int | None = None  # the item position of a map instance
+
+
+@dataclass(frozen=True)
+class StepGroup:
+    """One step of a run's graph: its row, or all its map instances, aggregated."""
+
+    step: str
+    index: int
+    parents: tuple[str, ...] | None  # None: the definition is not imported here
+    status: Status
+    instances: int | None  # None: not mapped
+    counts: dict[str, int]  # rows by status
+    attempts: int  # all attempts of its rows
 
 
 @dataclass(frozen=True)
@@ -103,12 +135,13 @@ class RunInfo:
     idempotency_key: str | None
     created_at: datetime
     finished_at: datetime | None
-    result: Any  # the last step's result once the run succeeded, else None
+    result: Any  # the leaves' results once the run succeeded, else None
     steps: tuple[StepInfo, ...]
+    graph: tuple[StepGroup, ...] = ()
 
     @property
     def current_step(self) -> StepInfo:
-        """The latest step reached (the one that decides the status)."""
+        """The latest step reached (the highest index, the latest row)."""
         return self.steps[-1]
 
     def to_dict(self) -> dict[str, Any]:
@@ -155,15 +188,18 @@ class CancelResult:
 
 @dataclass(frozen=True)
 class RetryResult:
-    """What `retry_run` changed: the dead step that is pending again."""
+    """What `retry_run` changed: the dead steps that run again (`job_id` and `step` are the
+    first of them)."""
 
     run: RunInfo
     job_id: int
     step: str
+    job_ids: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"run_id": self.run.run_id, "retried_job_id": self.job_id,
-                "retried_step": self.step, "run": self.run.to_dict()}
+                "retried_step": self.step, "retried_job_ids": list(self.job_ids),
+                "run": self.run.to_dict()}
 
 
 def _jsonable(value: Any) -> Any:
@@ -186,29 +222,83 @@ def _step(row: Any) -> StepInfo:
         cancel_requested=row.cancel_requested, run_at=row.run_at, created_at=row.created_at,
         locked_at=row.locked_at, heartbeat_at=row.heartbeat_at, locked_by=row.locked_by,
         finished_at=row.finished_at, last_error=row.last_error, args=row.args,
-        result=row.result)
+        result=row.result, map_index=row.map_index)
 
 
-def _run_of(run_id: int, rows: list[Any]) -> RunInfo:
+def run_status(steps: Sequence[StepInfo]) -> Status:
+    """A run's status from its rows (the module docstring says why it is sound)."""
+    seen = {s.status for s in steps}
+    if "cancelled" in seen or any(s.cancel_requested for s in steps):
+        return "cancelled"
+    for status in ("running", "pending", "waiting", "dead"):
+        if status in seen:
+            return cast(Status, status)
+    return "succeeded"
+
+
+_ORDER: Final = ("running", "pending", "waiting", "dead", "cancelled", "succeeded")
+
+
+def _graph(steps: Sequence[StepInfo], definition: Any) -> tuple[StepGroup, ...]:
+    groups: dict[str, list[StepInfo]] = {}
+    for s in steps:
+        groups.setdefault(s.step, []).append(s)
+    out = []
+    for name, rows in sorted(groups.items(), key=lambda kv: (kv[1][0].index, kv[0])):
+        counts: dict[str, int] = {}
+        for r in rows:
+            counts[r.status] = counts.get(r.status, 0) + 1
+        mapped = any(r.map_index is not None for r in rows)
+        step = definition.step_named(name) if definition is not None and name else None
+        status = next(st for st in _ORDER if st in counts)
+        out.append(StepGroup(step=name, index=rows[0].index,
+                             parents=None if step is None else tuple(step.parents),
+                             status=status, instances=len(rows) if mapped else None,
+                             counts=counts, attempts=sum(r.attempts for r in rows)))
+    return tuple(out)
+
+
+def _result(steps: Sequence[StepInfo], definition: Any) -> Any:
+    """The leaves' results (see the module docstring)."""
+    if definition is not None and definition.steps:
+        leaves = [s.name for s in definition.leaves]
+    else:
+        top = max(s.index for s in steps)
+        leaves = sorted({s.step for s in steps if s.index == top})
+    results: dict[str, Any] = {}
+    for name in leaves:
+        rows = [s for s in steps if s.step == name]
+        if rows and all(r.map_index is not None for r in rows):
+            results[name] = [r.result for r in sorted(rows, key=lambda r: r.map_index or 0)]
+        else:
+            results[name] = rows[0].result if rows else []
+    if len(results) == 1:
+        return next(iter(results.values()))
+    return results
+
+
+def _run_of(run_id: int, rows: list[Any], schema: str) -> RunInfo:
     if not rows:
         raise RunNotFoundError(f"no run {run_id} exists (it may have been pruned, or the id "
                                "is a job id rather than a run id)")
     steps = tuple(_step(r) for r in rows)
-    latest = steps[-1]
     cancel_requested = any(s.cancel_requested for s in steps)
-    status: Status = latest.status
-    if cancel_requested or any(s.status == "cancelled" for s in steps):
-        status = "cancelled"
-    done = latest.status in ("succeeded", "dead", "cancelled")
+    status = run_status(steps)
+    done = not any(s.status in ("pending", "running", "waiting") for s in steps)
+    finished = [s.finished_at for s in steps if s.finished_at is not None]
+    task = rows[0].task
+    definition = find_definition(task, schema)
     return RunInfo(
-        run_id=run_id, task=rows[0].task, status=status,
+        run_id=run_id, task=task, status=status,
         cancel_requested=cancel_requested, idempotency_key=rows[0].idempotency_key,
-        created_at=steps[0].created_at, finished_at=latest.finished_at if done else None,
-        result=latest.result if status == "succeeded" else None, steps=steps)
+        created_at=min(s.created_at for s in steps),
+        finished_at=max(finished) if done and finished else None,
+        result=_result(steps, definition) if status == "succeeded" else None, steps=steps,
+        graph=_graph(steps, definition))
 
 
 def _select(conn: sa.Connection, q: Queries, run_id: int) -> RunInfo:
-    return _run_of(run_id, list(conn.execute(q.select_run_jobs, {"run_id": run_id})))
+    return _run_of(run_id, list(conn.execute(q.select_run_jobs, {"run_id": run_id})), q.schema)
 
 
 def _check_id(run_id: object) -> int:
@@ -327,8 +417,8 @@ def cancel_run(bind: Bind, run_id: int, schema: str = DEFAULT_SCHEMA, *,
 
 
 def retry_run(bind: Bind, run_id: int, schema: str = DEFAULT_SCHEMA) -> RetryResult:
-    """Resume a dead run from the step that died: that step is pending again, due now, with a
-    fresh attempt budget; earlier steps and their results are kept. RunStateError unless the
+    """Resume a dead run: every dead step (and dead map instance) runs again, due now, with a
+    fresh attempt budget; what succeeded is kept and never re-run. RunStateError unless the
     run is dead."""
     q = Queries(schema)
     run_id = _check_id(run_id)
@@ -337,8 +427,49 @@ def retry_run(bind: Bind, run_id: int, schema: str = DEFAULT_SCHEMA) -> RetryRes
         if run.status != "dead":
             raise RunStateError(f"run {run_id} is {run.status}, not dead: only a dead run can "
                                 "be retried")
-        dead = run.current_step
-        conn.execute(q.retry_dead_job, {"id": dead.job_id,
-                                        "channel": notify_channel(schema)}).all()
+        ids = sorted(r.id for r in conn.execute(
+            q.retry_dead_jobs, {"run_id": run_id, "channel": notify_channel(schema)}))
         after = _select(conn, q, run_id)
-    return RetryResult(run=after, job_id=dead.job_id, step=dead.step)
+    first = next(s for s in after.steps if s.job_id == ids[0])
+    return RetryResult(run=after, job_id=first.job_id, step=first.step, job_ids=tuple(ids))
+
+
+def _finished(run: RunInfo) -> bool:
+    return not any(s.status in ("pending", "running", "waiting") for s in run.steps)
+
+
+def wait_run(bind: sa.Engine, run_id: int, *, timeout: float | None = None,
+             schema: str = DEFAULT_SCHEMA) -> RunInfo:
+    """Block until run `run_id` has finished (succeeded, dead, or cancelled with nothing left
+    running), and return it; TimeoutError after `timeout` seconds. Polls, from 20 ms backing
+    off to 1 s."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pause = _WAIT_POLL[0]
+    while True:
+        run = get_run(bind, run_id, schema)
+        if _finished(run):
+            return run
+        if deadline is not None and time.monotonic() + pause > deadline:
+            raise TimeoutError(f"run {run_id} is still {run.status} after {timeout}s")
+        time.sleep(pause)
+        pause = min(pause * 2, _WAIT_POLL[1])
+
+
+async def await_run(bind: Any, run_id: int, *, timeout: float | None = None,
+                    schema: str = DEFAULT_SCHEMA) -> RunInfo:
+    """`wait_run` for asyncio: `bind` is an AsyncEngine (or an Engine, read in a thread)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pause = _WAIT_POLL[0]
+    run_id = _check_id(run_id)
+    while True:
+        if isinstance(bind, sa.Engine):
+            run = await asyncio.to_thread(get_run, bind, run_id, schema)
+        else:
+            async with bind.connect() as conn:
+                run = await conn.run_sync(lambda c: get_run(c, run_id, schema))
+        if _finished(run):
+            return run
+        if deadline is not None and time.monotonic() + pause > deadline:
+            raise TimeoutError(f"run {run_id} is still {run.status} after {timeout}s")
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, _WAIT_POLL[1])

@@ -21,24 +21,30 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from flowq.errors import ConfigurationError
 
 __all__ = [
+    "ACTIVE_STATUSES",
     "DEFAULT_SCHEMA",
     "STATUSES",
     "TERMINAL_STATUSES",
     "Status",
     "jobs",
+    "joins",
     "lease_seq",
     "metadata",
     "notify_channel",
     "run_id_seq",
     "schema_map",
+    "signals",
     "validate_schema_name",
     "workers",
 ]
 
 DEFAULT_SCHEMA: Final = "flowq"
 
-Status = Literal["pending", "running", "succeeded", "dead", "cancelled"]
-STATUSES: Final[tuple[Status, ...]] = ("pending", "running", "succeeded", "dead", "cancelled")
+# `waiting`: a step waiting for a signal (see flowq.workflows), until `run_at`, its timeout.
+Status = Literal["pending", "running", "succeeded", "dead", "cancelled", "waiting"]
+STATUSES: Final[tuple[Status, ...]] = ("pending", "running", "succeeded", "dead", "cancelled",
+                                       "waiting")
+ACTIVE_STATUSES: Final[tuple[Status, ...]] = ("pending", "running", "waiting")
 TERMINAL_STATUSES: Final[tuple[Status, ...]] = ("succeeded", "dead", "cancelled")
 
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -78,8 +84,12 @@ jobs = sa.Table(
     # The current claim's fence token, from `lease_seq`; NULL until the first claim. Every
     # write after a claim matches (id, lease), so a worker that lost its claim changes nothing.
     sa.Column("lease", sa.BigInteger),
+    # Workflows: the item position of a map instance, and whether a join created the row
+    # (its mapped parents' results are collected when it runs).
+    sa.Column("map_index", sa.Integer),
+    sa.Column("joined", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.CheckConstraint(
-        "status IN ('pending', 'running', 'succeeded', 'dead', 'cancelled')",
+        "status IN ('pending', 'running', 'succeeded', 'dead', 'cancelled', 'waiting')",
         name="jobs_status_check",
     ),
     sa.CheckConstraint("attempts >= 0 AND max_attempts >= 1", name="jobs_attempts_check"),
@@ -94,6 +104,8 @@ jobs = sa.Table(
     # The pruner's scan over finished rows.
     sa.Index("jobs_finished_idx", "finished_at",
              postgresql_where=sa.text("status IN ('succeeded', 'dead', 'cancelled')")),
+    # Waiting steps by timeout: the reaper makes the expired ones runnable.
+    sa.Index("jobs_waiting_idx", "run_at", postgresql_where=sa.text("status = 'waiting'")),
     # An idempotency key names a run: one per schema, held by the run's first step.
     sa.Index("jobs_idempotency_key_idx", "idempotency_key", unique=True,
              postgresql_where=sa.text("idempotency_key IS NOT NULL")),
@@ -117,6 +129,36 @@ workers = sa.Table(
               server_default=sa.func.now()),
     sa.Column("heartbeat_at", sa.DateTime(timezone=True), nullable=False,
               server_default=sa.func.now()),
+)
+
+
+# One counter per join step of a run: the parent units still to succeed (a parent, or each
+# instance of a mapped parent), and the static parents' results so far. Updated with
+# INSERT ... ON CONFLICT DO UPDATE, which always sees the newest row: so two parents completing
+# at the same instant are serialized on it, and exactly one of them sees zero.
+joins = sa.Table(
+    "joins",
+    metadata,
+    sa.Column("run_id", sa.BigInteger, primary_key=True),
+    sa.Column("step", sa.Text, primary_key=True),
+    sa.Column("parents", sa.Integer, nullable=False),
+    sa.Column("remaining", sa.Integer, nullable=False),
+    sa.Column("inputs", JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
+)
+
+# One row per (run, signal name), written by whichever comes first: the sender (payload,
+# sent_at) or the step that waits for it (step, timeout_s, reached_at). Both upsert on the
+# primary key, so the second always sees the first, even when both commit at once.
+signals = sa.Table(
+    "signals",
+    metadata,
+    sa.Column("run_id", sa.BigInteger, primary_key=True),
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("payload", JSONB),
+    sa.Column("sent_at", sa.DateTime(timezone=True)),
+    sa.Column("step", sa.Text),
+    sa.Column("timeout_s", sa.Float(precision=53)),
+    sa.Column("reached_at", sa.DateTime(timezone=True)),
 )
 
 

@@ -55,8 +55,9 @@ from flowq.jsonargs import JSONError, dumps_checked
 from flowq.queries import queries
 from flowq.retry import DEFAULT_MAX_ATTEMPTS
 from flowq.schema import DEFAULT_SCHEMA, notify_channel
+from flowq.workflows import PreparedSignal, Signalled, prepare_signal
 
-__all__ = ["Enqueued", "Session", "SessionMixin", "enqueue", "enqueue_many"]
+__all__ = ["Enqueued", "Session", "SessionMixin", "enqueue", "enqueue_many", "signal"]
 
 MAX_PRIORITY = 32767
 # In UTF-8 bytes: a btree entry must stay well under PostgreSQL's ~2.7 kB limit, or the INSERT
@@ -225,10 +226,23 @@ def _common_params(task: Pipeline | str, *, queue: str | None, priority: int | N
     return name, definition, schema, params
 
 
+def _starts_many(definition: Pipeline | None) -> bool:
+    """Whether a run of `definition` starts with more than its first step's one row, due
+    now or at run_at: several roots, or a root that waits for a signal or is delayed."""
+    if definition is None:
+        return False
+    roots = definition.roots
+    return len(roots) > 1 or roots[0].wait_for is not None or bool(roots[0].delay)
+
+
 def _args_json(name: str, definition: Pipeline | None, args: Mapping[str, Any]) -> str:
-    """Check and encode one set of arguments."""
+    """Check and encode one set of arguments: every root step of the run receives them."""
     args = args if type(args) is dict else dict(args)
-    if definition is not None:
+    if definition is not None and _starts_many(definition):
+        for root in definition.roots:
+            check = args if root.wait_for is None else {**args, root.wait_for: None}
+            root.check_arguments(check, what=f"arguments for {name!r}")
+    elif definition is not None:
         definition.first.check_arguments(args, what=f"arguments for {name!r}")
     try:
         return dumps_checked(args, "args")
@@ -272,6 +286,17 @@ def prepare_enqueue(task: Pipeline | str, args: Mapping[str, Any], *,
     key = _check_key(idempotency_key)
     params["args"] = _args_json(name, definition, args)
     q = queries(schema)
+    if definition is not None and _starts_many(definition):
+        roots = definition.roots
+        params.update(idempotency_key=key, steps=[r.name for r in roots],
+                      step_indexes=[r.index for r in roots], queues=[r.queue for r in roots],
+                      max_attempts=[r.retry.attempt_cap for r in roots],
+                      delays=[r.delay for r in roots], signals=[r.wait_for for r in roots],
+                      waits=[r.wait_timeout for r in roots])
+        if queue is not None:  # queue= moves the steps the run starts with
+            params["queues"] = [params["queue"]] * len(roots)
+        return PreparedCall(q.insert_run, params, schema, _enqueued, True,
+                            lookup=q.find_run_by_key if key is not None else None)
     if key is None:
         return PreparedCall(q.insert_job, params, schema, _enqueued, True)
     params["idempotency_key"] = key
@@ -286,6 +311,11 @@ def prepare_enqueue_many(task: Pipeline | str, args_list: Iterable[Mapping[str, 
     """Validate a bulk enqueue completely; None when there is nothing to insert."""
     name, definition, schema, params = _common_params(
         task, queue=queue, priority=priority, run_at=run_at, delay=delay, schema=schema)
+    if _starts_many(definition):
+        raise InvalidArgumentsError(
+            f"enqueue_many inserts one row per run, but a run of {name!r} starts with several "
+            "steps (several roots, or a root that waits or is delayed): enqueue its runs one "
+            "by one")
     encoded: list[str] = []
     for i, item in enumerate(args_list):
         if not isinstance(item, Mapping):
@@ -340,7 +370,7 @@ def translate_error(exc: sa.exc.ProgrammingError, engine: sa.Engine,
     return exc
 
 
-def _connection(target: Target, call: PreparedCall[Any]) -> sa.Connection:
+def _connection(target: Target, call: PreparedCall[Any] | PreparedSignal) -> sa.Connection:
     if isinstance(target, sa.Connection):
         return target
     if isinstance(target, orm.Session | orm.scoped_session):
@@ -362,7 +392,7 @@ def _own_psycopg(conn: sa.Connection) -> psycopg.Connection[Any] | None:
 
 
 def _send_direct(conn: sa.Connection, raw: psycopg.Connection[Any], statement: sa.Executable,
-                 call: PreparedCall[Any]) -> tuple[Any, ...] | None:
+                 call: PreparedCall[Any] | PreparedSignal) -> tuple[Any, ...] | None:
     """Send one of `call`'s statements on the psycopg connection itself; its first row."""
     clause = cast(sa.ClauseElement, statement)
     try:
@@ -385,7 +415,7 @@ def _send_direct(conn: sa.Connection, raw: psycopg.Connection[Any], statement: s
 
 
 def _send(conn: sa.Connection, statement: sa.Executable,
-          call: PreparedCall[Any]) -> sa.Row[Any] | None:
+          call: PreparedCall[Any] | PreparedSignal) -> sa.Row[Any] | None:
     """Send one of `call`'s statements through SQLAlchemy; its first row."""
     try:
         result = conn.execute(statement, call.params)
@@ -394,7 +424,7 @@ def _send(conn: sa.Connection, statement: sa.Executable,
     return result.first()
 
 
-def execute(target: Target, call: PreparedCall[T]) -> T:
+def execute(target: Target, call: PreparedCall[T] | PreparedSignal) -> T:
     """Run a prepared enqueue in `target`'s transaction."""
     conn = _connection(target, call)
     if (conn.engine, call.schema) not in migrated_schemas:
@@ -451,8 +481,27 @@ def enqueue_many(target: Target, task: Pipeline | str, args_list: Iterable[Mappi
     return [] if call is None else execute(target, call)
 
 
+def signal(target: Target, run_id: int, name: str, payload: Any = None, /, *,
+           schema: str | None = None) -> Signalled:
+    """Send signal `name` with `payload` (JSON) to run `run_id`, in the transaction of `target`
+    (a Session or Connection): delivered if and only if it commits. See `flowq.workflows`.
+
+    Raises RunNotFoundError for an unknown run, RunStateError for a finished or cancelled one,
+    SignalError for a payload that is not JSON, a name no step of the run's pipeline waits
+    for, or a second signal of that name with another payload (the same payload again is
+    ignored: `created=False`).
+    """
+    return cast(Signalled, execute(target, prepare_signal(run_id, name, payload,
+                                                          schema=schema)))
+
+
 class SessionMixin:
-    """Adds `.enqueue()` and `.enqueue_many()` to a SQLAlchemy Session class."""
+    """Adds `.enqueue()`, `.enqueue_many()` and `.signal()` to a SQLAlchemy Session class."""
+
+    def signal(self, run_id: int, name: str, payload: Any = None, /, *,
+               schema: str | None = None) -> Signalled:
+        """Send a signal to a run in this session's transaction; see `flowq.signal`."""
+        return signal(cast(orm.Session, self), run_id, name, payload, schema=schema)
 
     def enqueue(self, task: Pipeline | str, /, **options_and_args: Any) -> Enqueued:
         """Enqueue `task` in this session's transaction; see `flowq.enqueue`."""

@@ -38,8 +38,8 @@ def test_pipeline_steps_in_definition_order(app: flowq.FlowQ) -> None:
 
     assert [s.name for s in onboard.steps] == ["create", "welcome"]
     assert [s.index for s in onboard.steps] == [0, 1]
-    assert onboard.first is create and onboard.next_after(create) is welcome
-    assert onboard.next_after(welcome) is None
+    assert onboard.first is create and onboard.children(create) == [welcome]
+    assert onboard.children(welcome) == [] and welcome.parents == ("create",)
     assert onboard.step_named("welcome") is welcome
     assert (create.queue, welcome.queue) == ("signup", "mail")
     assert app.queues == ["mail", "signup"]

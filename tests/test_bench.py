@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 from flowq.bench import DEFAULT_SCENARIOS, SCENARIOS
 
@@ -59,3 +61,40 @@ def test_named_scenarios_run_alone_including_opt_in_memory(server_url: str) -> N
     for row in (end, peak):
         assert row["flowq"]["values"][0] > 0, row  # MB, never a timing
         assert math.isfinite(row["references"][0]["ratio"]), row
+
+
+def _figure(table: str, scenario: str, unit: str) -> float:
+    """The flowq figure in `unit` on the first line of `scenario` whose metric names it."""
+    for line in table.splitlines():
+        if line.startswith(scenario + " ") and unit in line:
+            match = re.search(rf"  ([\d,.]+) (?:\[[^\]]*\] )?{re.escape(unit)}", line)
+            if match:
+                return float(match.group(1).replace(",", ""))
+    raise AssertionError(f"no {unit} figure for {scenario} in:\n{table}")
+
+
+def test_dag_and_map_scenarios_print_positive_figures(server_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "flowq", "bench", "--quick", "--jobs", "40", "--scenario", "dag",
+         "--scenario", "map", "--json-file", str(out), "--database-url", server_url],
+        capture_output=True, text=True, timeout=200, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert {"dag", "map"} <= set(DEFAULT_SCENARIOS)  # they run in seconds at default size
+    table = done.stdout
+    assert _figure(table, "dag", "steps/s") > 0
+    assert _figure(table, "dag", "runs/s") > 0
+    assert _figure(table, "map", "items/s") > 0
+    doc = json.loads(out.read_text())
+    assert list(doc["scenarios"]) == ["dag", "map"]
+    steps, runs = doc["scenarios"]["dag"]
+    assert "10 runs" in steps["flowq"]["name"]  # --jobs 40: 40 steps = 10 diamonds
+    (mapped,) = doc["scenarios"]["map"]
+    assert mapped["extra"]["items"] == 40  # --jobs overrides the 10,000 items
+    for row in (steps, runs, mapped):
+        for figure in (row["flowq"], *row["references"]):
+            assert figure["values"] and all(v > 0 for v in figure["values"]), row
+        assert all(r["ratio"] > 0 for r in row["references"]), row
+    for side in ("flowq", "raw"):  # split, fan-out, items, join: seconds, never negative
+        (phases,) = mapped["extra"]["phases_s"][side]
+        assert len(phases) == 4 and all(p >= 0 for p in phases), phases

@@ -95,7 +95,7 @@ def test_two_claims_of_one_step_in_a_batch_create_one_successor(
     re-claim. Both successes may land in one batch; only the current claim completes, and
     only it creates the next step (found by tests/test_lifecycle.py)."""
     import flowq
-    from flowq.worker.model import NextStep
+    from flowq.worker.model import Spawn
 
     app = flowq.FlowQ()
     chain = app.pipeline("chain")
@@ -112,7 +112,7 @@ def test_two_claims_of_one_step_in_a_batch_create_one_successor(
         conn.execute(sa.text("UPDATE flowq.jobs SET status = 'pending'"))
         [row] = conn.execute(Q.claim_jobs, {"queue": "default", "limit": 1, "worker": "w"})
     new = ClaimedJob(*row)
-    nxt = NextStep(two, "chain", '{"n": 1}')
+    nxt = (Spawn(two, "chain", '{"n": 1}'),)
     with completer._cond:  # both outcomes in one batch
         completer._items += [_item(old, Succeeded('{"n": 1}', nxt)),
                              _item(new, Succeeded('{"n": 1}', nxt))]

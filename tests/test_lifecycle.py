@@ -192,7 +192,8 @@ def successor(claim: Claim, result: str) -> dict[str, Any] | None:
     nxt = steps[claim.step_index + 1]
     return {"id": claim.id, "lease": claim.lease, "task": claim.task, "step": nxt.name,
             "step_index": nxt.index,
-            "queue": nxt.queue, "max_attempts": nxt.retry.attempt_cap, "args": result}
+            "queue": nxt.queue, "max_attempts": nxt.retry.attempt_cap, "args": result,
+            "map_index": None, "delay": 0.0}
 
 
 def derived_status(steps: list[Job]) -> str:
@@ -212,7 +213,8 @@ def fenced_write(name: str, claim: Claim) -> tuple[sa.TextClause, dict[str, Any]
     done = [{**key[0], "result": '{"late": true}'}]
     nxt = [{"id": claim.id, "lease": claim.lease, "task": claim.task, "step": "late",
             "step_index": 99,
-            "queue": QUEUES[0], "max_attempts": 1, "args": "{}"}]
+            "queue": QUEUES[0], "max_attempts": 1, "args": "{}", "map_index": None,
+            "delay": 0.0}]
     notify = {"channel": CHANNEL}
     params: dict[str, dict[str, Any]] = {
         "heartbeat_jobs": bind(key, single=False),
@@ -222,7 +224,7 @@ def fenced_write(name: str, claim: Claim) -> tuple[sa.TextClause, dict[str, Any]
         "complete_steps": {**bind(done, single=False),
                            **bind(nxt, single=False, prefix="next_"), **notify},
         "complete_step": {**bind(done, single=True),
-                          **bind(nxt, single=True, prefix="next_"), **notify},
+                          **bind(nxt, single=False, prefix="next_"), **notify},
         "retry_job": {**key[0], "delay": 0.0, "error": "late retry"},
         "end_job": {**key[0], "status": "dead", "error": "late end"},
     }
@@ -371,7 +373,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         nexts = [n for c in claims if (n := successor(c, results[c])) is not None]
         params = bind(done, single=single)
         if nexts:
-            params.update(bind(nexts, single=single, prefix="next_"), channel=CHANNEL)
+            params.update(bind(nexts, single=False, prefix="next_"), channel=CHANNEL)
             stmt = Q.complete_step if single else Q.complete_steps
         else:
             stmt = Q.complete_job if single else Q.complete_jobs

@@ -23,10 +23,10 @@ from flowq.runs import cancel_run, get_run, list_runs, retry_run
 from flowq.testing import job_rows, run_until_idle, wait_until
 
 RUN_KEYS = {"run_id", "task", "status", "cancel_requested", "idempotency_key", "created_at",
-            "finished_at", "result", "steps"}
+            "finished_at", "result", "steps", "graph"}
 STEP_KEYS = {"job_id", "step", "index", "queue", "status", "attempts", "max_attempts",
              "cancel_requested", "run_at", "created_at", "locked_at", "heartbeat_at",
-             "locked_by", "finished_at", "last_error", "args", "result"}
+             "locked_by", "finished_at", "last_error", "args", "result", "map_index"}
 
 
 @pytest.fixture
@@ -262,7 +262,7 @@ def test_cancel_waits_for_a_completing_step_and_cancels_its_successor(ledger: sa
             "next_tasks": ["chain3"], "next_steps": ["flaky"],
             "next_step_indexes": [1], "next_queues": ["default"], "next_max_attempts": [5],
             "next_args": ['{"n": 1, "account": 10, "fail_times": 0, "sleep": 0}'],
-            "channel": "flowq"})
+            "next_map_indexes": [None], "next_delays": [0.0], "channel": "flowq"})
         with ThreadPoolExecutor(1) as pool:
             cancelling = pool.submit(cancel_run, ledger, run.id)
             wait_until(lambda: someone_waits_for_a_lock(ledger), timeout=30,

@@ -1,7 +1,8 @@
 """`flowq bench`: flowq's throughput and latency beside raw-SQL references, in one invocation.
 
-Scenarios (see `options.SCENARIOS`): drain, drain-session, pipeline, enqueue, latency, scale,
-and the opt-in soak (it runs for `--duration`) and memory (worker RSS over a 1M-job drain).
+Scenarios (see `options.SCENARIOS`): drain, drain-session, pipeline, dag (diamond runs with
+a join), map (one run mapping N items, then a join), enqueue, latency, scale, and the opt-in
+soak (it runs for `--duration`) and memory (worker RSS over a 1M-job drain).
 Each runs in a fresh database on one server: the one at `--database-url`, or a fresh
 embedded PostgreSQL with durable defaults (fsync on); FLOWQ_DATABASE_URL and DATABASE_URL are
 never read. The bench drops only the databases it created (see `harness`).
@@ -30,7 +31,8 @@ def _registry() -> dict[str, Callable[[Server, Options], list[Row]]]:
     from flowq.bench import memory, producers, scenarios
 
     return {"drain": scenarios.drain, "drain-session": scenarios.drain_session,
-            "pipeline": scenarios.pipeline, "enqueue": producers.enqueue,
+            "pipeline": scenarios.pipeline, "dag": scenarios.dag, "map": scenarios.map_run,
+            "enqueue": producers.enqueue,
             "latency": producers.latency, "scale": scenarios.scale, "soak": producers.soak,
             "memory": memory.memory}
 

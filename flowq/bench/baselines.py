@@ -5,7 +5,16 @@ They are what an expert writes without a library, and what flowq is measured aga
   'succeeded'; COMMIT (optionally inserting one ledger row in the same transaction);
 - `batched`: claim 100 with flowq's own CTE `UPDATE … RETURNING`, then complete them with one
   `UPDATE … WHERE id = ANY(…)`; `pipeline` also inserts the next steps, as flowq's completer does;
-- `listener`: LISTEN, and on each notification claim and stamp the handler-start time.
+- `listener`: LISTEN, and on each notification claim and stamp the handler-start time;
+- `dag`: batched-100 on diamond runs (start -> left, right -> join): one statement per batch
+  completes it, inserts `left` and `right` after each `start`, and counts `left`/`right`
+  towards the run's row in `flowq.joins` (`INSERT … ON CONFLICT DO UPDATE SET remaining =
+  remaining - k … RETURNING`, their results merged into `inputs`), inserting `join` with
+  those inputs when the counter reaches 0;
+- `map`: batched-100 on one map run: completing `split` inserts its N item rows in bulk
+  (`unnest(jsonb[]) WITH ORDINALITY`, the items built in Python) and a counter of N;
+  each batch of items is completed with the counter decremented in the same statement, and
+  the one that brings it to 0 inserts `gather`, which reads the N results in item order.
 
 `run_loops` runs P of them in processes (multiprocessing, spawn), released together once all
 are connected, so process start-up is not timed. Each loop sets `finished_at = now()` like flowq,
@@ -14,8 +23,10 @@ so the same database-clock measurement serves both.
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import time
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import psycopg
@@ -48,6 +59,69 @@ _NEXT_STEPS = """INSERT INTO flowq.jobs (run_id, task, step, step_index, queue, 
 _STAMP = "INSERT INTO bench_stamps (run_id, started) SELECT * FROM unnest(%s::bigint[], %s::float8[])"
 _ANY_RUNNING = "SELECT 1 FROM flowq.jobs WHERE status IN ('running', 'pending') LIMIT 1"
 _PIPELINE_STEPS: Final = ("first", "second", "third")
+
+# -- dag and map: what flowq's completer does for a join and a map, written by hand ---------
+
+# One statement per batch, like flowq's: complete, fork after `start`, count `left`/`right`
+# towards the join (grouped per run, since a batch may hold both parents of one run, and in
+# run_id order so that two loops lock counter rows in the same order), create `join` at 0.
+_DAG_COMPLETE = """WITH done AS (
+        UPDATE flowq.jobs SET status = 'succeeded', result = 'null'::jsonb, finished_at = now(),
+            locked_by = NULL, locked_at = NULL, heartbeat_at = NULL
+        WHERE id = ANY(%(ids)s) AND status = 'running'
+        RETURNING run_id, step, result
+    ), forked AS (
+        INSERT INTO flowq.jobs (run_id, task, step, step_index, queue, args)
+        SELECT d.run_id, 'dag', c.step, c.idx, %(queue)s, '{}'::jsonb
+          FROM done d CROSS JOIN (VALUES ('left', 1), ('right', 2)) AS c(step, idx)
+         WHERE d.step = 'start'
+    ), counted AS (
+        INSERT INTO flowq.joins AS k (run_id, step, parents, remaining, inputs)
+        SELECT run_id, 'join', 2, 2 - count(*), jsonb_object_agg(step, result)
+          FROM done WHERE step IN ('left', 'right')
+         GROUP BY run_id ORDER BY run_id
+        ON CONFLICT (run_id, step) DO UPDATE
+           SET remaining = k.remaining - (excluded.parents - excluded.remaining),
+               inputs = k.inputs || excluded.inputs
+        RETURNING run_id, remaining, inputs
+    )
+    INSERT INTO flowq.jobs (run_id, task, step, step_index, queue, args, joined)
+    SELECT run_id, 'dag', 'join', 3, %(queue)s, inputs, true FROM counted WHERE remaining = 0"""
+
+# clock_timestamp() here and in _MAP_GATHERED, not now() (the transaction's start): flowq
+# stamps these rows with the start of the statement that writes them, after the items were
+# built (split) or the results read (gather); so do these, in the same place.
+_MAP_SPLIT = """UPDATE flowq.jobs SET status = 'succeeded', result = %s::jsonb,
+    finished_at = clock_timestamp(), locked_by = NULL, locked_at = NULL, heartbeat_at = NULL
+    WHERE id = %s AND status = 'running'"""
+_MAP_ITEMS = """INSERT INTO flowq.jobs (run_id, task, step, step_index, queue, args, map_index)
+    SELECT %s, 'fan', 'work', 1, %s, a.value, a.n - 1
+      FROM unnest(%s::jsonb[]) WITH ORDINALITY AS a(value, n)"""
+_MAP_COUNTER = """INSERT INTO flowq.joins (run_id, step, parents, remaining)
+    VALUES (%s, 'gather', 1, %s)"""
+_MAP_GATHER = """INSERT INTO flowq.jobs (run_id, task, step, step_index, queue, joined)
+    VALUES (%s, 'fan', 'gather', 2, %s, true)"""
+# Items of one batch: completed, counted (one counter row per run), `gather` created at 0.
+_MAP_COMPLETE = """WITH done AS (
+        UPDATE flowq.jobs SET status = 'succeeded', result = 'null'::jsonb, finished_at = now(),
+            locked_by = NULL, locked_at = NULL, heartbeat_at = NULL
+        WHERE id = ANY(%(ids)s) AND status = 'running'
+        RETURNING run_id
+    ), counted AS (
+        UPDATE flowq.joins k SET remaining = k.remaining - d.n
+          FROM (SELECT run_id, count(*) AS n FROM done GROUP BY run_id) d
+         WHERE k.run_id = d.run_id AND k.step = 'gather'
+        RETURNING k.run_id, k.remaining
+    )
+    INSERT INTO flowq.jobs (run_id, task, step, step_index, queue, joined)
+    SELECT run_id, 'fan', 'gather', 2, %(queue)s, true FROM counted WHERE remaining = 0"""
+_MAP_RESULTS = """SELECT result FROM flowq.jobs
+    WHERE run_id = %s AND step = 'work' AND map_index IS NOT NULL ORDER BY map_index"""
+_MAP_GATHERED = """UPDATE flowq.jobs SET status = 'succeeded', result = %s::jsonb,
+    finished_at = clock_timestamp(), locked_by = NULL, locked_at = NULL, heartbeat_at = NULL
+    WHERE id = %s AND status = 'running'"""
+
+_Row = tuple[Any, ...]
 
 
 def _one_per_tx(conn: psycopg.Connection[Any], ledger: bool) -> int:
@@ -110,12 +184,58 @@ def _listener(conn: psycopg.Connection[Any], stop: Any) -> int:
     return done
 
 
-LOOPS: Final = {
+def _flow(conn: psycopg.Connection[Any],
+          complete: Callable[[psycopg.Connection[Any], Sequence[_Row]], None]) -> int:
+    """Claim batches with flowq's CTE and `complete` each in a transaction of its own, until
+    nothing is pending or running anywhere (other loops' completions create steps)."""
+    done = 0
+    while True:
+        with conn.transaction():
+            rows = conn.execute(_CLAIM, (QUEUE, BATCH, "raw")).fetchall()
+        if not rows:
+            if conn.execute(_ANY_RUNNING).fetchone():
+                conn.commit()
+                time.sleep(0.001)
+                continue
+            return done
+        with conn.transaction():
+            complete(conn, rows)
+        done += len(rows)
+
+
+def _dag_complete(conn: psycopg.Connection[Any], rows: Sequence[_Row]) -> None:
+    conn.execute(_DAG_COMPLETE, {"ids": [r[0] for r in rows], "queue": QUEUE})
+
+
+def _map_complete(conn: psycopg.Connection[Any], rows: Sequence[_Row]) -> None:
+    """A batch of the map run: `split` (step_index 0) fans out, `work` (1) counts down,
+    `gather` (2) reads the results in item order."""
+    for job_id, run_id, _, index, args in rows:
+        if index == 0:
+            n = int(json.loads(args).get("n", 0))
+            texts = [json.dumps({"i": i}) for i in range(n)]
+            conn.execute(_MAP_SPLIT, ("[" + ", ".join(texts) + "]", job_id))
+            if n:
+                conn.execute(_MAP_ITEMS, (run_id, QUEUE, texts))
+                conn.execute(_MAP_COUNTER, (run_id, n))
+            else:
+                conn.execute(_MAP_GATHER, (run_id, QUEUE))
+        elif index == 2:
+            results = [r[0] for r in conn.execute(_MAP_RESULTS, (run_id,))]
+            conn.execute(_MAP_GATHERED, (json.dumps(len(results)), job_id))
+    items = [r[0] for r in rows if r[3] == 1]
+    if items:
+        conn.execute(_MAP_COMPLETE, {"ids": items, "queue": QUEUE})
+
+
+LOOPS: Final[dict[str, Callable[[psycopg.Connection[Any], Any], int]]] = {
     "one_per_tx": lambda conn, stop: _one_per_tx(conn, ledger=False),
     "one_per_tx_ledger": lambda conn, stop: _one_per_tx(conn, ledger=True),
     "batched": lambda conn, stop: _batched(conn, pipeline=False),
     "pipeline": lambda conn, stop: _batched(conn, pipeline=True),
     "listener": _listener,
+    "dag": lambda conn, stop: _flow(conn, _dag_complete),
+    "map": lambda conn, stop: _flow(conn, _map_complete),
 }
 
 

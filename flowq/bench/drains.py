@@ -8,6 +8,7 @@ raw loops set with `now()`. Process start-up is outside the window either way.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final
 
 import sqlalchemy as sa
@@ -18,7 +19,11 @@ from flowq.bench import baselines
 from flowq.bench.app import app as bench_app
 from flowq.bench.harness import WorkerGroup, conninfo, reset, wait_for
 
-__all__ = ["db_clock", "enqueue_runs", "flowq_drain", "raw_drain", "wait_drained"]
+__all__ = ["Check", "db_clock", "enqueue_run", "enqueue_runs", "flowq_drain", "raw_drain",
+           "wait_drained"]
+
+Check = Callable[[sa.Engine], None]
+"""Called after each timed drain (outside the window): raises if the rows are not as expected."""
 
 DRAIN_TIMEOUT: Final = 1800.0
 
@@ -44,6 +49,16 @@ def enqueue_runs(engine: sa.Engine, task: str, n: int) -> float:
     return db_clock(engine)
 
 
+def enqueue_run(engine: sa.Engine, task: str, **args: Any) -> float:
+    """Enqueue one run of `task` with `args` in a transaction of its own; the DB clock after."""
+    definition = bench_app.get(task)
+    assert definition is not None, task
+    make = sessionmaker(engine, class_=flowq.Session)
+    with make.begin() as s:
+        s.enqueue(definition, **args)
+    return db_clock(engine)
+
+
 def wait_drained(engine: sa.Engine, expected: int, t0: float) -> float:
     """Wait until nothing is pending or running; the elapsed seconds from `t0` to the last
     completion. Raises if fewer than `expected` rows succeeded."""
@@ -62,7 +77,8 @@ def wait_drained(engine: sa.Engine, expected: int, t0: float) -> float:
 
 
 def flowq_drain(url: str, engine: sa.Engine, task: str, runs: int, rows_per_run: int,
-                processes: int, concurrency: int, repeat: int) -> list[float]:
+                processes: int, concurrency: int, repeat: int, check: Check | None = None
+                ) -> list[float]:
     """Rows per second through real `flowq worker` processes, once per repeat."""
     rates = []
     with WorkerGroup(url, processes=processes, concurrency=concurrency) as workers:
@@ -71,11 +87,13 @@ def flowq_drain(url: str, engine: sa.Engine, task: str, runs: int, rows_per_run:
             reset(engine)
             t0 = enqueue_runs(engine, task, runs)
             rates.append(runs * rows_per_run / wait_drained(engine, runs * rows_per_run, t0))
+            if check is not None:
+                check(engine)
     return rates
 
 
 def raw_drain(url: str, engine: sa.Engine, kind: str, task: str, runs: int, rows_per_run: int,
-              processes: int, repeat: int) -> list[float]:
+              processes: int, repeat: int, check: Check | None = None) -> list[float]:
     """Rows per second through P raw psycopg loops of `kind`, once per repeat."""
     rates = []
     for _ in range(repeat):
@@ -86,6 +104,8 @@ def raw_drain(url: str, engine: sa.Engine, kind: str, task: str, runs: int, rows
             loops.go()
             loops.join()
         rates.append(runs * rows_per_run / wait_drained(engine, runs * rows_per_run, t0))
+        if check is not None:
+            check(engine)
     return rates
 
 

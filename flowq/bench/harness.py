@@ -5,7 +5,8 @@
   is used, never the environment's.
 - `Server.fresh_database()`: a new database cloned from a migrated template (CREATE DATABASE
   … TEMPLATE), dropped afterwards, so one scenario never sees another's rows or dead tuples.
-- `reset(engine)`: TRUNCATE the jobs and bench tables between repeats of one scenario.
+- `reset(engine)`: TRUNCATE the jobs, workflow and bench tables between repeats of one
+  scenario.
 - `WorkerGroup`: real `python -m flowq worker flowq.bench.app:app --processes P` processes,
   started and ready (their LISTEN connections seen in pg_stat_activity) before timing starts.
 
@@ -46,8 +47,10 @@ _BENCH_DDL: Final = (
     "CREATE TABLE bench_stamps (run_id bigint NOT NULL, started float8 NOT NULL)",
     "CREATE TABLE bench_orders (id bigserial PRIMARY KEY, item text NOT NULL)",
 )
-_TRUNCATE: Final = ("TRUNCATE flowq.jobs, bench_ledger, bench_stamps, bench_orders "
-                    "RESTART IDENTITY")
+# The workflow tables too: RESTART IDENTITY restarts run ids, so a join counter left from the
+# previous repeat would be taken for the new run of the same id.
+_TRUNCATE: Final = ("TRUNCATE flowq.jobs, flowq.joins, flowq.signals, bench_ledger, "
+                    "bench_stamps, bench_orders RESTART IDENTITY")
 # The databases `fresh_database` created and has not dropped yet: all `reset` may empty.
 _created_databases: set[str] = set()
 
@@ -173,6 +176,7 @@ def reset(engine: sa.Engine) -> None:
         c.execute(sa.text(_TRUNCATE))
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
         c.execute(sa.text("VACUUM ANALYZE flowq.jobs"))
+        c.execute(sa.text("VACUUM ANALYZE flowq.joins"))
 
 
 class WorkerGroup:

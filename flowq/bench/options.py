@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
+from flowq.workflows import MAX_MAP_ITEMS
+
 __all__ = ["DEFAULT_SCENARIOS", "OPT_IN", "SCENARIOS", "Options"]
 
-SCENARIOS: Final = ("drain", "drain-session", "pipeline", "enqueue", "latency", "scale", "soak",
-                    "memory")
+SCENARIOS: Final = ("drain", "drain-session", "pipeline", "dag", "map", "enqueue", "latency",
+                    "scale", "soak", "memory")
 # soak runs for --duration (default 10 minutes) and memory drains a million jobs, so both are
 # opt-in: --scenario soak, --scenario memory.
 OPT_IN: Final = ("soak", "memory")
@@ -19,7 +21,7 @@ DEFAULT_SCENARIOS: Final = tuple(s for s in SCENARIOS if s not in OPT_IN)
 class Options:
     """Every knob of a bench run, with its default (see `quick()` for the tiny sizes)."""
 
-    jobs: int = 50_000            # drain, drain-session, pipeline (steps), scale drains
+    jobs: int = 50_000            # drain, drain-session, pipeline and dag (steps), scale drains
     processes: int = 2
     # No-op handlers finish at once, so the claim batch (about half the slots) sets the pace:
     # 128 slots per process measured best on a 2-core machine (32: 10.5k jobs/s, 128: 21k).
@@ -43,6 +45,7 @@ class Options:
     memory_jobs: int = 1_000_000  # memory: jobs drained (an explicit --jobs overrides it)
     memory_chunk: int = 50_000    # memory: rows per enqueue_many statement
     memory_sample_every: float = 2.0  # memory: seconds between RSS samples
+    map_items: int = 10_000       # map: items of the one run (an explicit --jobs overrides it)
     # `jobs` and `concurrency` as built: memory and drain-session follow them once changed
     # (--jobs, -c), and otherwise use their own defaults above.
     _initial: tuple[int, int] = field(default=(0, 0), init=False, repr=False, compare=False)
@@ -56,6 +59,13 @@ class Options:
         return self.jobs if self.jobs != self._initial[0] else self.memory_jobs
 
     @property
+    def map_n(self) -> int:
+        """Items the map scenario maps over: `--jobs` if it was given, else `map_items`; at
+        most `flowq.workflows.MAX_MAP_ITEMS` (what one `flowq.each` may hold)."""
+        n = self.jobs if self.jobs != self._initial[0] else self.map_items
+        return max(1, min(n, MAX_MAP_ITEMS))
+
+    @property
     def session_c(self) -> int:
         """drain-session's concurrency: `-c` if it was given, else `session_concurrency`."""
         return (self.concurrency if self.concurrency != self._initial[1]
@@ -67,9 +77,10 @@ class Options:
                    transactions=50, latency_jobs=20, rate=50.0, retained=5_000, pending=1_000,
                    claims=300, scale_processes=(1, 2), duration=10.0, soak_retention=2.0,
                    sample_every=1.0, session_concurrency=8, memory_jobs=2_000,
-                   memory_chunk=500, memory_sample_every=0.2)
+                   memory_chunk=500, memory_sample_every=0.2, map_items=300)
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         del d["_initial"]
-        return {**d, "memory_n": self.memory_n, "session_c": self.session_c}
+        return {**d, "memory_n": self.memory_n, "session_c": self.session_c,
+                "map_n": self.map_n}

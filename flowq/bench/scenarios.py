@@ -1,4 +1,4 @@
-"""The throughput scenarios: drain, drain-session, pipeline and scale.
+"""The throughput scenarios: drain, drain-session, pipeline, dag, map and scale.
 
 drain-session runs at `Options.session_c` (8 unless -c is given), not the drain's 128: each
 running handler holds a ctx.session connection and commits its own transaction (see
@@ -11,20 +11,31 @@ from raw psycopg loops (`baselines`) with the same process count, in the same da
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections.abc import Callable
 from typing import Final
 
 import sqlalchemy as sa
 
+from flowq.bench import baselines
 from flowq.bench.app import app as bench_app
-from flowq.bench.drains import engine_for, flowq_drain, raw_drain
-from flowq.bench.harness import Server
+from flowq.bench.drains import (
+    db_clock,
+    engine_for,
+    enqueue_run,
+    flowq_drain,
+    raw_drain,
+    wait_drained,
+)
+from flowq.bench.harness import Server, WorkerGroup, conninfo, reset
 from flowq.bench.options import Options
 from flowq.bench.report import Figure, Row, percentile
 
-__all__ = ["drain", "drain_session", "pipeline", "scale"]
+__all__ = ["dag", "drain", "drain_session", "map_run", "pipeline", "scale"]
 
 PIPELINE_STEPS: Final = 3
+DAG_STEPS: Final = ("start", "left", "right", "join")
 
 
 def _pc(o: Options) -> str:
@@ -78,6 +89,129 @@ def pipeline(server: Server, o: Options) -> list[Row]:
     return [Row("pipeline", Figure(f"3-step pipelines, steps/s ({_pc(o)})", "steps/s", ours),
                 [Figure(f"raw batched-100 + next-step INSERT P={o.processes}", "steps/s",
                         raw)])]
+
+
+# -- dag and map ------------------------------------------------------------------------------
+
+_STEP_COUNTS = sa.text("SELECT step, count(*) FILTER (WHERE status = 'succeeded') "
+                       "FROM flowq.jobs GROUP BY step")
+
+
+def _check_steps(expected: dict[str, int]) -> Callable[[sa.Engine], None]:
+    """A drain's check: exactly `expected[step]` rows of each step, all succeeded (a join
+    created twice, or never, is a bug whichever side made it)."""
+
+    def check(engine: sa.Engine) -> None:
+        with engine.connect() as c:
+            got = {str(step): int(n) for step, n in c.execute(_STEP_COUNTS)}
+        if got != expected:
+            raise RuntimeError(f"expected succeeded rows per step {expected}, got {got}")
+
+    return check
+
+
+def dag(server: Server, o: Options) -> list[Row]:
+    """Diamond runs (start -> left, right -> join), all enqueued in one commit and drained."""
+    runs = max(1, o.jobs // len(DAG_STEPS))
+    check = _check_steps(dict.fromkeys(DAG_STEPS, runs))
+    with server.fresh_database() as url:
+        engine = engine_for(url)
+        try:
+            ours = flowq_drain(url, engine, "dag", runs, len(DAG_STEPS), o.processes,
+                               o.concurrency, o.repeat, check)
+            raw = raw_drain(url, engine, "dag", "dag", runs, len(DAG_STEPS), o.processes,
+                            o.repeat, check)
+        finally:
+            engine.dispose()
+    ref = f"raw batched-100 + fork + join counter P={o.processes}"
+    per_run = len(DAG_STEPS)
+    return [Row("dag", Figure(f"diamond runs, steps/s ({_pc(o)}, {runs:,} runs)", "steps/s",
+                              ours), [Figure(ref, "steps/s", raw)],
+                note="start -> left, right -> join; join counter in flowq.joins"),
+            Row("dag", Figure("diamond runs, runs/s", "runs/s", [v / per_run for v in ours]),
+                [Figure(ref, "runs/s", [v / per_run for v in raw])])]
+
+
+# finished_at is the start of the statement that completes the row, on either side (see
+# baselines._MAP_SPLIT): for `split` before its N item rows are inserted, for an item after.
+_MAP_PHASES = sa.text("""
+    SELECT extract(epoch FROM max(finished_at) FILTER (WHERE step = 'split'))::float8,
+           extract(epoch FROM min(finished_at) FILTER (WHERE step = 'work'))::float8,
+           extract(epoch FROM max(finished_at) FILTER (WHERE step = 'work'))::float8,
+           extract(epoch FROM max(finished_at) FILTER (WHERE step = 'gather'))::float8,
+           (array_agg(result) FILTER (WHERE step = 'gather'))[1]
+      FROM flowq.jobs""")
+_PHASES: Final = ("split", "fan-out", "items", "join")
+
+
+def _map_phases(engine: sa.Engine, n: int, t0: float) -> list[float]:
+    """Seconds from the enqueue to the write completing `split` (claim it, run it, build the
+    N items), from there to the first item done (insert the N rows, commit, claim and run
+    it), from there to the last item done, and from there to `gather` done (read the N
+    results, run it); checks `gather` received N results."""
+    check = _check_steps({"split": 1, "work": n, "gather": 1})
+    check(engine)
+    with engine.connect() as c:
+        split, first, last, gathered, result = c.execute(_MAP_PHASES).one()
+    if result != n:
+        raise RuntimeError(f"gather received {result!r} results, not {n}")
+    return [split - t0, first - split, last - first, gathered - last]
+
+
+def _flowq_map(url: str, engine: sa.Engine, n: int, o: Options
+               ) -> tuple[list[float], list[list[float]]]:
+    rates, phases = [], []
+    with WorkerGroup(url, processes=o.processes, concurrency=o.concurrency) as workers:
+        workers.wait_ready(engine)
+        for _ in range(o.repeat):
+            reset(engine)
+            t0 = enqueue_run(engine, "fan", n=n)
+            rates.append(n / wait_drained(engine, n + 2, t0))
+            phases.append(_map_phases(engine, n, t0))
+    return rates, phases
+
+
+def _raw_map(url: str, engine: sa.Engine, n: int, o: Options
+             ) -> tuple[list[float], list[list[float]]]:
+    rates, phases = [], []
+    for _ in range(o.repeat):
+        reset(engine)
+        enqueue_run(engine, "fan", n=n)
+        with baselines.run_loops("map", conninfo(url), o.processes) as loops:
+            t0 = db_clock(engine)
+            loops.go()
+            loops.join()
+        rates.append(n / wait_drained(engine, n + 2, t0))
+        phases.append(_map_phases(engine, n, t0))
+    return rates, phases
+
+
+def _medians(phases: list[list[float]]) -> dict[str, float]:
+    return {name: round(statistics.median(p[i] for p in phases), 4)
+            for i, name in enumerate(_PHASES)}
+
+
+def map_run(server: Server, o: Options) -> list[Row]:
+    """One run mapping N no-op items: enqueue to `gather`'s success, items/s."""
+    n = o.map_n
+    with server.fresh_database() as url:
+        engine = engine_for(url)
+        try:
+            ours, our_phases = _flowq_map(url, engine, n, o)
+            raw, raw_phases = _raw_map(url, engine, n, o)
+        finally:
+            engine.dispose()
+    mine, theirs = _medians(our_phases), _medians(raw_phases)
+
+    def fmt(d: dict[str, float]) -> str:
+        return ", ".join(f"{k} {v:.3g} s" for k, v in d.items())
+
+    return [Row("map", Figure(f"map of {n:,} items, items/s ({_pc(o)})", "items/s", ours),
+                [Figure(f"raw bulk INSERT + batched-100 + counter P={o.processes}", "items/s",
+                        raw)],
+                note=f"enqueue to join done; median phases flowq: {fmt(mine)}; raw: "
+                     f"{fmt(theirs)}",
+                extra={"items": n, "phases_s": {"flowq": our_phases, "raw": raw_phases}})]
 
 
 # -- scale ------------------------------------------------------------------------------------

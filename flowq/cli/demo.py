@@ -38,7 +38,9 @@ def demo(database_url: str | None, n_jobs: int) -> None:
               "DATABASE_URL are ignored).")
 @click.option("--scenario", "scenarios", multiple=True, metavar="NAME",
               help="Run only this scenario (repeatable): drain, drain-session, pipeline, "
-              "enqueue, latency, scale, soak, memory. Default: all but soak and memory.")
+              "dag (diamond runs with a join; --jobs counts steps), map (one run mapping "
+              "10,000 items, then a join; --jobs sets the items, at most 100,000), enqueue, "
+              "latency, scale, soak, memory. Default: all but soak and memory.")
 @click.option("--jobs", "n_jobs", type=click.IntRange(1), default=None,
               help="Jobs per drain (pipeline: steps; memory: the whole drain) "
               "[default: 50000, memory 1000000; --quick: 300].")

@@ -16,7 +16,7 @@ from typing import Any, Final, cast
 
 import click
 
-from flowq.cli.common import open_engine, schema_option, url_option
+from flowq.cli.common import load_app, open_engine, schema_option, url_option
 from flowq.runs import RunInfo, cancel_run, get_run, list_runs, retry_run, unserved_jobs
 from flowq.schema import STATUSES, Status
 from flowq.storable import first_line
@@ -47,6 +47,14 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+# Dead map instances whose errors `runs show` lists (the rest are counted).
+SHOWN_DEAD_INSTANCES: Final = 5
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {status}" for status, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
 def _describe(run: RunInfo) -> str:
     head = f"run {run.run_id}  {run.task}  {run.status}"
     if run.cancel_requested and run.finished_at is None:
@@ -56,11 +64,37 @@ def _describe(run: RunInfo) -> str:
         lines.append(f"idempotency key {run.idempotency_key}")
     if run.status == "succeeded":
         lines.append(f"result {json.dumps(run.result)}")
-    rows = [[str(s.index), s.step or "-", s.status, f"{s.attempts}/{s.max_attempts}", s.queue,
-             str(s.job_id), _when(s.finished_at), _error_cell(s.last_error)]
-            for s in run.steps]
+    by_step = {g.step: g for g in run.graph}
+    rows: list[list[str]] = []
+    dead_instances = []
+    mapped_shown: set[str] = set()
+    for s in run.steps:
+        group = by_step.get(s.step)
+        if s.map_index is not None and group is not None:
+            if s.status == "dead":
+                dead_instances.append(s)
+            if s.step in mapped_shown:
+                continue
+            mapped_shown.add(s.step)
+            rows.append([str(s.index), f"{s.step} ×{group.instances}",  # noqa: RUF001
+                         _counts(group.counts),
+                         str(group.attempts), s.queue, "-", "-", "",
+                         ", ".join(group.parents or ())])
+            continue
+        rows.append([str(s.index), s.step or "-", s.status, f"{s.attempts}/{s.max_attempts}",
+                     s.queue, str(s.job_id), _when(s.finished_at), _error_cell(s.last_error),
+                     ", ".join(group.parents or ()) if group else ""])
     lines += ["", _table(["#", "step", "status", "attempts", "queue", "job", "finished",
-                          "last error"], rows)]
+                          "last error", "after"], rows)]
+    for g in run.graph:
+        if g.instances is not None:
+            lines.append(f"{g.step} ×{g.instances}: {_counts(g.counts)}")  # noqa: RUF001
+    for s in dead_instances[:SHOWN_DEAD_INSTANCES]:
+        lines.append(f"  {s.step}[{s.map_index}] (job {s.job_id}) dead: "
+                     f"{_error_cell(s.last_error)}")
+    if len(dead_instances) > SHOWN_DEAD_INSTANCES:
+        lines.append(f"  ... and {len(dead_instances) - SHOWN_DEAD_INSTANCES} more dead "
+                     "instances (--json lists every row)")
     return "\n".join(lines)
 
 
@@ -106,9 +140,16 @@ def list_command(database_url: str | None, schema: str, status: str | None, limi
 @click.argument("run_id", type=int)
 @url_option
 @schema_option
+@click.option("--app", "app_spec", default=None, metavar="MODULE:APP",
+              help="Your app (as for `flowq worker`): shows each step's parents and the run's "
+                   "result from its leaves.")
 @json_option
-def show_command(run_id: int, database_url: str | None, schema: str, as_json: bool) -> None:
-    """Show a run and each of its steps: status, attempts, timings, last error, result."""
+def show_command(run_id: int, database_url: str | None, schema: str, app_spec: str | None,
+                 as_json: bool) -> None:
+    """Show a run and each of its steps (a mapped step's instances aggregated): status,
+    attempts, timings, last error, result."""
+    if app_spec is not None:
+        load_app(app_spec)  # registers its definitions, which `get_run` looks up
     engine = open_engine(database_url, schema)
     try:
         run = get_run(engine, run_id, schema=schema)
@@ -155,5 +196,9 @@ def retry_command(run_id: int, database_url: str | None, schema: str, as_json: b
     finally:
         engine.dispose()
     _emit(as_json, res.to_dict(),
-          f"run {run_id}: step {res.step or '-'} (job {res.job_id}) is pending again.\n\n"
+          (f"run {run_id}: step {res.step or '-'} (job {res.job_id}) runs again.\n\n"
+           if len(res.job_ids) <= 1 else
+           f"run {run_id}: {len(res.job_ids)} dead steps and instances run again (jobs "
+           f"{', '.join(map(str, res.job_ids[:10]))}{', ...' if len(res.job_ids) > 10 else ''})."
+           "\n\n")
           + _describe(res.run))

@@ -49,7 +49,7 @@ from sqlalchemy import orm
 
 from flowq.app import FlowQ, validate_queue
 from flowq.context import StepSession
-from flowq.errors import InvalidArgumentsError
+from flowq.errors import InvalidArgumentsError, SignalTimeout
 from flowq.queries import queries
 from flowq.session import Enqueued
 from flowq.testing._worker import judge, record, runner, writer
@@ -165,6 +165,7 @@ def _run(conn: sa.Connection, app: FlowQ, job: ClaimedJob,
         return session
 
     executor = judge(app, session_factory)
+    executor.read = lambda statement, params: list(conn.execute(statement, params))
     rec = record(executor, job)
     outcome = _attempt(executor, rec)
     run = runner(conn)
@@ -203,9 +204,12 @@ def _attempt(executor: Executor, rec: _Running) -> Outcome:
     if not isinstance(rec.resolved, tuple):
         return executor._failure(rec, rec.resolved, 0.0)
     pipeline, step = rec.resolved
+    started = executor._start_outcome(rec, pipeline)
+    if started is not None:
+        return started
     try:
         ctx, args = executor._prepare(rec, step)
-    except InvalidArgumentsError as exc:
+    except (InvalidArgumentsError, SignalTimeout) as exc:
         return executor._failure(rec, exc, 0.0)
     try:
         result = step.fn(ctx, **args)

@@ -25,6 +25,7 @@ from flowq.context import Context, StepSession
 from flowq.jsonargs import JSONError, dumps_checked
 from flowq.testing._worker import judge, record
 from flowq.worker.model import ClaimedJob, Failed
+from flowq.workflows import Each
 
 __all__ = ["SYNTHETIC_ID", "arun_step", "make_context", "run_step"]
 
@@ -62,6 +63,8 @@ def _checked(task_or_step: Pipeline | Step[Any, Any], ctx: Context, result: Any)
     """`result`, if the executor would store it (and feed it to the next step)."""
     pipeline, step = _resolve(task_or_step)
     if pipeline is None:  # a bare step: which pipeline follows is unknown; only storability
+        if isinstance(result, Each):  # its items were checked by `flowq.each`
+            return result
         try:
             dumps_checked(result, "the result")
         except JSONError as exc:

@@ -43,9 +43,9 @@ from flowq.worker.model import (
     Claim,
     ClaimedJob,
     Failed,
-    NextStep,
     Outcome,
     Retried,
+    Spawn,
     Succeeded,
 )
 
@@ -295,15 +295,22 @@ class Completer:
         were still ours."""
         claims = [{"id": i.job.id, "lease": i.job.lease, "result": _result(i.outcome)}
                   for i in items]
-        nexts = [_successor(i.job, n) for i in items if (n := _next(i.outcome)) is not None]
+        spawns = [(i.job, sp) for i in items for sp in _spawn(i.outcome)]
         single = len(claims) == 1
         params = _params(claims, single)
-        if nexts:
-            params.update(_params(nexts, single, prefix="next_"))
-            params["channel"] = self.channel
-            stmt = self.q.complete_step if single else self.q.complete_steps
-        else:
+        if not spawns:
             stmt = self.q.complete_job if single else self.q.complete_jobs
+        else:
+            # Chains and map instances take the plain statement; joins and signals the
+            # workflow one (counters, rendezvous), which costs more to plan and run.
+            simple = all(sp.simple for _, sp in spawns)
+            params.update(_params([_successor(job, sp, full=not simple) for job, sp in spawns],
+                                  False, prefix="next_"))
+            params["channel"] = self.channel
+            if simple:
+                stmt = self.q.complete_step if single else self.q.complete_steps
+            else:
+                stmt = self.q.complete_flow if single else self.q.complete_flows
         return {r[0] for r in run(stmt, params)}
 
     def _write_other(self, run: _Run, item: _Item) -> tuple[str, float] | None:
@@ -377,14 +384,22 @@ def _result(outcome: Outcome) -> str:
     return outcome.result
 
 
-def _next(outcome: Outcome) -> NextStep | None:
-    return outcome.next if isinstance(outcome, Succeeded) else None
+def _spawn(outcome: Outcome) -> tuple[Spawn, ...]:
+    return outcome.spawn if isinstance(outcome, Succeeded) else ()
 
 
-def _successor(job: ClaimedJob, nxt: NextStep) -> dict[str, Any]:
-    return {"id": job.id, "lease": job.lease, "task": nxt.task, "step": nxt.step.name,
-            "step_index": nxt.step.index, "queue": nxt.step.queue,
-            "max_attempts": nxt.step.retry.attempt_cap, "args": nxt.args}
+def _successor(job: ClaimedJob, sp: Spawn, *, full: bool) -> dict[str, Any]:
+    """The parameters of one spawned row: `flowq.queries._SUCCESSOR`'s columns, and with
+    `full` those of `_SPAWN` (the signal it waits for, its share in a join)."""
+    step = sp.step
+    row: dict[str, Any] = {
+        "id": job.id, "lease": job.lease, "task": sp.task, "step": step.name,
+        "step_index": step.index, "queue": step.queue, "max_attempts": step.retry.attempt_cap,
+        "args": sp.args, "map_index": sp.map_index, "delay": step.delay}
+    if full:
+        row.update(signal=step.wait_for, wait=step.wait_timeout, parents=sp.parents,
+                   delta=sp.delta, source=sp.parent, input=sp.input)
+    return row
 
 
 def _params(rows: list[dict[str, Any]], single: bool, prefix: str = "") -> dict[str, Any]:

@@ -38,8 +38,16 @@ from typing import Any, Final
 
 from flowq.app import FlowQ, Pipeline, Step
 from flowq.context import Context, StepSession
-from flowq.errors import CancelRun, InvalidArgumentsError, RetryStep, UnknownTaskError
+from flowq.errors import (
+    CancelRun,
+    InvalidArgumentsError,
+    RetryStep,
+    SignalTimeout,
+    UnknownTaskError,
+    WorkflowError,
+)
 from flowq.jsonargs import JSONError, dumps_checked
+from flowq.queries import queries
 from flowq.retry import Retry
 from flowq.storable import clamp_delay, delay_of, describe, first_line, safe_str, storable_text
 from flowq.worker.completer import Completer
@@ -49,11 +57,12 @@ from flowq.worker.model import (
     Claim,
     ClaimedJob,
     Failed,
-    NextStep,
     Outcome,
     Retried,
+    Spawn,
     Succeeded,
 )
+from flowq.workflows import Each
 
 __all__ = ["Executor", "InvalidResultError", "StepTimeout"]
 
@@ -134,6 +143,8 @@ class Executor:
         # attempt's open transaction is rolled back at once. None: left to the stuck thread.
         self.end_backend: Callable[[int], None] | None = None
         self.loop_blocked_for = LOOP_BLOCKED_FOR
+        # How workflow reads (a join's mapped inputs, a late signal) reach the database.
+        self.read: Callable[[Any, dict[str, Any]], list[Any]] | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -326,9 +337,12 @@ class Executor:
         """The outcome of a failed attempt: when to retry it by its step's policy, or dead."""
         job, text = rec.job, describe(exc)
         summary = first_line(text)[:SUMMARY_CHARS]
-        if permanent:
-            return Failed(text, None, summary)
         step = rec.step
+        # Running again would fail the same way; a missed signal is retried only by a policy
+        # the step was given.
+        if permanent or isinstance(exc, WorkflowError) or (
+                isinstance(exc, SignalTimeout) and not (step is not None and step.retry_given)):
+            return Failed(text, None, summary)
         policy = step.retry if step is not None else None
         try:
             if policy is not None:
@@ -352,38 +366,140 @@ class Executor:
             args = json.loads(job.args)
             if not isinstance(args, dict):
                 raise InvalidArgumentsError("the stored arguments are not a JSON object")
+            if job.joined:
+                self._gather(job, step, args)
+            if step.wait_for is not None and step.wait_for not in args:
+                self._receive(job, step, args)
             step.check_arguments(args, what=f"stored arguments of job {job.id}")
         except ValueError as exc:
             raise InvalidArgumentsError(f"job {job.id}: {exc}") from None
         ctx = Context(job_id=job.id, run_id=job.run_id, task=job.task, step=step.name,
                       attempt=job.attempts, queue=job.queue,
-                      _session_factory=self.session_factory)
+                      _session_factory=self.session_factory, map_index=job.map_index)
         rec.ctx = ctx
         return ctx, args
 
+    def _read(self, statement: Any, params: dict[str, Any]) -> list[Any]:
+        """Rows of one workflow read, on a short session of its own (no claim is held by it),
+        unless `read` was given one (the test kit reads in the test's transaction)."""
+        if self.read is not None:
+            return self.read(statement, params)
+        with self.session_factory() as session:
+            return list(session.execute(statement, params))
+
+    def _gather(self, job: ClaimedJob, step: Step[Any, Any], args: dict[str, Any]) -> None:
+        """A join's inputs: the static parents' results came with the row; a mapped parent's
+        are its instances' results, read now, in item order (none: it mapped `[]`)."""
+        q = queries(self.app.schema)
+        for parent in step.parents:
+            if parent not in args:
+                rows = self._read(q.select_map_results, {"run_id": job.run_id, "step": parent})
+                args[parent] = [r[0] for r in rows]
+
+    def _receive(self, job: ClaimedJob, step: Step[Any, Any], args: dict[str, Any]) -> None:
+        """A waiting step that runs without its payload: its timeout passed, unless the signal
+        came while it was between attempts."""
+        assert step.wait_for is not None
+        rows = self._read(queries(self.app.schema).find_signal,
+                          {"run_id": job.run_id, "name": step.wait_for})
+        if not rows:
+            raise SignalTimeout(f"signal {step.wait_for!r} did not arrive within "
+                                f"{step.wait_timeout:g}s (run {job.run_id}, step {step.name!r})")
+        args[step.wait_for] = rows[0][0]
+
+    def _start_outcome(self, rec: _Running, pipeline: Pipeline) -> Outcome | None:
+        """A run enqueued by name, without the definition, is one row for its first step
+        (''). A pipeline with several roots, or a root that waits or is delayed, has that row
+        start them all instead: it succeeds at once and spawns every root."""
+        roots = pipeline.roots
+        if rec.job.step or (len(roots) == 1 and roots[0].wait_for is None
+                            and not roots[0].delay):
+            return None
+        try:
+            args = json.loads(rec.job.args)
+            for root in roots:
+                check = dict(args)
+                if root.wait_for is not None:
+                    check[root.wait_for] = None
+                root.check_arguments(check, what=f"stored arguments of job {rec.job.id}")
+        except (ValueError, InvalidArgumentsError) as exc:
+            return self._failure(rec, exc, 0.0)
+        return Succeeded("null", tuple(Spawn(r, pipeline.name, args=rec.job.args)
+                                       for r in roots))
+
     def _outcome_of_result(self, rec: _Running, pipeline: Pipeline, step: Step[Any, Any],
                            result: Any, duration: float) -> Outcome:
-        nxt = pipeline.next_after(step)
         try:
-            text = dumps_checked(result, "the result")
-        except JSONError as exc:
-            err = InvalidResultError(f"step {step.name!r} returned a value flowq cannot store "
-                                     f"(not retried: it would run again and return the same): "
-                                     f"{exc}")
-            return self._failure(rec, err, duration, permanent=True)
-        if nxt is None:
-            return Succeeded(text)
-        if result is not None and not isinstance(result, dict):
-            err = InvalidResultError(
-                f"step {step.name!r} returned a {type(result).__name__}, but a step followed by "
-                f"{nxt.name!r} must return a dict (its keyword arguments) or None")
-            return self._failure(rec, err, duration, permanent=True)
-        try:
-            nxt.check_arguments(result or {}, what=f"the result of step {step.name!r}")
-        except InvalidArgumentsError as exc:
-            return self._failure(rec, InvalidResultError(safe_str(exc)), duration,
-                                 permanent=True)
-        return Succeeded(text, NextStep(nxt, pipeline.name, text if result else "{}"))
+            if isinstance(result, Each):
+                return Succeeded(result.json, self._map(pipeline, step, rec.job, result))
+            try:
+                text = dumps_checked(result, "the result")
+            except JSONError as exc:
+                raise InvalidResultError(
+                    f"step {step.name!r} returned a value flowq cannot store (not retried: it "
+                    f"would run again and return the same): {exc}") from None
+            return Succeeded(text, self._successors(pipeline, step, rec.job, result, text))
+        except (InvalidResultError, WorkflowError) as exc:
+            return self._failure(rec, exc, duration, permanent=True)
+
+    def _successors(self, pipeline: Pipeline, step: Step[Any, Any], job: ClaimedJob,
+                    result: Any, text: str) -> tuple[Spawn, ...]:
+        """What a success does to each child: create it (its only parent, a plain step), or
+        count towards it (a join, or any child of a map instance)."""
+        spawn: list[Spawn] = []
+        for child in pipeline.children(step):
+            if job.map_index is not None:
+                spawn.append(Spawn(child, pipeline.name, parents=len(child.parents), delta=-1))
+                continue
+            if len(child.parents) > 1:
+                spawn.append(Spawn(child, pipeline.name, parents=len(child.parents), delta=-1,
+                                   parent=step.name, input=text))
+                continue
+            if result is not None and not isinstance(result, dict):
+                raise InvalidResultError(
+                    f"step {step.name!r} returned a {type(result).__name__}, but a step "
+                    f"followed by {child.name!r} must return a dict (its keyword arguments) "
+                    "or None")
+            check = dict(result or {})
+            if child.wait_for is not None:
+                check[child.wait_for] = None
+            try:
+                child.check_arguments(check, what=f"the result of step {step.name!r}")
+            except InvalidArgumentsError as exc:
+                raise InvalidResultError(safe_str(exc)) from None
+            spawn.append(Spawn(child, pipeline.name, args=text if result else "{}"))
+        return tuple(spawn)
+
+    def _map(self, pipeline: Pipeline, step: Step[Any, Any], job: ClaimedJob,
+             items: Each) -> tuple[Spawn, ...]:
+        """The instances of the mapped child, and the joins after it: each counts n units."""
+        children = pipeline.children(step)
+        if job.map_index is not None:
+            raise WorkflowError(f"step {step.name!r} is itself a map instance: an instance "
+                                "cannot map again (map over a list of lists in one step)")
+        if len(children) != 1:
+            raise WorkflowError(
+                f"step {step.name!r} returned flowq.each(...), which runs its child step once "
+                f"per item, but it has {len(children)} child steps (it needs exactly one)")
+        child = children[0]
+        if len(child.parents) != 1:
+            raise WorkflowError(
+                f"step {child.name!r} is mapped over the items of {step.name!r}, so it can have "
+                f"no other parent (it has {', '.join(child.parents)})")
+        if child.wait_for is not None:
+            raise WorkflowError(f"step {child.name!r} waits for a signal, so it cannot be "
+                                "mapped (a signal is delivered to one step of a run)")
+        for i, item in enumerate(items.items):
+            try:
+                child.check_arguments(item, what=f"item {i} of flowq.each()")
+            except InvalidArgumentsError as exc:
+                raise WorkflowError(safe_str(exc)) from None
+        n = len(items.items)
+        spawn = [Spawn(child, pipeline.name, args=t, map_index=i)
+                 for i, t in enumerate(items.texts)]
+        spawn += [Spawn(g, pipeline.name, parents=len(g.parents), delta=n - 1)
+                  for g in pipeline.children(child)]
+        return tuple(spawn)
 
     def _exception_outcome(self, rec: _Running, exc: BaseException, duration: float) -> Outcome:
         if isinstance(exc, RetryStep):
@@ -423,9 +539,12 @@ class Executor:
         if not isinstance(rec.resolved, tuple):
             return self._failure(rec, rec.resolved, 0.0), None
         pipeline, step = rec.resolved
+        started = self._start_outcome(rec, pipeline)
+        if started is not None:
+            return started, None
         try:
             ctx, args = self._prepare(rec, step)
-        except InvalidArgumentsError as exc:
+        except (InvalidArgumentsError, SignalTimeout) as exc:
             return self._failure(rec, exc, 0.0), None
         try:
             result = step.fn(ctx, **args)
@@ -437,7 +556,14 @@ class Executor:
     async def _run_async(self, rec: _Running, pipeline: Pipeline, step: Step[Any, Any]) -> None:
         ctx: Context | None = None
         try:
-            ctx, args = self._prepare(rec, step)
+            started = self._start_outcome(rec, pipeline)
+            if started is not None:
+                await asyncio.to_thread(self._settle, rec, None, started)
+                return
+            if rec.job.joined or step.wait_for is not None:  # reads the database
+                ctx, args = await asyncio.to_thread(self._prepare, rec, step)
+            else:
+                ctx, args = self._prepare(rec, step)
             try:
                 result = await step.fn(ctx, **args)
             except BaseException as exc:  # CancelledError too: the watchdog settled it

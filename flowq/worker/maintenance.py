@@ -129,6 +129,13 @@ class Reaper:
             # an entry only informs, a live worker re-registers if it ever loses its own).
             expired = conn.execute(self.queries.expire_workers,
                                    {"stale": 2 * self.stale_after}).scalars().all()
+            # Steps whose signal did not come by their timeout: runnable, to fail with
+            # SignalTimeout (their retry policy decides).
+            timed_out = conn.execute(self.queries.expire_waits, {
+                "limit": self.limit, "channel": notify_channel(self.queries.schema)}).all()
+        if timed_out:
+            log_event(WARNING, "steps stopped waiting for their signal (timeout)",
+                      job_ids=",".join(str(r.id) for r in timed_out))
         if expired:
             log_event(WARNING, "removed workers that stopped heartbeating from the registry",
                       workers=",".join(expired))
@@ -161,7 +168,7 @@ class Pruner:
                     return total
                 deleted = conn.execute(self.queries.prune_jobs, {
                     "retention": self.retention, "dead_retention": self.dead_retention,
-                    "limit": self.limit}).rowcount
+                    "limit": self.limit}).scalar_one()
             total += deleted
             if deleted == 0:
                 break

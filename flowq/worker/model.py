@@ -4,7 +4,8 @@ An outcome is decided by the executor (which knows the step, its retry policy an
 exception) and only written by the completer, so every value in it is already storable:
 texts without NUL or lone surrogates and capped in length, delays finite and in range.
 
-- `Succeeded`: the result (JSON text) and, in a pipeline, the successor to create.
+- `Succeeded`: the result (JSON text) and, in a pipeline, what it spawns: the steps it
+  creates, and its share in the joins it counts towards (`Spawn`).
 - `Failed`: the error text; `retry_in` seconds until the next attempt, or None for `dead`.
 - `Retried`: the handler raised `RetryStep` and has attempts left.
 - `Cancelled`: the handler raised `CancelRun`.
@@ -17,7 +18,7 @@ from typing import Any
 
 from flowq.app import Step
 
-__all__ = ["Cancelled", "Claim", "ClaimedJob", "Failed", "NextStep", "Outcome", "Retried",
+__all__ = ["Cancelled", "Claim", "ClaimedJob", "Failed", "Outcome", "Retried", "Spawn",
            "Succeeded"]
 
 Claim = tuple[int, int]
@@ -43,6 +44,8 @@ class ClaimedJob:
     args: str
     cancel_requested: bool
     age: float
+    map_index: int | None = None  # the item position of a map instance
+    joined: bool = False  # created by a join: mapped parents' results are collected to run it
 
     @property
     def claim(self) -> Claim:
@@ -50,18 +53,35 @@ class ClaimedJob:
 
 
 @dataclass(frozen=True)
-class NextStep:
-    """The successor a succeeded step creates, with the step's result as its arguments."""
+class Spawn:
+    """What a success does to one child step, in the transaction that records it.
+
+    `parents == 0`: create the step now (a chain's next step, or one instance of a mapped
+    step, `map_index` set), with `args`. `parents > 0`: the child is a join of that many
+    parent units; add `delta` to its counter (-1: one unit succeeded; n - 1: a mapped parent
+    became n instances) and bring `input`, the result of static parent `parent`. The success
+    that brings the counter to zero creates the step, with the static inputs as arguments.
+    """
 
     step: Step[Any, Any]
     task: str
-    args: str
+    args: str = "{}"
+    map_index: int | None = None
+    parents: int = 0
+    delta: int = 0
+    parent: str | None = None
+    input: str | None = None
+
+    @property
+    def simple(self) -> bool:
+        """Created at once and runnable: no join counter, no signal to meet."""
+        return self.parents == 0 and self.step.wait_for is None
 
 
 @dataclass(frozen=True)
 class Succeeded:
     result: str  # JSON text
-    next: NextStep | None = None
+    spawn: tuple[Spawn, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -288,6 +288,9 @@ def _run_of(run_id: int, rows: list[Any], schema: str) -> RunInfo:
     finished = [s.finished_at for s in steps if s.finished_at is not None]
     task = rows[0].task
     definition = find_definition(task, schema)
+    if definition is not None and not {s.step for s in steps} <= (
+            {st.name for st in definition.steps} | {""}):
+        definition = None  # another app's pipeline of that name (or a deploy renamed steps)
     return RunInfo(
         run_id=run_id, task=task, status=status,
         cancel_requested=cancel_requested, idempotency_key=rows[0].idempotency_key,

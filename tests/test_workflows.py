@@ -579,7 +579,7 @@ def test_runs_show_prints_the_dag_with_map_instances_aggregated(engine: sa.Engin
 
 def test_each_map_instance_has_its_own_idempotency_key(engine: sa.Engine) -> None:
     app = flowq.FlowQ()
-    p = app.pipeline("keys")
+    p = app.pipeline("instance_keys")
 
     @p.step()
     def split(ctx: flowq.Context) -> Any:

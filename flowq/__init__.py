@@ -27,6 +27,7 @@ from flowq.errors import (
     WorkflowError,
 )
 from flowq.migrations import migrate
+from flowq.queues import Rate
 from flowq.retry import Retry
 from flowq.session import Enqueued, Session, SessionMixin, enqueue, enqueue_many, signal
 from flowq.worker import Worker, WorkerConfig
@@ -46,6 +47,7 @@ __all__ = [
     "InvalidArgumentsError",
     "InvalidQueueError",
     "Pipeline",
+    "Rate",
     "Retry",
     "RetryStep",
     "RunNotFoundError",

@@ -77,13 +77,16 @@ async def enqueue(target: AsyncTarget, task: Pipeline | str, /, *,
                   idempotency_key: str | None = None, queue: str | None = None,
                   priority: int | None = None, run_at: datetime | None = None,
                   delay: float | timedelta | None = None, schema: str | None = None,
+                  unique: bool = False, unique_key: str | None = None,
                   **args: Any) -> Enqueued:
     """Enqueue a run of `task` in the transaction of an AsyncSession or AsyncConnection.
 
-    Same options, validation and result as `flowq.enqueue`.
+    Same options (`unique` and `unique_key` included), validation and result as
+    `flowq.enqueue`.
     """
     call = prepare_enqueue(task, args, idempotency_key=idempotency_key, queue=queue,
-                           priority=priority, run_at=run_at, delay=delay, schema=schema)
+                           priority=priority, run_at=run_at, delay=delay, schema=schema,
+                           unique=unique, unique_key=unique_key)
     return await execute(target, call)
 
 

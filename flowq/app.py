@@ -9,7 +9,8 @@ Definitions fail loudly at import time: duplicate names, a handler without a `ct
 parameter, a handler parameter named like an enqueue option, an invalid queue name.
 
 Definitions also enqueue themselves: `add.enqueue(session, a=1)`, with options through
-`add.options(queue=..., priority=..., idempotency_key=..., run_at=..., delay=..., schema=...)`
+`add.options(queue=..., priority=..., idempotency_key=..., run_at=..., delay=..., schema=...,
+unique=..., unique_key=...)`
 and an async twin `await add.aenqueue(async_session, a=1)`. On a `Task[P, R]` these are typed
 by the handler's parameters after `ctx` (`P`), so a type checker refuses a misspelt or
 mistyped argument; a `Pipeline`'s are untyped (its steps are added one by one). They are thin:
@@ -26,9 +27,10 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Concatenate, Final, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, Final, Generic, ParamSpec, TypeVar, overload
 
 from flowq.errors import ConfigurationError, InvalidArgumentsError, InvalidQueueError
+from flowq.queues import QueueConfig, Rate
 from flowq.retry import Retry
 from flowq.schema import DEFAULT_SCHEMA, validate_schema_name
 from flowq.storable import MAX_DELAY
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
     # until it is used (see `EnqueueOptions`).
     from flowq.aio import AsyncTarget
     from flowq.context import Context
+    from flowq.schedules import Schedule
     from flowq.session import Enqueued, PreparedCall, Target
 
 __all__ = [
@@ -56,7 +59,7 @@ DEFAULT_QUEUE: Final = "default"
 # `schema` too: enqueue takes it as the flowq schema, so a handler parameter of that name
 # could never be given a value.
 RESERVED_OPTIONS: Final = frozenset({"idempotency_key", "queue", "priority", "run_at", "delay",
-                                     "schema"})
+                                     "schema", "unique", "unique_key"})
 _QUEUE_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,63}$")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:\-]{0,199}$")
 
@@ -66,6 +69,7 @@ DEFAULT_WAIT_TIMEOUT: Final = timedelta(days=7)
 
 P = ParamSpec("P")
 R = TypeVar("R")
+D = TypeVar("D", bound="Pipeline")
 
 _APPS: weakref.WeakSet[FlowQ] = weakref.WeakSet()
 
@@ -241,6 +245,8 @@ class EnqueueOptions(Generic[P]):
     run_at: datetime | None = None
     delay: float | timedelta | None = None
     schema: str | None = None
+    unique: bool = False
+    unique_key: str | None = None
 
     def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> PreparedCall[Enqueued]:
         # Imported here: flowq.session imports this module.
@@ -249,7 +255,8 @@ class EnqueueOptions(Generic[P]):
         return prepare_enqueue(self.definition, _as_keywords(self.definition, args, kwargs),
                                idempotency_key=self.idempotency_key, queue=self.queue,
                                priority=self.priority, run_at=self.run_at, delay=self.delay,
-                               schema=self.schema)
+                               schema=self.schema, unique=self.unique,
+                               unique_key=self.unique_key)
 
     def enqueue(self, target: Target, /, *args: P.args, **kwargs: P.kwargs) -> Enqueued:
         """Enqueue a run in the transaction of `target` (a Session or Connection); see
@@ -283,6 +290,36 @@ class Pipeline:
         self.queue = validate_queue(queue or app.default_queue)
         self.priority = int(priority)
         self.steps: list[Step[Any, Any]] = []
+        # Per-key concurrency (tasks only, see `FlowQ.task`): the argument naming the key, or
+        # a function of the arguments; and how many jobs of one key may run at once.
+        self.concurrency_key: str | Callable[..., Any] | None = None
+        self.key_concurrency: int | None = None
+
+    def key_of(self, args: dict[str, Any]) -> str | None:
+        """The concurrency key of a run with `args`, as JSON text (None: no key). Raises
+        InvalidArgumentsError if it is not a JSON scalar."""
+        if self.concurrency_key is None:
+            return None
+        if isinstance(self.concurrency_key, str):
+            if self.concurrency_key not in args:
+                return None  # the argument has a default, which the handler applies
+            value = args[self.concurrency_key]
+        else:
+            try:
+                value = self.concurrency_key(**args)
+            except Exception as exc:
+                raise InvalidArgumentsError(
+                    f"the concurrency_key function of {self.name!r} raised: {exc!r}") from None
+        if value is not None and not isinstance(value, str | int | float | bool):
+            raise InvalidArgumentsError(
+                f"the concurrency key of {self.name!r} must be a JSON scalar (string, number, "
+                f"boolean), got {type(value).__name__}")
+        from flowq.jsonargs import JSONError, dumps_checked
+
+        try:
+            return dumps_checked(value, f"the concurrency key of {self.name!r}")
+        except JSONError as exc:
+            raise InvalidArgumentsError(str(exc)) from None
 
     def step(self, *, name: str | None = None, retry: Retry | None = None,
              timeout: float | None = None, queue: str | None = None,
@@ -428,10 +465,12 @@ class Pipeline:
     def options(self, *, idempotency_key: str | None = None, queue: str | None = None,
                 priority: int | None = None, run_at: datetime | None = None,
                 delay: float | timedelta | None = None,
-                schema: str | None = None) -> EnqueueOptions[...]:
+                schema: str | None = None, unique: bool = False,
+                unique_key: str | None = None) -> EnqueueOptions[...]:
         """This pipeline with enqueue options (see `flowq.enqueue`), to `.enqueue(...)`."""
         return EnqueueOptions(self, idempotency_key=idempotency_key, queue=queue,
-                              priority=priority, run_at=run_at, delay=delay, schema=schema)
+                              priority=priority, run_at=run_at, delay=delay, schema=schema,
+                              unique=unique, unique_key=unique_key)
 
     # Untyped: a pipeline's arguments are its first step's, known only once it is added.
     def enqueue(self, target: Target, /, *args: Any, **kwargs: Any) -> Enqueued:
@@ -461,10 +500,12 @@ class Task(Pipeline, Generic[P, R]):
     def options(self, *, idempotency_key: str | None = None, queue: str | None = None,
                 priority: int | None = None, run_at: datetime | None = None,
                 delay: float | timedelta | None = None,
-                schema: str | None = None) -> EnqueueOptions[P]:
+                schema: str | None = None, unique: bool = False,
+                unique_key: str | None = None) -> EnqueueOptions[P]:
         """This task with enqueue options (see `flowq.enqueue`), to `.enqueue(...)`."""
         return EnqueueOptions(self, idempotency_key=idempotency_key, queue=queue,
-                              priority=priority, run_at=run_at, delay=delay, schema=schema)
+                              priority=priority, run_at=run_at, delay=delay, schema=schema,
+                              unique=unique, unique_key=unique_key)
 
     def enqueue(self, target: Target, /, *args: P.args, **kwargs: P.kwargs) -> Enqueued:
         """Enqueue a run in the transaction of `target` (a Session or Connection), with the
@@ -489,15 +530,44 @@ class FlowQ:
         self.schema = validate_schema_name(schema)
         self.default_queue = validate_queue(default_queue)
         self._registry: dict[str, Pipeline] = {}
+        self._queues: dict[str, QueueConfig] = {}
+        self._schedules: dict[str, Schedule] = {}
         _APPS.add(self)
+
+    def queue(self, name: str, *, concurrency: int | None = None,
+              rate_limit: Rate | None = None) -> QueueConfig:
+        """Declare queue `name`'s limits, enforced across every worker (see `flowq.queues`):
+        at most `concurrency` of its jobs running at once, at most `rate_limit` starts per
+        period. Workers write the declaration to the database when they start."""
+        config = QueueConfig(validate_queue(name), concurrency, rate_limit)
+        if name in self._queues:
+            raise ConfigurationError(f"queue {name!r} is already declared in this app")
+        self._queues[name] = config
+        return config
+
+    @property
+    def declared_queues(self) -> list[QueueConfig]:
+        """The queues declared with `queue()`, by name."""
+        return [self._queues[n] for n in sorted(self._queues)]
+
+    @property
+    def keyed_queues(self) -> list[str]:
+        """The queues of tasks with a per-key concurrency limit."""
+        return sorted({p.steps[0].queue for p in self._registry.values()
+                       if p.concurrency_key is not None and p.steps})
 
     def task(self, *, name: str | None = None, queue: str | None = None, priority: int = 0,
              retry: Retry | None = None,
-             timeout: float | None = None
+             timeout: float | None = None,
+             concurrency_key: str | Callable[..., Any] | None = None,
+             key_concurrency: int | None = None
              ) -> Callable[[Callable[Concatenate[Context, P], R]], Task[P, R]]:
         """Register the decorated function as a task (a pipeline of one step).
 
         The handler takes the context first; the `Task` is typed by the parameters after it.
+        `concurrency_key` (an argument's name, or a function of the arguments returning a
+        JSON scalar) with `key_concurrency` (default 1): at most that many jobs with the same
+        key run at once in the task's queue, across every worker; other keys are unaffected.
         """
 
         def decorate(fn: Callable[Concatenate[Context, P], R]) -> Task[P, R]:
@@ -505,6 +575,7 @@ class FlowQ:
             t: Task[P, R] = Task(self, task_name, queue=queue, priority=priority)
             t.steps.append(_make_step(fn, name=task_name, retry=retry, timeout=timeout,
                                       queue=t.queue, index=0))
+            _key_options(t, concurrency_key, key_concurrency)
             self._register(t)
             return t
 
@@ -515,6 +586,60 @@ class FlowQ:
         p = Pipeline(self, name, queue=queue, priority=priority)
         self._register(p)
         return p
+
+    @overload
+    def periodic(self, target: D, /, *, cron: str | None = None,
+                 every: timedelta | float | None = None, name: str | None = None,
+                 args: dict[str, Any] | None = None, timezone: str = "UTC",
+                 catch_up: bool = False) -> D: ...
+
+    @overload
+    def periodic(self, target: None = None, /, *, cron: str | None = None,
+                 every: timedelta | float | None = None, name: str | None = None,
+                 args: dict[str, Any] | None = None, timezone: str = "UTC",
+                 catch_up: bool = False) -> Callable[[D], D]: ...
+
+    def periodic(self, target: D | None = None, /, *, cron: str | None = None,
+                 every: timedelta | float | None = None, name: str | None = None,
+                 args: dict[str, Any] | None = None, timezone: str = "UTC",
+                 catch_up: bool = False) -> D | Callable[[D], D]:
+        """Run a task or pipeline periodically: `@app.periodic(cron=...)` above
+        `@app.task(...)` (it returns the task itself), or `app.periodic(pipeline, every=...)`.
+
+        Exactly one of `cron` (a cron expression, evaluated in `timezone`, an IANA name) or
+        `every` (a timedelta of at least 1 s, ticks aligned to the Unix epoch). `name`
+        (default: the task's) is unique per app; `args` are the runs' arguments (JSON, fitting
+        the first step). Every worker runs the scheduler; each tick is enqueued once. Missed
+        ticks: the latest runs, or all of them with `catch_up=True`. See `flowq.schedules`.
+        """
+
+        def register(definition: D) -> D:
+            from flowq.schedules import make_schedule
+
+            if not isinstance(definition, Pipeline):
+                raise ConfigurationError(
+                    "@app.periodic(...) schedules a task or pipeline: put it above "
+                    f"@app.task(...), or pass a pipeline; got {definition!r}")
+            if definition.app is not self or self._registry.get(definition.name) is not definition:
+                raise ConfigurationError(
+                    f"{definition.name!r} is not a task or pipeline of this app")
+            schedule = make_schedule(definition, cron=cron, every=every, name=name, args=args,
+                                     timezone=timezone, catch_up=catch_up)
+            if schedule.name in self._schedules:
+                raise ConfigurationError(
+                    f"a schedule named {schedule.name!r} is already defined in this app "
+                    "(pass name=... to tell them apart)")
+            if definition.steps:  # a pipeline's steps may come later: checked at worker start
+                schedule.check()
+            self._schedules[schedule.name] = schedule
+            return definition
+
+        return register if target is None else register(target)
+
+    @property
+    def schedules(self) -> list[Schedule]:
+        """The schedules defined with `periodic()`, by name."""
+        return [self._schedules[n] for n in sorted(self._schedules)]
 
     def _register(self, p: Pipeline) -> None:
         if p.name in self._registry:
@@ -540,12 +665,40 @@ class FlowQ:
         return sorted({s.queue for p in self._registry.values() for s in p.steps})
 
     def check(self) -> None:
-        """Raise ConfigurationError if a pipeline has no steps (workers call this at start)."""
+        """Raise ConfigurationError if a pipeline has no steps, or a schedule's arguments do
+        not fit its pipeline (workers call this at start)."""
         for p in self._registry.values():
             if not p.steps:
                 raise ConfigurationError(
                     f"pipeline {p.name!r} has no steps: add one with @{p.name}.step()"
                 )
+        for schedule in self._schedules.values():
+            schedule.check()
+
+
+def _key_options(t: Pipeline, key: str | Callable[..., Any] | None,
+                 limit: int | None) -> None:
+    if key is None:
+        if limit is not None:
+            raise ConfigurationError(
+                f"task {t.name!r} has key_concurrency but no concurrency_key: name the "
+                "argument (or give a function of the arguments) that keys it")
+        return
+    if isinstance(key, str):
+        params = list(t.steps[0].signature.parameters.values())[1:]
+        names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        if key not in names:
+            raise ConfigurationError(
+                f"concurrency_key {key!r} of task {t.name!r} is not one of its arguments "
+                f"({', '.join(sorted(names)) or 'it takes none'})")
+    elif not callable(key):
+        raise ConfigurationError(f"concurrency_key of task {t.name!r} must be an argument "
+                                 f"name or a function of the arguments, got {key!r}")
+    limit = 1 if limit is None else limit
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ConfigurationError(
+            f"key_concurrency of task {t.name!r} must be an integer of at least 1, got {limit!r}")
+    t.concurrency_key, t.key_concurrency = key, limit
 
 
 def find_definition(name: str, schema: str) -> Pipeline | None:

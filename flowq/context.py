@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import Connection, event
 
-from flowq.errors import FlowqError
+from flowq.errors import CancelRun, FlowqError
 from flowq.session import Session
 
 __all__ = ["Context", "StepSession"]
@@ -58,6 +59,29 @@ class Context:
     _session_factory: Callable[[], StepSession] | None = field(default=None, repr=False)
     _session: StepSession | None = field(default=None, repr=False)
     map_index: int | None = None  # the item position, in an instance of a mapped step
+    _scheduled_at: datetime | None = field(default=None, repr=False)
+    _cancelled: bool = field(default=False, repr=False)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the run was cancelled while this step runs (the worker learns it within
+        a heartbeat interval). Stop early with `raise_if_cancelled()`; a handler that finishes
+        anyway has its success recorded, but no later step runs."""
+        return self._cancelled
+
+    def raise_if_cancelled(self) -> None:
+        """Raise `flowq.CancelRun` if the run was cancelled: the step ends `cancelled`."""
+        if self._cancelled:
+            raise CancelRun("the run was cancelled while this step ran")
+
+    @property
+    def scheduled_at(self) -> datetime | None:
+        """The tick a periodic schedule enqueued this run for (an aware datetime in UTC), in
+        the steps the run starts with; None for a run that was not scheduled (see
+        `flowq.schedules`)."""
+        if self._scheduled_at is None:
+            return None
+        return self._scheduled_at.astimezone(timezone.utc)
 
     @property
     def idempotency_key(self) -> str:

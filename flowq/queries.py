@@ -26,7 +26,8 @@ __all__ = ["Queries", "queries"]
 # The columns a worker needs of a claimed row, in `ClaimedJob`'s field order.
 _CLAIMED = """j.id, j.lease, j.run_id, j.task, j.step, j.step_index, j.queue, j.priority,
     j.attempts, j.max_attempts, j.args::text AS args, j.cancel_requested,
-    extract(epoch FROM now() - j.created_at)::float8 AS age, j.map_index, j.joined"""
+    extract(epoch FROM now() - j.created_at)::float8 AS age, j.map_index, j.joined,
+    j.scheduled_at"""
 
 # The fence's status check, written so that no partial index can serve it (the planner cannot
 # prove `status = 'running'` from `... IS TRUE`). A fenced write must find its rows through the
@@ -43,7 +44,10 @@ _UNLOCK = "locked_by = NULL, locked_at = NULL, heartbeat_at = NULL"
 # What every enqueued row takes from the call, typed (a driver that prepares statements, such
 # as asyncpg, must know each parameter's type), and its due time: :run_at, else now + :delay.
 _CALL = """CAST(:task AS text), CAST(:step AS text), CAST(:queue AS text),
-                    CAST(:priority AS smallint), CAST(:max_attempts AS int)"""
+                    CAST(:priority AS smallint), CAST(:max_attempts AS int),
+                    CAST(:key_limit AS int)"""
+# The columns `_CALL` fills, in its order.
+_CALL_COLUMNS = "task, step, queue, priority, max_attempts, key_limit"
 _DUE = "COALESCE(CAST(:run_at AS timestamptz), now() + CAST(:delay AS interval))"
 
 
@@ -101,6 +105,22 @@ def _rows(alias: str, columns: _Columns, *, single: bool, prefix: str = "") -> s
     return f"unnest({arrays}) AS {alias}({names})"
 
 
+def _take(picked: str) -> str:
+    """The UPDATE that claims the rows of CTE `picked` (ids) for :worker, each under a new
+    lease, returning what `ClaimedJob` holds."""
+    return f"""UPDATE {{s}}.jobs j
+               SET status = 'running', attempts = j.attempts + 1,
+                   lease = nextval('{{s}}.lease_seq'), locked_by = :worker,
+                   locked_at = now(), heartbeat_at = now()
+              FROM {picked} WHERE j.id = {picked}.id
+            RETURNING {_CLAIMED}"""
+
+
+# The queues a plain claim must leave alone: paused, or limited (claimed under their lock).
+_CONTROLLED = """SELECT 1 AS one, q.name, q.paused FROM {s}.queues q
+    WHERE (q.paused OR q.keyed OR q.concurrency IS NOT NULL OR q.rate_limit IS NOT NULL)"""
+
+
 def _succeed(single: bool) -> str:
     """Mark claims succeeded with their results (`c(id, lease, result)`, batch or single),
     fenced; every completing statement starts with it, as its `done` CTE."""
@@ -131,20 +151,164 @@ class Queries:
                 LIMIT :limit
                 FOR UPDATE SKIP LOCKED
             )
-            UPDATE {{s}}.jobs j
-               SET status = 'running', attempts = j.attempts + 1,
-                   lease = nextval('{{s}}.lease_seq'), locked_by = :worker,
-                   locked_at = now(), heartbeat_at = now()
-              FROM picked WHERE j.id = picked.id
-            RETURNING {_CLAIMED}""")
+            {_take("picked")}""")
 
     @cached_property
     def claim_jobs(self) -> TextClause:
         """Claim up to :limit due jobs of :queue for :worker, each under a new lease. A CTE, so
         that the LIMIT binds the locking subquery and the UPDATE can never touch more rows
         than were picked; SKIP LOCKED lets concurrent workers pick disjoint rows without
-        waiting on each other."""
-        return self._claim()
+        waiting on each other. Claims nothing from a queue that is paused or limited
+        (`flowq.queues`): those are claimed with `claim_limited_jobs` (one primary key lookup
+        tells, so a worker that has not yet seen a new limit cannot break it)."""
+        return self._claim(f" AND NOT EXISTS ({_CONTROLLED} AND q.name = :queue)")
+
+    # -- queues as configuration (flowq.queues) --------------------------------------------
+
+    @cached_property
+    def select_controlled_queues(self) -> TextClause:
+        """Which of :queues are paused or limited: (name, paused). The worker re-reads it every
+        poll interval: a paused queue is skipped, a limited one claimed through
+        `claim_limited_jobs`."""
+        return self._t(f"""
+            SELECT q.name, q.paused FROM ({_CONTROLLED} AND q.name = ANY(:queues)) q""")
+
+    @cached_property
+    def lock_queue(self) -> TextClause:
+        """Lock queue :queue's row for the transaction: limited claims of one queue take turns,
+        each counting in a snapshot taken after the previous one committed."""
+        return self._t("SELECT name FROM {s}.queues WHERE name = :queue FOR UPDATE")
+
+    @cached_property
+    def claim_limited_jobs(self) -> TextClause:
+        """Claim up to :limit due jobs of :queue within its limits, after `lock_queue` in the
+        same transaction (so that what is counted as running is current): none if paused;
+        at most `concurrency` running; at most the rate limit's tokens (refilled at `limit`
+        per period, up to `limit`), spending one per claim; and per concurrency key at most
+        its `key_limit` running, keys already at their limit skipped in the scan (up to
+        :scan candidates) so that other keys are not held up behind them."""
+        return self._t(f"""
+            WITH cfg AS (
+                SELECT paused, concurrency, rate_limit,
+                       CASE WHEN rate_limit IS NULL THEN NULL ELSE least(
+                           rate_limit::float8,
+                           COALESCE(tokens, rate_limit::float8)
+                           + extract(epoch FROM now() - COALESCE(refilled_at, now()))
+                             * rate_limit / rate_period) END AS tokens
+                  FROM {{s}}.queues WHERE name = :queue
+            ), running AS (
+                SELECT count(*) AS n FROM {{s}}.jobs
+                 WHERE status = 'running' AND queue = :queue
+            ), busy AS (
+                SELECT concurrency_key AS key, count(*) AS n FROM {{s}}.jobs
+                 WHERE status = 'running' AND queue = :queue AND concurrency_key IS NOT NULL
+                 GROUP BY concurrency_key
+            ), allowed AS (
+                SELECT CASE WHEN cfg.paused THEN 0 ELSE greatest(0, least(
+                           CAST(:limit AS int),
+                           COALESCE(cfg.concurrency - (SELECT n FROM running), :limit),
+                           COALESCE(floor(cfg.tokens)::int, :limit))) END AS n
+                  FROM cfg
+            ), candidates AS (
+                SELECT j.id, j.priority, j.run_at, j.concurrency_key, j.key_limit
+                  FROM {{s}}.jobs j
+                 WHERE j.status = 'pending' AND j.queue = :queue AND j.run_at <= now()
+                   AND (j.concurrency_key IS NULL OR NOT EXISTS (
+                        SELECT 1 FROM busy b
+                         WHERE b.key = j.concurrency_key AND b.n >= j.key_limit))
+                   AND (SELECT n FROM allowed) > 0
+                 ORDER BY j.priority, j.run_at, j.id
+                 LIMIT :scan
+                 FOR UPDATE SKIP LOCKED
+            ), ranked AS (
+                SELECT c.*, row_number() OVER (PARTITION BY c.concurrency_key
+                                               ORDER BY c.priority, c.run_at, c.id) AS k
+                  FROM candidates c
+            ), picked AS (
+                SELECT r.id FROM ranked r LEFT JOIN busy b ON b.key = r.concurrency_key
+                 WHERE r.concurrency_key IS NULL OR r.k + COALESCE(b.n, 0) <= r.key_limit
+                 ORDER BY r.priority, r.run_at, r.id
+                 LIMIT (SELECT n FROM allowed)
+            ), claimed AS (
+                {_take("picked")}
+            ), spent AS (
+                UPDATE {{s}}.queues
+                   SET tokens = (SELECT tokens FROM cfg) - (SELECT count(*) FROM claimed),
+                       refilled_at = now()
+                 WHERE name = :queue AND rate_limit IS NOT NULL
+            )
+            SELECT * FROM claimed""")
+
+    @cached_property
+    def declare_queues(self) -> TextClause:
+        """Write the declared limits of :names (:concurrencies, :rate_limits, :rate_periods;
+        NULL: none) as :worker's, keeping each queue's paused state; a changed rate starts
+        with a full bucket."""
+        return self._t("""
+            INSERT INTO {s}.queues (name, concurrency, rate_limit, rate_period, declared_at,
+                                    declared_by)
+            SELECT d.name, d.concurrency, d.rate_limit, d.rate_period, now(), :worker
+              FROM unnest(CAST(:names AS text[]), CAST(:concurrencies AS int[]),
+                          CAST(:rate_limits AS int[]), CAST(:rate_periods AS float8[]))
+                   AS d(name, concurrency, rate_limit, rate_period)
+             ORDER BY d.name
+            ON CONFLICT (name) DO UPDATE
+               SET concurrency = excluded.concurrency, rate_limit = excluded.rate_limit,
+                   rate_period = excluded.rate_period, declared_at = excluded.declared_at,
+                   declared_by = excluded.declared_by,
+                   tokens = CASE WHEN (queues.rate_limit, queues.rate_period)
+                                      IS NOT DISTINCT FROM
+                                      (excluded.rate_limit, excluded.rate_period)
+                                 THEN queues.tokens END""")
+
+    @cached_property
+    def mark_keyed_queues(self) -> TextClause:
+        """Mark :names as running tasks with per-key limits (claimed through the limited path),
+        without touching their limits."""
+        return self._t("""
+            INSERT INTO {s}.queues (name, keyed)
+            SELECT n, true FROM unnest(CAST(:names AS text[])) AS n ORDER BY n
+            ON CONFLICT (name) DO UPDATE SET keyed = true WHERE NOT queues.keyed""")
+
+    @cached_property
+    def set_queue_paused(self) -> TextClause:
+        """Pause or resume queue :name (:paused); whether that changed anything."""
+        return self._t("""
+            WITH before AS (SELECT paused FROM {s}.queues WHERE name = :name FOR UPDATE),
+            changed AS (
+                INSERT INTO {s}.queues (name, paused) VALUES (:name, :paused)
+                ON CONFLICT (name) DO UPDATE SET paused = excluded.paused)
+            SELECT COALESCE((SELECT paused FROM before), false)
+                   IS DISTINCT FROM CAST(:paused AS boolean)""")
+
+    @cached_property
+    def list_queues(self) -> TextClause:
+        """Every queue with jobs not yet finished (or dead) or a row in `flowq.queues`: its
+        jobs by state, the age of its oldest due job, its limits, whether it is paused.
+        Scans the unfinished and dead rows: for an operator's eyes."""
+        return self._t("""
+            WITH counts AS (
+                SELECT queue AS name,
+                       count(*) FILTER (WHERE status = 'pending' AND run_at <= now())
+                           AS pending,
+                       count(*) FILTER (WHERE status = 'pending' AND run_at > now())
+                           AS scheduled,
+                       count(*) FILTER (WHERE status = 'waiting') AS waiting,
+                       count(*) FILTER (WHERE status = 'running') AS running,
+                       count(*) FILTER (WHERE status = 'dead') AS dead,
+                       extract(epoch FROM now() - min(run_at) FILTER (
+                           WHERE status = 'pending' AND run_at <= now()))::float8
+                           AS oldest_due_s
+                  FROM {s}.jobs
+                 WHERE status IN ('pending', 'waiting', 'running', 'dead')
+                 GROUP BY queue)
+            SELECT COALESCE(c.name, q.name) AS name, COALESCE(c.pending, 0) AS pending,
+                   COALESCE(c.scheduled, 0) AS scheduled, COALESCE(c.waiting, 0) AS waiting,
+                   COALESCE(c.running, 0) AS running, COALESCE(c.dead, 0) AS dead,
+                   c.oldest_due_s, q.concurrency, q.rate_limit,
+                   q.rate_period AS rate_period_s, COALESCE(q.paused, false) AS paused
+              FROM counts c FULL JOIN {s}.queues q ON q.name = c.name
+             ORDER BY 1""")
 
     # -- enqueue (flowq.session, flowq.aio): in the caller's transaction ----------------------
 
@@ -160,8 +324,8 @@ class Queries:
         hot path of every business transaction) whose RETURNING also notifies :channel with
         the queue, delivered at commit only."""
         return self._t(f"""
-            INSERT INTO {{s}}.jobs (task, step, queue, priority, max_attempts, args, run_at)
-            VALUES ({_CALL}, CAST(:args AS jsonb), {_DUE})
+            INSERT INTO {{s}}.jobs ({_CALL_COLUMNS}, args, run_at, concurrency_key)
+            VALUES ({_CALL}, CAST(:args AS jsonb), {_DUE}, CAST(:concurrency_key AS text))
             RETURNING id, run_id, true AS created, pg_notify(:channel, {_wake("queue", "run_at")})""")
 
     @cached_property
@@ -189,9 +353,9 @@ class Queries:
         return self._t(f"""
             WITH existing AS ({self.find_run_by_key.text}),
             inserted AS (
-                INSERT INTO {{s}}.jobs (task, step, queue, priority, max_attempts, args,
-                                        run_at, idempotency_key)
-                SELECT {_CALL}, CAST(:args AS jsonb), {_DUE},
+                INSERT INTO {{s}}.jobs ({_CALL_COLUMNS}, args, run_at, concurrency_key,
+                                        idempotency_key)
+                SELECT {_CALL}, CAST(:args AS jsonb), {_DUE}, CAST(:concurrency_key AS text),
                        CAST(:idempotency_key AS text)
                  WHERE NOT EXISTS (SELECT 1 FROM existing)
                 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -208,48 +372,50 @@ class Queries:
         while RETURNING itself promises no order)."""
         return self._t(f"""
             WITH inserted AS (
-                INSERT INTO {{s}}.jobs (task, step, queue, priority, max_attempts, args, run_at)
-                SELECT {_CALL}, a.value, {_DUE}
-                  FROM unnest(CAST(:args AS jsonb[])) WITH ORDINALITY AS a(value, n)
+                INSERT INTO {{s}}.jobs ({_CALL_COLUMNS}, args, run_at, concurrency_key)
+                SELECT {_CALL}, a.value, {_DUE}, a.key
+                  FROM unnest(CAST(:args AS jsonb[]), CAST(:concurrency_keys AS text[]))
+                       WITH ORDINALITY AS a(value, key, n)
                  ORDER BY a.n
                 RETURNING run_id, run_at)
             SELECT array_agg(run_id ORDER BY run_id),
                    pg_notify(:channel, {_wake("CAST(:queue AS text)", "min(run_at)")})
               FROM inserted""")
 
-    @cached_property
-    def insert_run(self) -> TextClause:
-        """Enqueue a run of a workflow: one row per root step (:steps, :step_indexes, :queues,
-        :max_attempts, :delays, :signals, :waits; the first one holds :idempotency_key, NULL
-        for none), all sharing one run_id. A root waiting for a signal starts `waiting` and
-        is entered in `flowq.signals` (a signal needs its run to exist, so none can be there
-        yet). Keyed like `insert_job_by_key`: the other roots are inserted only if the first
-        one was, and the run holding the key is returned otherwise."""
+    def _start_run(self, head: str, source: str, where: str, run_id: str, tail: str) -> str:
+        """A run that starts with several rows (one per root step: :steps, :step_indexes,
+        :queues, :max_attempts, :delays, :signals, :waits), all sharing one run_id: after the
+        CTEs `head`, the first root is inserted from `source` where `where` (holding
+        :idempotency_key; `run_id`: its run id, or None to draw one), the others only if it
+        was, roots waiting for a signal are entered in `flowq.signals`, and the new run is
+        returned (notified) followed by `tail` (the rows of an existing run)."""
         roots = ("unnest(CAST(:steps AS text[]), CAST(:step_indexes AS smallint[]), "
                  "CAST(:queues AS text[]), CAST(:max_attempts AS int[]), "
                  "CAST(:delays AS float8[]), CAST(:signals AS text[]), CAST(:waits AS float8[])) "
                  "WITH ORDINALITY AS r(step, step_index, queue, max_attempts, delay, signal, "
                  "wait, n)")
-        columns = """task, step, step_index, queue, priority, max_attempts, args, status,
-                     run_at"""
-        values = f"""CAST(:task AS text), r.step, r.step_index, r.queue,
+        columns = """run_id, task, step, step_index, queue, priority, max_attempts, args,
+                     status, run_at"""
+
+        def values(run: str) -> str:
+            return f"""{run}, CAST(:task AS text), r.step, r.step_index, r.queue,
                      CAST(:priority AS smallint), r.max_attempts, CAST(:args AS jsonb),
                      CASE WHEN r.signal IS NULL THEN 'pending' ELSE 'waiting' END,
                      CASE WHEN r.signal IS NULL
                           THEN {_DUE} + make_interval(secs => r.delay)
                           ELSE now() + make_interval(secs => r.wait) END"""
-        return self._t(f"""
-            WITH existing AS ({self.find_run_by_key.text}),
+
+        return f"""{head},
             first AS (
                 INSERT INTO {{s}}.jobs ({columns}, idempotency_key)
-                SELECT {values}, CAST(:idempotency_key AS text)
-                  FROM {roots}
-                 WHERE r.n = 1 AND NOT EXISTS (SELECT 1 FROM existing)
+                SELECT {values(run_id)}, CAST(:idempotency_key AS text)
+                  FROM {source}
+                 WHERE r.n = 1 AND {where}
                 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
                 RETURNING id, run_id, step, queue, status, run_at
             ), rest AS (
-                INSERT INTO {{s}}.jobs (run_id, {columns})
-                SELECT f.run_id, {values}
+                INSERT INTO {{s}}.jobs ({columns})
+                SELECT {values("f.run_id")}
                   FROM first f CROSS JOIN {roots}
                  WHERE r.n > 1
                 RETURNING id, run_id, step, queue, status, run_at
@@ -265,8 +431,19 @@ class Queries:
                                 "SELECT queue, status, run_at FROM rest) a "
                                 "WHERE status = 'pending'")}
               FROM first f
-            UNION ALL
-            SELECT id, run_id, created, NULL FROM existing""")
+            {tail}""".replace("{roots}", roots)
+
+    @cached_property
+    def insert_run(self) -> TextClause:
+        """Enqueue a run of a workflow: one row per root step, all sharing one run_id (see
+        `_start_run`). A root waiting for a signal starts `waiting` and is entered in
+        `flowq.signals` (a signal needs its run to exist, so none can be there yet). Keyed
+        like `insert_job_by_key`: the other roots are inserted only if the first one was,
+        and the run holding :idempotency_key is returned otherwise."""
+        return self._t(self._start_run(
+            f"WITH existing AS ({self.find_run_by_key.text})", "{roots}",
+            "NOT EXISTS (SELECT 1 FROM existing)", "nextval('{s}.run_id_seq')",
+            "UNION ALL SELECT id, run_id, created, NULL FROM existing"))
 
     # -- the worker ---------------------------------------------------------------------------
 
@@ -330,12 +507,13 @@ class Queries:
     @cached_property
     def heartbeat_jobs(self) -> TextClause:
         """Refresh the heartbeat of this worker's claims (:ids, :leases); returns the ids
-        still ours."""
+        still ours, with whether their run was cancelled meanwhile (the running handler is
+        told: cooperative cancellation)."""
         return self._t(f"""
             UPDATE {{s}}.jobs j SET heartbeat_at = now()
               FROM {_rows("c", _CLAIM_KEY, single=False)}
              WHERE {_FENCE}
-            RETURNING j.id""")
+            RETURNING j.id, j.cancel_requested""")
 
     def _complete(self, *, single: bool) -> TextClause:
         return self._t(f"""
@@ -540,7 +718,9 @@ class Queries:
     def prune_jobs(self) -> TextClause:
         """Delete up to :limit runs whose rows all ended more than :retention seconds ago
         (:dead_retention for runs with a dead step). Whole runs only, so a retained run keeps
-        its history and its idempotency key."""
+        its history and its idempotency key. A unique key still held by a pruned run goes
+        with it (`flowq.uniques` has no index on run_id: a scan of that small table per
+        batch)."""
         return self._t("""
             WITH old AS (
                 SELECT DISTINCT j.run_id FROM {s}.jobs j
@@ -558,6 +738,7 @@ class Queries:
                        RETURNING run_id)
             , joins AS (DELETE FROM {s}.joins WHERE run_id IN (SELECT run_id FROM old))
             , signals AS (DELETE FROM {s}.signals WHERE run_id IN (SELECT run_id FROM old))
+            , held_keys AS (DELETE FROM {s}.uniques WHERE run_id IN (SELECT run_id FROM old))
             SELECT count(*) FROM gone""")
 
     # -- the workers registry ---------------------------------------------------------------
@@ -715,34 +896,279 @@ class Queries:
                 RETURNING j.id, j.queue, j.status)
             SELECT r.id, pg_notify(:channel, r.queue) FROM retried r""")
 
-    @cached_property
-    def list_runs(self) -> TextClause:
-        """The newest :limit runs (optionally only those whose derived status is :status), one
-        row each, with the status `flowq.runs.run_status` derives from its steps. Scans
-        the table: meant for an operator's eyes, not for a hot path."""
-        return self._t("""
-            SELECT * FROM (
-                SELECT run_id,
+    # -- run filters and bulk redrive (flowq.runs) ------------------------------------------
+
+    # A run's status, derived from its rows as `flowq.runs.run_status` does (aggregates over
+    # the rows of one run).
+    _RUN_STATUS = """CASE WHEN bool_or(status = 'cancelled' OR cancel_requested)
+                               THEN 'cancelled'
+                          WHEN bool_or(status = 'running') THEN 'running'
+                          WHEN bool_or(status = 'pending') THEN 'pending'
+                          WHEN bool_or(status = 'waiting') THEN 'waiting'
+                          WHEN bool_or(status = 'dead') THEN 'dead'
+                          ELSE 'succeeded' END"""
+
+    def _runs_page(self, *, newest_first: bool, status: str) -> TextClause:
+        """Up to :limit runs matching the filters, one row each, in run id order from a
+        cursor (exclusive; NULL: from the start): newest first below :before, or oldest
+        first above :after. Filters (NULL: any): derived status `status` (an SQL expression),
+        :task, :queue (any of its steps on it), created (its first row) in
+        [:since, :until).
+
+        The plan walks the run ids of `jobs_run_id_idx` in order from the cursor, keeping
+        the rows that could make their run match (its task; created since :since; a row
+        with the status asked for, which every run of that status has, else a row on
+        :queue, else one created before :until), computes each kept run's status from its rows (an index lookup per run)
+        and stops at :limit matches. So a page costs about the index entries walked past,
+        plus one lookup per candidate run, not the whole table: a page of recent runs takes
+        milliseconds, while filters that match nothing walk every row below the cursor
+        (0.1-0.2 s per million rows, measured; several seconds per million runs only when
+        every run must be looked up: --until together with --status or --queue, matching
+        none of the newest runs)."""
+        order, param, op = ("DESC", "before", "<") if newest_first else ("ASC", "after", ">")
+        return self._t(f"""
+            SELECT r.* FROM (
+                SELECT j.run_id FROM {{s}}.jobs j
+                 WHERE (CAST(:{param} AS bigint) IS NULL
+                        OR j.run_id {op} CAST(:{param} AS bigint))
+                   AND (CAST(:task AS text) IS NULL OR j.task = CAST(:task AS text))
+                   AND (CAST(:since AS timestamptz) IS NULL
+                        OR j.created_at >= CAST(:since AS timestamptz))
+                   AND (CAST({status} AS text) IS NULL
+                        OR j.status = CAST({status} AS text)
+                        OR (CAST({status} AS text) = 'cancelled' AND j.cancel_requested))
+                   AND (CAST(:queue AS text) IS NULL
+                        OR (CAST({status} AS text) IS NULL AND j.queue = CAST(:queue AS text))
+                        OR (CAST({status} AS text) IS NOT NULL AND EXISTS (
+                            SELECT 1 FROM {{s}}.jobs o
+                             WHERE o.run_id = j.run_id AND o.queue = CAST(:queue AS text))))
+                   AND (CAST(:until AS timestamptz) IS NULL OR CAST({status} AS text) IS NOT NULL
+                        OR CAST(:queue AS text) IS NOT NULL
+                        OR j.created_at < CAST(:until AS timestamptz))
+                 GROUP BY j.run_id ORDER BY j.run_id {order}
+            ) c CROSS JOIN LATERAL (
+                SELECT c.run_id,
                        (array_agg(task ORDER BY step_index DESC, id DESC))[1] AS task,
                        (array_agg(step ORDER BY step_index DESC, id DESC))[1] AS step,
                        max(step_index) AS step_index,
-                       CASE WHEN bool_or(status = 'cancelled' OR cancel_requested)
-                                 THEN 'cancelled'
-                            WHEN bool_or(status = 'running') THEN 'running'
-                            WHEN bool_or(status = 'pending') THEN 'pending'
-                            WHEN bool_or(status = 'waiting') THEN 'waiting'
-                            WHEN bool_or(status = 'dead') THEN 'dead'
-                            ELSE 'succeeded'
-                       END AS status,
+                       {self._RUN_STATUS} AS status,
                        (array_agg(idempotency_key ORDER BY step_index, id))[1]
                            AS idempotency_key,
                        min(created_at) AS created_at,
                        (array_agg(finished_at ORDER BY step_index DESC, id DESC))[1]
                            AS finished_at
-                  FROM {s}.jobs GROUP BY run_id) r
-             WHERE CAST(:status AS text) IS NULL OR r.status = :status
-             ORDER BY r.run_id DESC
+                  FROM {{s}}.jobs a WHERE a.run_id = c.run_id
+            ) r
+             WHERE (CAST({status} AS text) IS NULL OR r.status = CAST({status} AS text))
+               AND (CAST(:since AS timestamptz) IS NULL
+                    OR r.created_at >= CAST(:since AS timestamptz))
+               AND (CAST(:until AS timestamptz) IS NULL
+                    OR r.created_at < CAST(:until AS timestamptz))
+             ORDER BY c.run_id {order}
              LIMIT :limit""")
+
+    @cached_property
+    def list_runs(self) -> TextClause:
+        """The newest :limit runs below run id :before (NULL: the newest), optionally only
+        those whose derived status is :status, of :task, with a step on :queue, created in
+        [:since, :until); one row each, with the status `flowq.runs.run_status` derives
+        from its steps (see `_runs_page` for the cost)."""
+        return self._runs_page(newest_first=True, status=":status")
+
+    @cached_property
+    def select_dead_runs(self) -> TextClause:
+        """The oldest :limit dead runs above run id :after (NULL: the oldest), filtered like
+        `list_runs`: a batch of a bulk redrive, read without locks (`lock_runs_jobs` and
+        `retry_dead_runs` then check each one again)."""
+        return self._runs_page(newest_first=False, status="'dead'")
+
+    @cached_property
+    def select_now(self) -> TextClause:
+        """The database's clock: relative times (`--since 1h`) are measured on it, once."""
+        return sa.text("SELECT now()")
+
+    @cached_property
+    def lock_runs_jobs(self) -> TextClause:
+        """`lock_run_jobs` for the runs :run_ids: lock every row, in id order (the order
+        every run lock takes, so two redrives never deadlock), returning the ids; repeat
+        until the set stops growing."""
+        return self._t("""
+            SELECT id FROM {s}.jobs WHERE run_id = ANY(CAST(:run_ids AS bigint[]))
+             ORDER BY id FOR UPDATE""")
+
+    @cached_property
+    def retry_dead_runs(self) -> TextClause:
+        """`retry_dead_jobs` for those of the runs :run_ids (locked first) that are still
+        dead: the others changed since they were picked and are left alone. Returns the
+        run ids retried (one row each), and wakes the queues of the steps due now."""
+        return self._t(f"""
+            WITH dead AS (
+                SELECT run_id FROM {{s}}.jobs
+                 WHERE run_id = ANY(CAST(:run_ids AS bigint[]))
+                 GROUP BY run_id
+                HAVING {self._RUN_STATUS} = 'dead'
+            ), retried AS (
+                UPDATE {{s}}.jobs j
+                   SET status = CASE WHEN g.run_id IS NULL THEN 'pending' ELSE 'waiting' END,
+                       attempts = 0, finished_at = NULL,
+                       run_at = now() + make_interval(secs => COALESCE(g.timeout_s, 0))
+                  FROM {{s}}.jobs d
+                  LEFT JOIN {{s}}.signals g
+                         ON g.run_id = d.run_id AND g.step = d.step AND g.sent_at IS NULL
+                 WHERE d.run_id IN (SELECT run_id FROM dead) AND d.status = 'dead'
+                   AND j.id = d.id
+                RETURNING j.run_id, j.queue, j.status)
+            SELECT DISTINCT r.run_id,
+                   (SELECT count(pg_notify(:channel, w.queue))
+                      FROM (SELECT DISTINCT queue FROM retried WHERE status = 'pending') w)
+              FROM retried r""")
+
+    # -- uniqueness while active (flowq.session, flowq.aio) -----------------------------------
+
+    _ACTIVE = "('pending', 'running', 'waiting')"
+
+    def _unique_claim(self) -> str:
+        """The CTEs every unique enqueue starts with (see `insert_job_unique` for why they
+        are race-free): `existing`, the run holding :idempotency_key (NULL: none); `held`,
+        the active run holding :unique_key in the statement's snapshot, as (id, run_id,
+        created = false); `claimed`, the new run's id when the key was free, or held by a
+        run visible here and finished."""
+        active = f"x.run_id = u.run_id AND x.status IN {self._ACTIVE}"
+        return f"""
+            WITH existing AS ({self.find_run_by_key.text}),
+            held AS (
+                SELECT f.id, u.run_id, false AS created
+                  FROM {{s}}.uniques u
+                 CROSS JOIN LATERAL (SELECT id FROM {{s}}.jobs WHERE run_id = u.run_id
+                                      ORDER BY id LIMIT 1) f
+                 WHERE u.key = CAST(:unique_key AS text)
+                   AND EXISTS (SELECT 1 FROM {{s}}.jobs x WHERE {active})
+                   AND NOT EXISTS (SELECT 1 FROM existing)
+            ), claimed AS (
+                INSERT INTO {{s}}.uniques AS u (key, run_id)
+                SELECT CAST(:unique_key AS text), nextval('{{s}}.run_id_seq')
+                 WHERE NOT EXISTS (SELECT 1 FROM existing) AND NOT EXISTS (SELECT 1 FROM held)
+                ON CONFLICT (key) DO UPDATE
+                   SET run_id = excluded.run_id, created_at = excluded.created_at
+                 WHERE EXISTS (SELECT 1 FROM {{s}}.uniques v
+                                WHERE v.key = u.key AND v.run_id = u.run_id)
+                   AND NOT EXISTS (SELECT 1 FROM {{s}}.jobs x WHERE {active})
+                RETURNING run_id
+            )"""
+
+    @cached_property
+    def insert_job_unique(self) -> TextClause:
+        """The unique enqueue (`unique=True` or `unique_key=`): the run of :task active under
+        :unique_key (a key of the task and its arguments, or of the caller's key), else a
+        new one (notified) that holds the key in `flowq.uniques`. With an :idempotency_key
+        too, the run holding that key comes first, whatever its state.
+
+        A duplicate reads, and locks nothing: `held` finds the key's run in the statement's
+        snapshot, active there. Otherwise the key is claimed by an upsert on its primary key,
+        with a run id drawn first: PostgreSQL arbitrates the conflict on the newest version
+        of the row (waiting for a transaction that inserted or updated it until it ends),
+        and under READ COMMITTED evaluates the DO UPDATE's WHERE on that version, while its
+        sub-selects still read the statement's snapshot. So the WHERE takes the key over only
+        if the claim it finds is one this snapshot sees (`v`: the visible version names the
+        same run, each run id being claimed once), and then reads that run's rows in a
+        snapshot in which they are all there: none active means it has finished (a finished
+        row stays finished, unless `flowq runs retry` revives a dead run). A claim committed
+        after our snapshot (a concurrent enqueuer we waited for) is not taken over: no row
+        comes back, and the caller sends the statement again, whose new snapshot sees that
+        run (active: it is returned, with no lock). A claim whose run is gone (its rows
+        deleted by hand) is taken over, never stuck. The job is inserted only with the run
+        id `claimed` returned, so two enqueuers can never both insert.
+
+        The row lock a claim takes (insert or update) is held until the caller's transaction
+        ends: a concurrent enqueue of the same key waits for it, then returns its run, or
+        takes the key if it rolled back. Under REPEATABLE READ or SERIALIZABLE, PostgreSQL
+        refuses to arbitrate against a row version the transaction's snapshot cannot see:
+        the race raises a serialization failure (SQLSTATE 40001; retry the transaction).
+
+        If an :idempotency_key insert loses its race (DO NOTHING), the key claimed here
+        names a run without rows, which the next enqueue of the key takes over; the caller
+        sends the statement again and gets the run holding the idempotency key."""
+        return self._t(f"""{self._unique_claim()},
+            inserted AS (
+                INSERT INTO {{s}}.jobs (run_id, {_CALL_COLUMNS}, args, run_at, concurrency_key,
+                                        idempotency_key)
+                SELECT c.run_id, {_CALL}, CAST(:args AS jsonb), {_DUE},
+                       CAST(:concurrency_key AS text), CAST(:idempotency_key AS text)
+                  FROM claimed c
+                ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+                RETURNING id, run_id, queue, run_at)
+            SELECT id, run_id, true AS created, pg_notify(:channel, {_wake("queue", "run_at")})
+              FROM inserted
+            UNION ALL
+            SELECT id, run_id, created, NULL FROM existing
+            UNION ALL
+            SELECT id, run_id, created, NULL FROM held""")
+
+    @cached_property
+    def insert_run_unique(self) -> TextClause:
+        """`insert_run` (a workflow whose run starts with several rows) under a unique key, as
+        `insert_job_unique`: the roots are inserted with the run id `claimed` returned."""
+        return self._t(self._start_run(
+            self._unique_claim(), "claimed c CROSS JOIN {roots}", "true", "c.run_id",
+            """UNION ALL SELECT id, run_id, created, NULL FROM existing
+            UNION ALL SELECT id, run_id, created, NULL FROM held"""))
+
+    # -- periodic schedules (flowq.schedules, flowq.worker.scheduler) -------------------------
+
+    @cached_property
+    def select_schedules(self) -> TextClause:
+        """The cursor of each of :names (the last tick it enqueued, or when it was first seen;
+        NULL: not yet entered) with the database's clock, one row per name."""
+        return self._t("""
+            SELECT n.name, s.last_tick, clock_timestamp() AS now
+              FROM unnest(CAST(:names AS text[])) AS n(name)
+              LEFT JOIN {s}.schedules s ON s.name = n.name""")
+
+    @cached_property
+    def start_schedules(self) -> TextClause:
+        """Enter the schedules :names (:tasks, :specs) that are not in the table yet, with
+        their cursor at :now: a new schedule starts from now, it does not backfill."""
+        return self._t("""
+            INSERT INTO {s}.schedules (name, task, spec, last_tick)
+            SELECT n.name, n.task, n.spec, CAST(:now AS timestamptz)
+              FROM unnest(CAST(:names AS text[]), CAST(:tasks AS text[]),
+                          CAST(:specs AS text[])) AS n(name, task, spec)
+             ORDER BY n.name
+            ON CONFLICT (name) DO UPDATE SET last_tick = excluded.last_tick
+             WHERE schedules.last_tick IS NULL""")
+
+    @cached_property
+    def stamp_scheduled_run(self) -> TextClause:
+        """Record on the rows of run :run_id the tick :tick it runs for (`ctx.scheduled_at`),
+        in the transaction that enqueued it, so no worker ever sees the run without it."""
+        return self._t("""
+            UPDATE {s}.jobs SET scheduled_at = CAST(:tick AS timestamptz)
+             WHERE run_id = :run_id""")
+
+    @cached_property
+    def advance_schedule(self) -> TextClause:
+        """Record that schedule :name (:task, :spec) enqueued its tick :tick as run :run_id.
+        The cursor never moves back: a slower pass may commit an older tick after a newer
+        one."""
+        return self._t("""
+            INSERT INTO {s}.schedules (name, task, spec, last_tick, last_run_id)
+            VALUES (:name, :task, :spec, CAST(:tick AS timestamptz), :run_id)
+            ON CONFLICT (name) DO UPDATE
+               SET task = excluded.task, spec = excluded.spec, updated_at = now(),
+                   last_run_id = CASE WHEN schedules.last_tick IS NULL
+                                        OR excluded.last_tick >= schedules.last_tick
+                                      THEN excluded.last_run_id
+                                      ELSE schedules.last_run_id END,
+                   last_tick = greatest(schedules.last_tick, excluded.last_tick)""")
+
+    @cached_property
+    def list_schedules(self) -> TextClause:
+        """Every recorded schedule by name, each with the database's clock (one row of NULLs
+        and the clock when there is none)."""
+        return self._t("""
+            SELECT c.now, s.name, s.task, s.spec, s.last_tick, s.last_run_id, s.updated_at
+              FROM (SELECT now() AS now) c LEFT JOIN {s}.schedules s ON true
+             ORDER BY s.name""")
 
     # -- the test kit (flowq.testing) -------------------------------------------------------
 
@@ -756,6 +1182,12 @@ class Queries:
                AND (CAST(:task AS text) IS NULL OR task = CAST(:task AS text))
                AND (CAST(:queue AS text) IS NULL OR queue = CAST(:queue AS text))
              ORDER BY id""")
+
+    @cached_property
+    def claim_any_jobs(self) -> TextClause:
+        """`claim_jobs` without regard to pauses and limits: the test kit's `drain`, which runs
+        one job at a time in the test's own transaction."""
+        return self._claim()
 
     @cached_property
     def claim_run_jobs(self) -> TextClause:

@@ -25,7 +25,15 @@ changes nothing; cancelling a succeeded or dead run raises `RunStateError`.
 `pending`, due now, with its attempts reset to 0 so its retry policy starts afresh (a step
 whose signal never came waits for it again, for its timeout); its `last_error` is kept until
 the next attempt ends, and nothing that succeeded runs again. Retrying a run that is not
-dead raises `RunStateError`.
+dead raises `RunStateError`. `retry_runs` does the same to every dead run matching filters,
+in batches (see there).
+
+Filters (`list_runs`, `retry_runs`): `task` (the run's task or pipeline name), `queue` (a run
+matches if any of its steps is on it), and `since`/`until` on the run's creation (its first
+row's `created_at`), each an aware datetime, a timedelta (that long before the database's
+`now()`, read once), or text: an ISO 8601 time (one without an offset is this machine's
+local time, as the CLI prints times) or a duration ago such as `90s`, `30m`, `1h`, `2d`,
+`1w`, `1h30m` (`parse_when`). A run is in the window when `since <= created < until`.
 
 Both take row locks on the whole run first, so they never race a completing step. Every
 function takes an Engine (one transaction of its own) or a Connection (joins its open
@@ -36,19 +44,25 @@ transaction, which the caller commits; else commits its own). `wait_run` (and th
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Final, TypeVar, cast
 
 import sqlalchemy as sa
 
-from flowq.app import find_definition
-from flowq.errors import RunNotFoundError, RunStateError
+from flowq.app import _validate_name, find_definition, validate_queue
+from flowq.errors import (
+    ConfigurationError,
+    InvalidArgumentsError,
+    RunNotFoundError,
+    RunStateError,
+)
 from flowq.queries import Queries
-from flowq.schema import DEFAULT_SCHEMA, Status, notify_channel
+from flowq.schema import DEFAULT_SCHEMA, STATUSES, Status, notify_channel
 
 __all__ = [
     "CancelResult",
@@ -62,13 +76,17 @@ __all__ = [
     "cancel_run",
     "get_run",
     "list_runs",
+    "parse_when",
     "retry_run",
+    "retry_runs",
     "run_status",
     "unserved_jobs",
     "wait_run",
 ]
 
 DEFAULT_LIST_LIMIT: Final = 50
+# How many runs `retry_runs` retries per transaction.
+DEFAULT_RETRY_BATCH: Final = 500
 # A worker heartbeats its registry entry every --heartbeat-interval (5 s by default): one
 # silent for a minute is gone.
 UNSERVED_STALE_AFTER: Final = 60.0
@@ -339,13 +357,119 @@ def get_run(bind: Bind, run_id: int, schema: str = DEFAULT_SCHEMA) -> RunInfo:
     return _read(bind, lambda conn: _select(conn, q, run_id))
 
 
-def list_runs(bind: Bind, *, status: Status | None = None, limit: int = DEFAULT_LIST_LIMIT,
+# -- filters ----------------------------------------------------------------------------------
+
+When = datetime | timedelta | str
+_UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_WHEN_HELP: Final = ("an ISO 8601 time (2024-05-01, 2024-05-01T10:00, 2024-05-01T10:00+02:00) "
+                     "or a duration ago such as 90s, 30m, 1h, 2d, 1w, 1h30m")
+
+
+def parse_when(text: str) -> datetime | timedelta:
+    """`since`/`until` text: a duration ago (`30m`, `1h30m`: a timedelta) or an ISO 8601 time
+    (an aware datetime; without an offset, this machine's local time). InvalidArgumentsError
+    otherwise."""
+    compact = text.strip().replace(" ", "").lower()
+    if compact and _DURATION.sub("", compact) == "":
+        try:
+            return timedelta(seconds=sum(float(n) * _UNITS[u]
+                                         for n, u in _DURATION.findall(compact)))
+        except OverflowError:
+            raise InvalidArgumentsError(f"{text!r} is too long ago") from None
+    iso = text.strip()
+    if iso.endswith(("Z", "z")):  # Python 3.10's fromisoformat knows no "Z"
+        iso = iso[:-1] + "+00:00"
+    try:
+        at = datetime.fromisoformat(iso)
+    except ValueError:
+        raise InvalidArgumentsError(f"cannot read {text!r} as a time: give {_WHEN_HELP}"
+                                    ) from None
+    return at if at.tzinfo is not None else at.astimezone()
+
+
+def _when(what: str, value: When | None) -> datetime | timedelta | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = parse_when(value)
+    if isinstance(value, timedelta):
+        if value < timedelta(0):
+            raise InvalidArgumentsError(f"{what} must be a duration ago of at least 0, "
+                                        f"got {value!r}")
+        return value
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise InvalidArgumentsError(
+                f"{what} must be a timezone-aware datetime (or a timedelta ago), got {value!r}")
+        return value
+    raise InvalidArgumentsError(f"{what} must be a datetime, a timedelta or text ({_WHEN_HELP}), "
+                                f"got {value!r}")
+
+
+@dataclass(frozen=True)
+class _Filters:
+    task: str | None
+    queue: str | None
+    since: datetime | timedelta | None
+    until: datetime | timedelta | None
+
+    def params(self, conn: sa.Connection, q: Queries) -> dict[str, Any]:
+        """The bind parameters; durations ago are measured on the database's clock."""
+        since, until = self.since, self.until
+        if isinstance(since, timedelta) or isinstance(until, timedelta):
+            now = conn.execute(q.select_now).scalar_one()
+            try:
+                since = now - since if isinstance(since, timedelta) else since
+                until = now - until if isinstance(until, timedelta) else until
+            except OverflowError:
+                raise InvalidArgumentsError("since/until is too long ago") from None
+        if since is not None and until is not None and since >= until:
+            raise InvalidArgumentsError(
+                f"since ({since.isoformat()}) is not before until ({until.isoformat()}): no "
+                "run can match")
+        return {"task": self.task, "queue": self.queue, "since": since, "until": until}
+
+
+def _filters(task: str | None, queue: str | None, since: When | None,
+             until: When | None) -> _Filters:
+    if task is not None:
+        try:
+            _validate_name("task", task)
+        except ConfigurationError as exc:
+            raise InvalidArgumentsError(str(exc)) from None
+    return _Filters(task=task, queue=None if queue is None else validate_queue(queue),
+                    since=_when("since", since), until=_when("until", until))
+
+
+def _count(what: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidArgumentsError(f"{what} must be an integer of at least {minimum}, "
+                                    f"got {value!r}")
+    return value
+
+
+def list_runs(bind: Bind, *, status: Status | None = None, task: str | None = None,
+              queue: str | None = None, since: When | None = None, until: When | None = None,
+              before: int | None = None, limit: int = DEFAULT_LIST_LIMIT,
               schema: str = DEFAULT_SCHEMA) -> list[RunSummary]:
-    """The newest `limit` runs, newest first, optionally only those with derived `status`."""
+    """The newest `limit` runs, newest first, below run id `before` if given (the next page
+    starts below the last run id of this one), optionally only those with derived `status`,
+    of `task`, with a step on `queue`, created in [`since`, `until`) (see the module
+    docstring). Cost: `Queries._runs_page` (a page walks the run id index from the cursor
+    until it has `limit` matches)."""
     q = Queries(schema)
+    if status is not None and status not in STATUSES:
+        raise InvalidArgumentsError(f"status must be one of {', '.join(STATUSES)}, "
+                                    f"got {status!r}")
+    if before is not None:
+        before = _count("before (a run id)", before, 1)
+    filters = _filters(task, queue, since, until)
+    limit = max(0, int(limit))
 
     def read(conn: sa.Connection) -> list[RunSummary]:
-        rows = conn.execute(q.list_runs, {"status": status, "limit": max(0, int(limit))})
+        rows = conn.execute(q.list_runs, {**filters.params(conn, q), "status": status,
+                                          "before": before, "limit": limit})
         return [RunSummary(run_id=r.run_id, task=r.task, status=r.status, step=r.step,
                            step_index=r.step_index, idempotency_key=r.idempotency_key,
                            created_at=r.created_at, finished_at=r.finished_at) for r in rows]
@@ -435,6 +559,60 @@ def retry_run(bind: Bind, run_id: int, schema: str = DEFAULT_SCHEMA) -> RetryRes
         after = _select(conn, q, run_id)
     first = next(s for s in after.steps if s.job_id == ids[0])
     return RetryResult(run=after, job_id=first.job_id, step=first.step, job_ids=tuple(ids))
+
+
+def _lock_runs(conn: sa.Connection, q: Queries, run_ids: list[int]) -> None:
+    """`_lock` for many runs: every row of each, in id order, until the set stops growing."""
+    seen: set[int] = set()
+    for _ in range(_MAX_LOCK_PASSES):
+        ids = set(conn.execute(q.lock_runs_jobs, {"run_ids": run_ids}).scalars())
+        if ids == seen:
+            break
+        seen = ids
+
+
+def retry_runs(bind: Bind, *, status: str = "dead", task: str | None = None,
+               queue: str | None = None, since: When | None = None, until: When | None = None,
+               limit: int | None = None, batch_size: int = DEFAULT_RETRY_BATCH,
+               schema: str = DEFAULT_SCHEMA) -> int:
+    """Retry every dead run matching the filters (see the module docstring; at most `limit`
+    runs), as `retry_run` does each one; return how many runs were retried (0 when none
+    matches: not an error).
+
+    In batches of `batch_size` runs, oldest first, each in a transaction of its own (on an
+    Engine, or a Connection outside a transaction; a Connection's open transaction is
+    joined instead, and the caller commits it all). A batch picks its runs without locks,
+    locks every row of them (as `retry_run` does), and retries those still dead; a run
+    that changed meanwhile (retried, cancelled, pruned) is skipped. Each batch starts after
+    the previous one's last run id, so the whole redrive walks the runs once, and a run
+    that dies again while it goes on is not retried twice. Durations ago (`since="1h"`)
+    are measured once, at the start."""
+    if status != "dead":
+        raise InvalidArgumentsError(f"only dead runs can be retried: status must be 'dead', "
+                                    f"got {status!r}")
+    if limit is not None:
+        limit = _count("limit", limit, 1)
+    batch_size = _count("batch_size", batch_size, 1)
+    filters = _filters(task, queue, since, until)
+    q = Queries(schema)
+    params: dict[str, Any] | None = None
+    after: int | None = None
+    total = 0
+    while limit is None or total < limit:
+        size = batch_size if limit is None else min(batch_size, limit - total)
+        with _transaction(bind) as conn:
+            if params is None:
+                params = filters.params(conn, q)  # a duration ago is measured once
+            picked = list(conn.execute(q.select_dead_runs, {
+                **params, "after": after, "limit": size}).scalars())
+            if picked:
+                _lock_runs(conn, q, picked)
+                total += len(conn.execute(q.retry_dead_runs, {
+                    "run_ids": picked, "channel": notify_channel(schema)}).all())
+        if len(picked) < size:
+            break
+        after = picked[-1]
+    return total
 
 
 def _finished(run: RunInfo) -> bool:

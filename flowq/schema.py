@@ -31,9 +31,12 @@ __all__ = [
     "lease_seq",
     "metadata",
     "notify_channel",
+    "queues",
     "run_id_seq",
+    "schedules",
     "schema_map",
     "signals",
+    "uniques",
     "validate_schema_name",
     "workers",
 ]
@@ -88,6 +91,12 @@ jobs = sa.Table(
     # (its mapped parents' results are collected when it runs).
     sa.Column("map_index", sa.Integer),
     sa.Column("joined", sa.Boolean, nullable=False, server_default=sa.false()),
+    # Flow control: the job's concurrency key (JSON text of the argument its task names) and
+    # how many jobs of that key may run at once in its queue.
+    sa.Column("concurrency_key", sa.Text),
+    sa.Column("key_limit", sa.Integer),
+    # Periodic schedules: the tick a scheduled run runs for, on the steps it starts with.
+    sa.Column("scheduled_at", sa.DateTime(timezone=True)),
     sa.CheckConstraint(
         "status IN ('pending', 'running', 'succeeded', 'dead', 'cancelled', 'waiting')",
         name="jobs_status_check",
@@ -159,6 +168,53 @@ signals = sa.Table(
     sa.Column("step", sa.Text),
     sa.Column("timeout_s", sa.Float(precision=53)),
     sa.Column("reached_at", sa.DateTime(timezone=True)),
+)
+
+
+# Declared queues: limits enforced in the claim, pause. See flowq.queues.
+queues = sa.Table(
+    "queues",
+    metadata,
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("concurrency", sa.Integer),
+    sa.Column("rate_limit", sa.Integer),
+    sa.Column("rate_period", sa.Float(precision=53)),
+    sa.Column("paused", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("keyed", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("tokens", sa.Float(precision=53)),
+    sa.Column("refilled_at", sa.DateTime(timezone=True)),
+    sa.Column("declared_at", sa.DateTime(timezone=True)),
+    sa.Column("declared_by", sa.Text),
+    sa.CheckConstraint("concurrency IS NULL OR concurrency >= 1",
+                       name="queues_concurrency_check"),
+    sa.CheckConstraint("(rate_limit IS NULL) = (rate_period IS NULL) AND "
+                       "(rate_limit IS NULL OR (rate_limit >= 1 AND rate_period > 0))",
+                       name="queues_rate_check"),
+)
+
+# Uniqueness while active: the run holding each key (taken over once that run finished).
+uniques = sa.Table(
+    "uniques",
+    metadata,
+    sa.Column("key", sa.Text, primary_key=True),
+    sa.Column("run_id", sa.BigInteger, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False,
+              server_default=sa.func.now()),
+    # The pruner deletes the keys of the runs it prunes.
+    sa.Index("uniques_run_id_idx", "run_id"),
+)
+
+# Periodic schedules: the last tick enqueued (each tick once, by an idempotency key).
+schedules = sa.Table(
+    "schedules",
+    metadata,
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("task", sa.Text, nullable=False),
+    sa.Column("spec", sa.Text, nullable=False),
+    sa.Column("last_tick", sa.DateTime(timezone=True)),
+    sa.Column("last_run_id", sa.BigInteger),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False,
+              server_default=sa.func.now()),
 )
 
 

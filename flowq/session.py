@@ -12,6 +12,9 @@ signature when the definition is known; the due time within `MIN_RUN_AT`..`MAX_R
 bad call raises a `flowq` error and leaves the caller's transaction usable. An
 `idempotency_key` names the run: a second enqueue with the same key returns the existing run
 (`created=False`), whatever its arguments or state, without locking it (see `_build_insert`).
+`unique=True` (a key of the task and its arguments) or `unique_key=` returns the run of the
+task active under that key (any step pending, waiting or running), if any, and otherwise
+starts a new one holding the key (`Queries.insert_job_unique` says why that is race-free).
 
 The preparation (`prepare_enqueue`, `prepare_enqueue_many`) is shared with the async twin in
 `flowq.aio`; only the few lines that execute differ.
@@ -28,6 +31,8 @@ SQLAlchemy path.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import threading
 import weakref
@@ -72,6 +77,10 @@ MAX_RUN_AT = datetime(9999, 12, 30, tzinfo=timezone.utc)
 # How often a keyed enqueue starts over when the run that beat it to its key was deleted
 # before it could be read (see `PreparedCall.statements`).
 KEY_RACE_ATTEMPTS = 3
+# How often a unique enqueue sends its statement again when a concurrent claim of its key
+# committed after its snapshot (each attempt has a newer snapshot: losing again needs that
+# run to finish and yet another enqueuer to claim the key in between).
+UNIQUE_RACE_ATTEMPTS = 10
 
 T = TypeVar("T")
 Target = Union[sa.Connection, orm.Session, "orm.scoped_session[Any]"]
@@ -79,7 +88,8 @@ Target = Union[sa.Connection, orm.Session, "orm.scoped_session[Any]"]
 
 @dataclass(frozen=True)
 class Enqueued:
-    """What enqueue returns: the run's `id`, and `created=False` when an idempotency key matched."""
+    """What enqueue returns: the run's `id`, and `created=False` when an idempotency key or a
+    unique key matched (`job_id`: that run's first row)."""
 
     id: int
     created: bool
@@ -97,11 +107,13 @@ class PreparedCall(Generic[T]):
     direct: bool = False  # may take the psycopg pipeline path (see the module docstring)
     # A keyed enqueue's read of its key, for when its statement returns no row.
     lookup: sa.Executable | None = None
+    # A unique enqueue: when its statement returns no row, send it again (a new snapshot).
+    rerun: bool = False
 
     def statements(self) -> Generator[sa.Executable, Sequence[Any] | None, T]:
         """The statements to send, in turn: send back each one's first row (None if it had
         none); the generator returns the result. Sync and async execution share it."""
-        for _ in range(KEY_RACE_ATTEMPTS):
+        for _ in range(UNIQUE_RACE_ATTEMPTS if self.rerun else KEY_RACE_ATTEMPTS):
             row = yield self.statement
             if row is None and self.lookup is not None:
                 # The keyed statement waited for a concurrent inserter of its key, which
@@ -111,9 +123,16 @@ class PreparedCall(Generic[T]):
                 row = yield self.lookup
             if row is not None:
                 return self.finish(row)
-            if self.lookup is None:
+            if self.lookup is None and not self.rerun:
                 raise AssertionError("an enqueue statement returned no row")
             # The winner was deleted before we could read it: the key is free, start over.
+            # (Unique: a claim of the key committed after our snapshot, which a new statement
+            # sees; see `Queries.insert_job_unique`.)
+        if self.rerun:
+            raise FlowqError(
+                f"could not enqueue with unique key {self.params['unique_key']!r}: "
+                f"{UNIQUE_RACE_ATTEMPTS} times in a row a concurrent enqueue claimed it first "
+                "(runs of that key start and finish faster than they can be enqueued?)")
         raise FlowqError(
             f"could not enqueue with idempotency_key {self.params['idempotency_key']!r}: "
             f"{KEY_RACE_ATTEMPTS} times a concurrent transaction inserted it, then it was "
@@ -220,6 +239,8 @@ def _common_params(task: Pipeline | str, *, queue: str | None, priority: int | N
         "queue": validate_queue(queue if queue is not None else default_queue),
         "priority": priority,
         "max_attempts": max_attempts,
+        "key_limit": definition.key_concurrency if definition is not None else None,
+        "concurrency_key": None,
         "channel": notify_channel(schema),
         **_due_params(run_at, delay),
     }
@@ -250,20 +271,41 @@ def _args_json(name: str, definition: Pipeline | None, args: Mapping[str, Any]) 
         raise InvalidArgumentsError(f"cannot enqueue {name!r}: {exc}") from None
 
 
-def _check_key(key: object) -> str | None:
+def _check_key(key: object, what: str = "idempotency_key") -> str | None:
     if key is None:
         return None
     if not isinstance(key, str) or not key:
-        raise InvalidArgumentsError(f"idempotency_key must be a non-empty string, got {key!r}")
+        raise InvalidArgumentsError(f"{what} must be a non-empty string, got {key!r}")
     try:
-        dumps_checked(key, "idempotency_key")
+        dumps_checked(key, what)
     except JSONError as exc:
         raise InvalidArgumentsError(str(exc)) from None
     if len(key.encode("utf-8")) > MAX_KEY_BYTES:
         raise InvalidArgumentsError(
-            f"idempotency_key is longer than {MAX_KEY_BYTES} bytes: hash it first"
+            f"{what} is longer than {MAX_KEY_BYTES} bytes: hash it first"
         )
     return key
+
+
+def _unique_key(name: str, args_json: str, unique: object, unique_key: object) -> str | None:
+    """The key a unique enqueue holds in `flowq.uniques` (None: not unique). Scoped by task
+    (a task name has no space): `NAME key KEY` for `unique_key=`, and for `unique=True`
+    `NAME args sha256:HEX` of the arguments as canonical JSON (keys sorted, no spaces):
+    the same arguments give the same key whatever their order, but an argument left to its
+    default differs from one passed with the default's value, and 1 from 1.0."""
+    if not isinstance(unique, bool):
+        raise InvalidArgumentsError(f"unique must be True or False, got {unique!r}")
+    if unique_key is not None:
+        if unique:
+            raise InvalidArgumentsError(
+                "pass unique=True (the task and its arguments make the key) or "
+                "unique_key=... (your own key), not both")
+        return f"{name} key {_check_key(unique_key, 'unique_key')}"
+    if not unique:
+        return None
+    canonical = json.dumps(json.loads(args_json), sort_keys=True, separators=(",", ":"),
+                           ensure_ascii=False)
+    return f"{name} args sha256:{hashlib.sha256(canonical.encode('utf-8')).hexdigest()}"
 
 
 def _enqueued(row: Sequence[Any]) -> Enqueued:
@@ -279,13 +321,19 @@ def prepare_enqueue(task: Pipeline | str, args: Mapping[str, Any], *,
                     idempotency_key: str | None = None, queue: str | None = None,
                     priority: int | None = None, run_at: datetime | None = None,
                     delay: float | timedelta | None = None,
-                    schema: str | None = None) -> PreparedCall[Enqueued]:
+                    schema: str | None = None, unique: bool = False,
+                    unique_key: str | None = None) -> PreparedCall[Enqueued]:
     """Validate one enqueue completely, without touching the database."""
     name, definition, schema, params = _common_params(
         task, queue=queue, priority=priority, run_at=run_at, delay=delay, schema=schema)
     key = _check_key(idempotency_key)
     params["args"] = _args_json(name, definition, args)
+    held_key = _unique_key(name, params["args"], unique, unique_key)
+    if definition is not None and definition.concurrency_key is not None:
+        params["concurrency_key"] = definition.key_of(dict(args))
     q = queries(schema)
+    if held_key is not None:
+        params.update(unique_key=held_key, idempotency_key=key)
     if definition is not None and _starts_many(definition):
         roots = definition.roots
         params.update(idempotency_key=key, steps=[r.name for r in roots],
@@ -295,8 +343,13 @@ def prepare_enqueue(task: Pipeline | str, args: Mapping[str, Any], *,
                       waits=[r.wait_timeout for r in roots])
         if queue is not None:  # queue= moves the steps the run starts with
             params["queues"] = [params["queue"]] * len(roots)
+        if held_key is not None:
+            return PreparedCall(q.insert_run_unique, params, schema, _enqueued, True,
+                                rerun=True)
         return PreparedCall(q.insert_run, params, schema, _enqueued, True,
                             lookup=q.find_run_by_key if key is not None else None)
+    if held_key is not None:
+        return PreparedCall(q.insert_job_unique, params, schema, _enqueued, True, rerun=True)
     if key is None:
         return PreparedCall(q.insert_job, params, schema, _enqueued, True)
     params["idempotency_key"] = key
@@ -317,6 +370,7 @@ def prepare_enqueue_many(task: Pipeline | str, args_list: Iterable[Mapping[str, 
             "steps (several roots, or a root that waits or is delayed): enqueue its runs one "
             "by one")
     encoded: list[str] = []
+    keys: list[str | None] = []
     for i, item in enumerate(args_list):
         if not isinstance(item, Mapping):
             raise InvalidArgumentsError(
@@ -324,11 +378,13 @@ def prepare_enqueue_many(task: Pipeline | str, args_list: Iterable[Mapping[str, 
             )
         try:
             encoded.append(_args_json(name, definition, item))
+            keys.append(None if definition is None else definition.key_of(dict(item)))
         except InvalidArgumentsError as exc:
             raise InvalidArgumentsError(f"item {i}: {exc}") from None
     if not encoded:
         return None
     params["args"] = encoded
+    params["concurrency_keys"] = keys
     return PreparedCall(queries(schema).insert_jobs, params, schema, _run_ids)
 
 
@@ -451,19 +507,24 @@ def execute(target: Target, call: PreparedCall[T] | PreparedSignal) -> T:
 def enqueue(target: Target, task: Pipeline | str, /, *, idempotency_key: str | None = None,
             queue: str | None = None, priority: int | None = None,
             run_at: datetime | None = None, delay: float | timedelta | None = None,
-            schema: str | None = None, **args: Any) -> Enqueued:
+            schema: str | None = None, unique: bool = False, unique_key: str | None = None,
+            **args: Any) -> Enqueued:
     """Enqueue a run of `task` in the transaction of `target` (a Session or Connection).
 
     The job exists if and only if that transaction commits; workers are woken at commit.
     `task` is a task/pipeline object or its registered name. `idempotency_key` names the run:
     if a run with that key exists, it is returned with `created=False` and nothing is
-    inserted. `run_at` (aware datetime) or `delay` (seconds or timedelta) schedule it later;
-    `priority` orders within a queue (lower first, default 0); `schema` is the flowq schema
-    (default: the task's app's, else "flowq"). Remaining keyword arguments are the handler's
-    arguments and must be JSON.
+    inserted. `unique=True` (the same task with the same arguments) or `unique_key` (the
+    same task with that key): if such a run is active (a step pending, waiting or running),
+    it is returned with `created=False`; once it has finished, a new one may start (with an
+    `idempotency_key` too, that key is checked first). `run_at` (aware datetime) or `delay`
+    (seconds or timedelta) schedule it later; `priority` orders within a queue (lower
+    first, default 0); `schema` is the flowq schema (default: the task's app's, else
+    "flowq"). Remaining keyword arguments are the handler's arguments and must be JSON.
     """
     call = prepare_enqueue(task, args, idempotency_key=idempotency_key, queue=queue,
-                           priority=priority, run_at=run_at, delay=delay, schema=schema)
+                           priority=priority, run_at=run_at, delay=delay, schema=schema,
+                           unique=unique, unique_key=unique_key)
     return execute(target, call)
 
 

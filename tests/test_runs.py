@@ -7,17 +7,15 @@ test_pipelines.py.
 
 from __future__ import annotations
 
-import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pipeline_app as pa
 import pytest
 import sqlalchemy as sa
-from click.testing import CliRunner
+from runs_cli import cli, cli_json
 
 import flowq
-from flowq.cli import main
 from flowq.queries import Queries
 from flowq.runs import cancel_run, get_run, list_runs, retry_run
 from flowq.testing import job_rows, run_until_idle, wait_until
@@ -43,18 +41,6 @@ def enqueue(engine: sa.Engine, pipeline: flowq.Pipeline, **kwargs: Any) -> flowq
 
 def work(db_url: str, queues: tuple[str, ...] = ("default",)) -> None:
     run_until_idle(pa.app, db_url, queues=list(queues))
-
-
-def cli(db_url: str, *args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, ["runs", *args, "--database-url", db_url])
-    return result.exit_code, result.stdout, result.stderr
-
-
-def cli_json(db_url: str, *args: str) -> dict[str, Any]:
-    code, out, err = cli(db_url, *args, "--json")
-    assert code == 0, err
-    data: dict[str, Any] = json.loads(out)
-    return data
 
 
 def ledger_steps(engine: sa.Engine, run_id: int) -> list[str]:

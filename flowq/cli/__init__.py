@@ -1,4 +1,4 @@
-"""The `flowq` command: migrate, worker, reap, prune, runs, demo, bench.
+"""The `flowq` command: migrate, worker, reap, prune, runs, queues, schedules, demo, bench.
 
 One module per group of commands: `migrate`, `worker`, `maintenance` (reap, prune), `runs`
 and `demo` (demo, bench), each importing only `common` (options, the error handler,
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import click
 
-from flowq.cli import demo, maintenance, migrate, runs, worker
+from flowq.cli import demo, maintenance, migrate, queues, runs, schedules, worker
 from flowq.cli.common import FlowqGroup
 
 __all__ = ["main"]
@@ -28,5 +28,5 @@ def main() -> None:
 
 
 for _command in (migrate.migrate, worker.worker, maintenance.reap, maintenance.prune,
-                 runs.runs, demo.demo, demo.bench):
+                 runs.runs, queues.queues, schedules.schedules, demo.demo, demo.bench):
     main.add_command(_command)

@@ -2,22 +2,35 @@
 
 Each command prints a small table for people, or with `--json` one JSON object whose keys
 are stable (`RunInfo.to_dict()` and friends in `flowq.runs`), for scripts. Errors are one
-sentence on stderr with exit code 2 (an unknown run id, retrying a run that is not dead).
-The SQL lives in `flowq.queries`, the logic in `flowq.runs`; this module only formats.
-Options: `--database-url` (default: FLOWQ_DATABASE_URL, then DATABASE_URL), `--schema`
-(default "flowq"), `--json`; `list` also `--status` and `--limit 50`.
+sentence on stderr with exit code 2 (an unknown run id, retrying a run that is not dead, a
+filter that cannot be read). The SQL lives in `flowq.queries`, the logic in `flowq.runs`;
+this module only formats. Options: `--database-url` (default: FLOWQ_DATABASE_URL, then
+DATABASE_URL), `--schema` (default "flowq"), `--json`; `list` and `retry --status dead` also
+filter by `--task`, `--queue`, `--since`/`--until` (an ISO time, or a duration ago: 1h, 30m,
+2d) and `--limit`; `list` pages with `--before RUN_ID` (it prints the next page's).
 """
 
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Final, cast
 
 import click
 
-from flowq.cli.common import load_app, open_engine, schema_option, url_option
-from flowq.runs import RunInfo, cancel_run, get_run, list_runs, retry_run, unserved_jobs
+from flowq.cli.common import UserError, load_app, open_engine, schema_option, url_option
+from flowq.errors import InvalidArgumentsError
+from flowq.runs import (
+    DEFAULT_RETRY_BATCH,
+    RunInfo,
+    cancel_run,
+    get_run,
+    list_runs,
+    parse_when,
+    retry_run,
+    retry_runs,
+    unserved_jobs,
+)
 from flowq.schema import STATUSES, Status
 from flowq.storable import first_line
 
@@ -27,6 +40,35 @@ ERROR_CHARS: Final = 70
 
 json_option = click.option("--json", "as_json", is_flag=True,
                            help="Print one JSON object (stable keys) instead of a table.")
+
+
+def _parse_when(ctx: click.Context, param: click.Parameter,
+                value: str | None) -> datetime | timedelta | None:
+    """`--since`/`--until`: an ISO 8601 time or a duration ago (`flowq.runs.parse_when`)."""
+    if value is None:
+        return None
+    try:
+        return parse_when(value)
+    except InvalidArgumentsError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+
+
+_WHEN_DOC = "an ISO time (no offset: local time) or a duration ago: 90s, 30m, 1h, 2d, 1w"
+
+
+def _filter_options(fn: Any) -> Any:
+    for option in reversed([
+        click.option("--task", default=None, metavar="TASK",
+                     help="Only runs of this task or pipeline."),
+        click.option("--queue", default=None, metavar="QUEUE",
+                     help="Only runs with a step on this queue."),
+        click.option("--since", metavar="WHEN", default=None, callback=_parse_when,
+                     help=f"Only runs created at or after WHEN: {_WHEN_DOC}."),
+        click.option("--until", metavar="WHEN", default=None, callback=_parse_when,
+                     help="Only runs created before WHEN (same forms as --since)."),
+    ]):
+        fn = option(fn)
+    return fn
 
 
 def _when(value: datetime | None) -> str:
@@ -112,27 +154,39 @@ def runs() -> None:
 @schema_option
 @click.option("--status", type=click.Choice(STATUSES), default=None,
               help="Only runs with this status.")
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
+@_filter_options
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000),
+              help="Runs per page.")
+@click.option("--before", type=click.IntRange(min=1), default=None, metavar="RUN_ID",
+              help="Start below this run id: the next page (printed after each full page).")
 @json_option
-def list_command(database_url: str | None, schema: str, status: str | None, limit: int,
+def list_command(database_url: str | None, schema: str, status: str | None, task: str | None,
+                 queue: str | None, since: datetime | timedelta | None,
+                 until: datetime | timedelta | None, limit: int, before: int | None,
                  as_json: bool) -> None:
-    """List the newest runs, newest first."""
+    """List runs, newest first, a page at a time; filter by status, task, queue and time."""
     engine = open_engine(database_url, schema)
     try:
-        found = list_runs(engine, status=cast("Status | None", status), limit=limit,
-                          schema=schema)
+        found = list_runs(engine, status=cast("Status | None", status), task=task,
+                          queue=queue, since=since, until=until, before=before,
+                          limit=limit + 1, schema=schema)
         unserved = unserved_jobs(engine, schema=schema)
     finally:
         engine.dispose()
+    next_before = found[limit - 1].run_id if len(found) > limit else None
+    found = found[:limit]
     rows = [[str(r.run_id), r.task, r.status, f"{r.step_index}:{r.step or '-'}",
              _when(r.created_at), _when(r.finished_at), r.idempotency_key or ""] for r in found]
     text = (_table(["run", "task", "status", "step", "created", "finished", "key"], rows)
             if found else "no runs.")
+    if next_before is not None:
+        text += (f"\nmore: the next page is `flowq runs list --before {next_before}` with "
+                 "the same filters.")
     for u in unserved:
         text += (f"\nwarning: {u.jobs} due job(s) of task {u.task!r} on queue {u.queue!r} "
                  f"are served by no live worker (oldest due {u.oldest_due_s:,.0f}s ago): start "
                  f"one whose app defines {u.task!r} with --queues including {u.queue!r}.")
-    _emit(as_json, {"runs": [r.to_dict() for r in found],
+    _emit(as_json, {"runs": [r.to_dict() for r in found], "next_before": next_before,
                     "unserved": [u.to_dict() for u in unserved]}, text)
 
 
@@ -184,12 +238,43 @@ def cancel_command(run_id: int, database_url: str | None, schema: str, as_json: 
 
 
 @runs.command("retry")
-@click.argument("run_id", type=int)
+@click.argument("run_id", type=int, required=False)
 @url_option
 @schema_option
+@click.option("--status", type=click.Choice(["dead"]), default=None,
+              help="Retry every dead run matching the filters (instead of one RUN_ID).")
+@_filter_options
+@click.option("--limit", type=click.IntRange(min=1), default=None,
+              help="Retry at most this many runs (oldest first).")
+@click.option("--batch-size", type=click.IntRange(1, 100_000), default=DEFAULT_RETRY_BATCH,
+              show_default=True, help="Runs retried per transaction.")
 @json_option
-def retry_command(run_id: int, database_url: str | None, schema: str, as_json: bool) -> None:
-    """Retry a dead run from the step that died, keeping the results of the steps before it."""
+def retry_command(run_id: int | None, database_url: str | None, schema: str,
+                  status: str | None, task: str | None, queue: str | None,
+                  since: datetime | timedelta | None, until: datetime | timedelta | None,
+                  limit: int | None, batch_size: int, as_json: bool) -> None:
+    """Retry a dead run from the step that died, keeping the results of the steps before it;
+    or, with --status dead, every dead run matching the filters, in batches."""
+    filters = {"--task": task, "--queue": queue, "--since": since, "--until": until,
+               "--limit": limit}
+    if run_id is not None and status is not None:
+        raise UserError("give either a RUN_ID or --status dead (to retry many runs), not both")
+    if run_id is None and status is None:
+        raise UserError("give a RUN_ID, or --status dead (with --task, --queue, --since, "
+                        "--until, --limit) to retry every dead run that matches")
+    if run_id is None:
+        engine = open_engine(database_url, schema)
+        try:
+            n = retry_runs(engine, task=task, queue=queue, since=since, until=until,
+                           limit=limit, batch_size=batch_size, schema=schema)
+        finally:
+            engine.dispose()
+        _emit(as_json, {"retried": n}, f"retried {n} run(s).")
+        return
+    given = [name for name, value in filters.items() if value is not None]
+    if given:
+        raise UserError(f"{', '.join(given)} filter(s) the runs of --status dead; a RUN_ID "
+                        "names one run: drop them, or the RUN_ID")
     engine = open_engine(database_url, schema)
     try:
         res = retry_run(engine, run_id, schema=schema)

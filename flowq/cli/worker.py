@@ -50,6 +50,8 @@ def _queues(value: str | None) -> list[str] | None:
               type=click.FloatRange(0.05))
 @click.option("--reap-interval", default=10.0, show_default=True, type=click.FloatRange(0.05))
 @click.option("--no-maintenance", is_flag=True, help="Do not reap or prune from this worker.")
+@click.option("--no-schedules", is_flag=True,
+              help="Do not enqueue the app's periodic schedules from this worker.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
               show_default=True)
 @click.option("--log-level", default="INFO", show_default=True,
@@ -59,7 +61,8 @@ def _queues(value: str | None) -> list[str] | None:
 def worker(app_spec: str, database_url: str | None, queues: str | None, concurrency: int,
            processes: int, poll_interval: float, no_listen: bool, shutdown_grace: float,
            stale_after: float, heartbeat_interval: float, reap_interval: float,
-           no_maintenance: bool, log_format: str, log_level: str, job_log: bool) -> None:
+           no_maintenance: bool, no_schedules: bool, log_format: str, log_level: str,
+           job_log: bool) -> None:
     """Run the jobs of MODULE:APP until SIGTERM/SIGINT."""
     from flowq.worker import Worker, WorkerConfig
     from flowq.worker.logs import configure_logging
@@ -71,7 +74,8 @@ def worker(app_spec: str, database_url: str | None, queues: str | None, concurre
                           poll_interval=poll_interval, listen=not no_listen,
                           shutdown_grace=shutdown_grace, stale_after=stale_after,
                           heartbeat_interval=heartbeat_interval, reap_interval=reap_interval,
-                          maintenance=not no_maintenance, job_log=job_log)
+                          maintenance=not no_maintenance, schedules=not no_schedules,
+                          job_log=job_log)
     w = Worker(app, url, config)
     w.check_database()
     if processes > 1:

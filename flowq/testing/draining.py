@@ -1,7 +1,7 @@
 """`drain(target, app)`: run every due job now, in this thread, one at a time, deterministically.
 
-A test calls it where a worker would run later. It claims with the worker's `claim_jobs`
-(`claim_run_jobs` for `runs=`), decides each outcome with the executor's own rules, and writes
+A test calls it where a worker would run later. It claims with the worker's claim statement
+(`claim_any_jobs`, which ignores queue pauses and limits; `claim_run_jobs` for `runs=`), decides each outcome with the executor's own rules, and writes
 it with the completer's fenced statements (`complete_job`/`complete_step`, `retry_job`,
 `end_job`), so the rows end exactly as a worker would leave them: pipeline successors are
 created and then run, failures are retried by their step's policy until its attempt cap, then
@@ -144,7 +144,7 @@ def _claim(conn: sa.Connection, schema: str, names: list[str],
     for name in names:
         params: dict[str, Any] = {"queue": name, "limit": 1, "worker": WORKER_NAME}
         if run_ids is None:
-            row = conn.execute(q.claim_jobs, params).first()
+            row = conn.execute(q.claim_any_jobs, params).first()
         else:
             row = conn.execute(q.claim_run_jobs, {**params, "run_ids": run_ids}).first()
         if row is not None:

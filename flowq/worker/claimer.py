@@ -2,7 +2,8 @@
 
 One `claim_jobs` statement per queue, the queues visited in rotation (the pending index leads
 with the queue, so `queue = ANY(...)` could not use its order across queues), each asking for
-what is still free. Each row is handed to the executor as soon as its statement returns, so
+what is still free. A paused queue is skipped; a limited one (`flowq.queues`) is claimed with
+`claim_limited_jobs` in a short transaction that first locks the queue's row. Each row is handed to the executor as soon as its statement returns, so
 an error in a later queue's claim drops nothing: the rows already claimed are already
 running. Autocommit on a dedicated connection: each claim is one atomic statement.
 """
@@ -10,6 +11,7 @@ running. Autocommit on a dedicated connection: each claim is one atomic statemen
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from flowq.queries import Queries
 from flowq.storable import describe, first_line
@@ -32,6 +34,27 @@ class Claimer:
         self.submit = submit
         self.claimed = 0
         self._rotation = 0
+        # Queues that are paused (True) or limited (False), as last read from flowq.queues:
+        # paused ones are skipped, limited ones claimed under their row's lock.
+        self.controlled: dict[str, bool] = {}
+
+    def refresh(self) -> None:
+        """Re-read which of our queues are paused or limited (every poll interval)."""
+        rows = self.conn.execute(self.q.select_controlled_queues, {"queues": self.queues})
+        self.controlled = {name: paused for name, paused in rows}
+
+    def _claim(self, queue: str, want: int) -> list[tuple[Any, ...]]:
+        params = {"queue": queue, "limit": want, "worker": self.name}
+        paused = self.controlled.get(queue)
+        if paused:
+            return []
+        if paused is None:
+            return self.conn.execute(self.q.claim_jobs, params)
+        # Limited: take the queue's lock, then claim in a snapshot taken after it, so what
+        # the other workers' claims started is counted.
+        return self.conn.transaction([
+            (self.q.lock_queue, params),
+            (self.q.claim_limited_jobs, {**params, "scan": max(100, 4 * want)})])
 
     def run_once(self, free_slots: int,
                  submit: Callable[[ClaimedJob], None] | None = None) -> int:
@@ -45,9 +68,7 @@ class Claimer:
             want = free_slots - got
             if want <= 0:
                 break
-            rows = self.conn.execute(self.q.claim_jobs, {
-                "queue": self.queues[(start + i) % n], "limit": want, "worker": self.name})
-            for row in rows:
+            for row in self._claim(self.queues[(start + i) % n], want):
                 job = ClaimedJob(*row)
                 got += 1
                 self.claimed += 1

@@ -89,6 +89,23 @@ class DedicatedConnection:
                 self.close()
             raise
 
+    def transaction(self, statements: list[tuple[TextClause, Mapping[str, Any]]]
+                    ) -> list[tuple[Any, ...]]:
+        """Run `statements` in one transaction, each in a snapshot of its own (READ
+        COMMITTED); the rows of the last one."""
+        conn = self._conn if self._conn is not None and not self._conn.closed else self._open()
+        self.statements += len(statements)
+        rows: list[tuple[Any, ...]] = []
+        try:
+            with conn.transaction():
+                for clause, params in statements:
+                    rows = fetch_rows(conn, clause, params)
+            return rows
+        except psycopg.Error:
+            if conn.closed or conn.broken:
+                self.close()
+            raise
+
     def close(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:

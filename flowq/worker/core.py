@@ -56,6 +56,7 @@ from flowq.worker.executor import Executor
 from flowq.worker.listener import Listener
 from flowq.worker.logs import ERROR, INFO, WARNING, log_event
 from flowq.worker.model import Claim, ClaimedJob
+from flowq.worker.scheduler import Scheduler
 from flowq.worker.supervisor import SUPERVISOR_ENV
 
 __all__ = ["Worker", "WorkerConfig"]
@@ -85,6 +86,7 @@ class WorkerConfig:
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE
     job_log: bool = True
     maintenance: bool = True
+    schedules: bool = True  # run the app's periodic schedules (every worker may: no leader)
     name: str = field(default_factory=lambda: (
         f"{socket.gethostname()[:24]}:{os.getpid()}:{uuid.uuid4().hex[:4]}"))
 
@@ -170,6 +172,12 @@ class Worker:
         self._batch_threshold = max(1, self.config.concurrency // 2)
         self._idle_horizon = 0.0
         self._housekeeper: threading.Thread | None = None
+        # Periodic schedules: a thread and a connection of their own (see its module).
+        self.scheduler: Scheduler | None = None
+        if c.schedules and app.schedules:
+            self.engines["schedule"] = self._engine("schedule", 1,
+                                                    planner_options=MAINTENANCE_OPTIONS)
+            self.scheduler = Scheduler(self.engines["schedule"], app, stopping=self._stopping)
 
     def _engine(self, role: str, size: int, planner_options: str | None = None) -> sa.Engine:
         # No pre-ping: it would cost a round trip per checkout. A dropped connection raises,
@@ -198,6 +206,25 @@ class Worker:
                 "name": c.name, "host": socket.gethostname(), "pid": os.getpid(),
                 "queues": self.queues, "tasks": [p.name for p in self.app],
                 "concurrency": c.concurrency, "version": _version()})
+
+    def _declare_queues(self) -> None:
+        """Write this app's queue declarations (limits) and which of its queues key their
+        jobs, so that every worker enforces them; then read which queues are controlled."""
+        declared = self.app.declared_queues
+        keyed = self.app.keyed_queues
+        with self.engines["maintain"].begin() as conn:
+            if declared:
+                conn.execute(self.q.declare_queues, {
+                    "names": [d.name for d in declared],
+                    "concurrencies": [d.concurrency for d in declared],
+                    "rate_limits": [d.rate_limit.limit if d.rate_limit else None
+                                    for d in declared],
+                    "rate_periods": [d.rate_limit.seconds if d.rate_limit else None
+                                     for d in declared],
+                    "worker": self.config.name})
+            if keyed:
+                conn.execute(self.q.mark_keyed_queues, {"names": keyed})
+        self.claimer.refresh()
 
     def _beat_registry(self) -> None:
         if not self.heartbeat.conn.execute(self.q.beat_worker, {"name": self.config.name}):
@@ -264,8 +291,10 @@ class Worker:
 
     def start_parts(self) -> None:
         self.check_database()
+        self._declare_queues()
         self._register()
         self.heartbeat.also = self._beat_registry
+        self.heartbeat.on_cancelled = self.executor.cancel
         self.completer.start()
         self.executor.start()
         self.heartbeat.start()
@@ -274,6 +303,8 @@ class Worker:
         self._housekeeper = threading.Thread(target=self._housekeeping,
                                              name="flowq-maintenance", daemon=True)
         self._housekeeper.start()
+        if self.scheduler is not None:
+            self.scheduler.start()
         log_event(INFO, "worker started", database=describe_url(self.url),
                   queues=",".join(self.queues), concurrency=self.config.concurrency,
                   worker=self.config.name, listen=self.config.listen,
@@ -317,6 +348,8 @@ class Worker:
             if free > 0 and (notified or due_poll or retry_due
                              or (backlog and free >= batch_threshold)):
                 try:
+                    if due_poll:  # pauses and limits others set: seen within a poll
+                        self.claimer.refresh()
                     got = self.claimer.run_once(free)
                     backoff = 0.1
                 except DB_ERRORS as exc:
@@ -437,6 +470,8 @@ class Worker:
         self.heartbeat.stop()
         if self._housekeeper is not None:
             self._housekeeper.join(timeout=5.0)
+        if self.scheduler is not None:
+            self.scheduler.stop()
         if self.listener is not None:
             self.listener.stop()
         log_event(INFO, "worker stopped", worker=c.name, claimed=self.claimed,

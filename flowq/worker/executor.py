@@ -51,7 +51,7 @@ from flowq.queries import queries
 from flowq.retry import Retry
 from flowq.storable import clamp_delay, delay_of, describe, first_line, safe_str, storable_text
 from flowq.worker.completer import Completer
-from flowq.worker.logs import ERROR, WARNING, log_event
+from flowq.worker.logs import ERROR, INFO, WARNING, log_event
 from flowq.worker.model import (
     Cancelled,
     Claim,
@@ -115,6 +115,7 @@ class _Running:
     loop: _Loop | None = None  # async attempts: the loop running them
     future: Future[None] | None = None
     ctx: Context | None = None  # once prepared: its session's connection, to end on abandon
+    cancelled: bool = False  # the run was cancelled while it ran (seen by the heartbeat)
 
     @property
     def step(self) -> Step[Any, Any] | None:
@@ -193,6 +194,22 @@ class Executor:
         """The claims whose handler has not finished (nor been abandoned) yet."""
         with self._lock:
             return [c for c, r in self._running.items() if not r.done]
+
+    def cancel(self, claims: list[Claim]) -> None:
+        """Tell the handlers of `claims` that their run was cancelled: `ctx.cancelled` turns
+        True, and an `async def` handler's task is cancelled."""
+        with self._lock:
+            recs = [r for c in claims if (r := self._running.get(c)) is not None and not r.done]
+        for rec in recs:
+            if rec.cancelled:
+                continue
+            rec.cancelled = True
+            if rec.ctx is not None:
+                rec.ctx._cancelled = True
+            if rec.future is not None:
+                rec.future.cancel()
+            log_event(INFO, "run cancelled; told the running handler", job_id=rec.job.id,
+                      task=rec.job.task, step=rec.job.step)
 
     # -- dispatch ---------------------------------------------------------------------------
 
@@ -375,7 +392,9 @@ class Executor:
             raise InvalidArgumentsError(f"job {job.id}: {exc}") from None
         ctx = Context(job_id=job.id, run_id=job.run_id, task=job.task, step=step.name,
                       attempt=job.attempts, queue=job.queue,
-                      _session_factory=self.session_factory, map_index=job.map_index)
+                      _session_factory=self.session_factory, map_index=job.map_index,
+                      _scheduled_at=job.scheduled_at,
+                      _cancelled=rec.cancelled or job.cancel_requested)
         rec.ctx = ctx
         return ctx, args
 
@@ -502,6 +521,8 @@ class Executor:
         return tuple(spawn)
 
     def _exception_outcome(self, rec: _Running, exc: BaseException, duration: float) -> Outcome:
+        if rec.cancelled and isinstance(exc, asyncio.CancelledError):
+            return Cancelled("the run was cancelled while this step ran")
         if isinstance(exc, RetryStep):
             try:
                 delay = delay_of(exc.after)

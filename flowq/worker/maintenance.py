@@ -62,6 +62,9 @@ class Heartbeat:
         self._reported: set[Claim] = set()  # lost claims already logged, while they run on
         # Called after each beat of the claims (the worker's own registry entry).
         self.also: Callable[[], None] | None = None
+        # Called with the claims whose run was cancelled while they run (the executor tells
+        # their handlers).
+        self.on_cancelled: Callable[[list[Claim]], None] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -73,6 +76,9 @@ class Heartbeat:
         rows = self.conn.execute(self.q.heartbeat_jobs, {"ids": [c[0] for c in held],
                                                          "leases": [c[1] for c in held]})
         alive = {r[0] for r in rows}
+        cancelled = {r[0] for r in rows if r[1]}
+        if cancelled and self.on_cancelled is not None:
+            self.on_cancelled([c for c in held if c[0] in cancelled])
         # A job that completed between reading the claims and the UPDATE no longer matches
         # either: only a claim whose handler still runs after the UPDATE was taken from us.
         running = set(self.unsettled())

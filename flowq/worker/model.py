@@ -14,6 +14,7 @@ texts without NUL or lone surrogates and capped in length, delays finite and in 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from flowq.app import Step
@@ -46,6 +47,7 @@ class ClaimedJob:
     age: float
     map_index: int | None = None  # the item position of a map instance
     joined: bool = False  # created by a join: mapped parents' results are collected to run it
+    scheduled_at: datetime | None = None  # the tick a periodic schedule enqueued this run for
 
     @property
     def claim(self) -> Claim:

@@ -1,0 +1,68 @@
+"""`flowq schedules --app MODULE:APP`: each periodic schedule with its spec, time zone, next
+tick, and the last tick it enqueued with that run's id and status.
+
+The schedules are the app's (`@app.periodic`, see `flowq.schedules`) and whatever else the
+database records in `flowq.schedules` (a schedule the app no longer defines is marked so).
+Without `--app` only the recorded ones are listed, without their next tick. Times are shown
+in each schedule's time zone (`--json`: ISO 8601 in UTC).
+"""
+
+from __future__ import annotations
+
+import json
+import zoneinfo
+from datetime import datetime, timezone
+
+import click
+
+from flowq.cli.common import load_app, open_engine, url_option
+from flowq.schedules import ScheduleInfo, list_schedules
+
+__all__ = ["schedules"]
+
+
+def _when(moment: datetime | None, zone: str | None) -> str:
+    if moment is None:
+        return "-"
+    tz = timezone.utc if zone in (None, "UTC") else zoneinfo.ZoneInfo(str(zone))
+    return moment.astimezone(tz).isoformat(sep=" ", timespec="seconds").replace("+00:00", "Z")
+
+
+def _last(s: ScheduleInfo) -> str:
+    if s.last_run_id is None:
+        return "-"
+    return f"{s.last_run_id} ({s.last_status})"
+
+
+@click.command()
+@click.option("--app", "app_spec", metavar="MODULE:APP", default=None,
+              help="The app whose schedules to list (default: only what the database records).")
+@url_option
+@click.option("--schema", default=None,
+              help="PostgreSQL schema holding flowq's tables (default: the app's, else flowq).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (stable keys).")
+def schedules(app_spec: str | None, database_url: str | None, schema: str | None,
+              as_json: bool) -> None:
+    """List periodic schedules: spec, time zone, next tick, last run."""
+    app = load_app(app_spec) if app_spec is not None else None
+    schema = schema or (app.schema if app is not None else "flowq")
+    engine = open_engine(database_url, schema)
+    try:
+        found = list_schedules(engine, app, schema=schema)
+    finally:
+        engine.dispose()
+    if as_json:
+        click.echo(json.dumps({"schedules": [s.to_dict() for s in found]}, indent=2,
+                              sort_keys=True))
+        return
+    if not found:
+        click.echo("no schedules." if app is not None else
+                   "no schedules recorded (pass --app MODULE:APP to list an app's).")
+        return
+    headers = ["schedule", "task", "spec", "next tick", "last tick", "last run"]
+    rows = [[s.name + ("" if s.defined else " (not in app)"), s.task, s.spec,
+             _when(s.next_tick, s.timezone), _when(s.last_tick, s.timezone), _last(s)]
+            for s in found]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    for line in [headers, *rows]:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())

@@ -1,0 +1,164 @@
+"""The scheduler: enqueues every due tick of the app's periodic schedules, each exactly once.
+
+Every worker runs one (`WorkerConfig.schedules`, default on; `flowq worker --no-schedules`
+opts out), on a thread and a connection of its own (`flowq schedule <worker>` in
+pg_stat_activity), so no prune or reap delays a tick. None of them leads: a tick's run is
+enqueued with the idempotency key `flowq:schedule:<name>:<tick in UTC>`, so when several
+workers find one tick due, one inserts the run and the others find it (the key's unique
+index makes a concurrent inserter wait for the first one's commit, then return its run).
+
+A pass (`run_once(now)`, which tests call with a fake clock) reads each schedule's cursor in
+`flowq.schedules` with the database's clock (a worker's own clock is never used), enters a
+schedule seen for the first time with its cursor at now (no backfill), and for each schedule
+with due ticks (`Schedule.due_ticks`: the latest, any other less than 10 s late, or all of
+them with `catch_up`, at most 1000 per pass) enqueues them oldest first, stamps each new run
+with its tick (`ctx.scheduled_at`) and moves the cursor, in one transaction per schedule.
+
+Between passes the thread sleeps until the next tick of any schedule (by the database's
+clock, translated with the offset measured at each pass), at most `MAX_SLEEP` (60 s); after a
+database error it tries again with a backoff of up to `DB_BACKOFF_MAX` (5 s).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import datetime
+from typing import Final
+
+import sqlalchemy as sa
+
+from flowq.app import FlowQ
+from flowq.queries import Queries
+from flowq.schedules import Schedule
+from flowq.session import execute, prepare_enqueue
+from flowq.storable import first_line
+from flowq.worker.connection import DB_ERRORS
+from flowq.worker.logs import ERROR, INFO, WARNING, log_event
+
+__all__ = ["Scheduler"]
+
+MAX_SLEEP: Final = 60.0
+DB_BACKOFF_MAX: Final = 5.0
+# Woken this much after a tick, so that the database's clock has passed it too.
+WAKE_SLACK: Final = 0.005
+
+
+class Scheduler:
+    """Enqueues the due ticks of `app`'s schedules through `engine` (see the module docstring).
+
+    `run_once(now=None)` makes one pass and returns how many runs it created; `start()` runs
+    passes on a thread until `stop()` (or until `stopping`, an event shared with the worker,
+    is set)."""
+
+    def __init__(self, engine: sa.Engine, app: FlowQ, *,
+                 stopping: threading.Event | None = None, max_sleep: float = MAX_SLEEP) -> None:
+        self.engine = engine
+        self.app = app
+        self.schedules: list[Schedule] = app.schedules
+        self.q = Queries(app.schema)
+        self.max_sleep = max_sleep
+        self._stopping = stopping or threading.Event()
+        self._thread: threading.Thread | None = None
+        self._next_tick: datetime | None = None
+        self._clock_offset = 0.0  # the database's clock minus this host's, in seconds
+
+    # -- one pass -------------------------------------------------------------------------------
+
+    def run_once(self, now: datetime | None = None) -> int:
+        """Enqueue every due tick once; `now` defaults to the database's clock."""
+        if not self.schedules:
+            return 0
+        with self.engine.connect() as conn:
+            before = time.time()
+            rows = conn.execute(self.q.select_schedules,
+                                {"names": [s.name for s in self.schedules]}).all()
+            clock: datetime = rows[0].now
+            self._clock_offset = clock.timestamp() - (before + time.time()) / 2
+        now = clock if now is None else now
+        cursors = {r.name: r.last_tick for r in rows}
+        new = [s for s in self.schedules if cursors.get(s.name) is None]
+        if new:
+            with self.engine.begin() as conn:
+                conn.execute(self.q.start_schedules, {
+                    "names": [s.name for s in new], "tasks": [s.task for s in new],
+                    "specs": [s.spec for s in new], "now": now})
+        created = 0
+        for s in self.schedules:
+            after = cursors.get(s.name)
+            if after is None:
+                continue  # entered just now, at `now`: nothing is due yet
+            ticks = s.due_ticks(after, now)
+            if ticks:
+                # One schedule's failure must not hold up the others; its ticks stay due.
+                try:
+                    created += self._enqueue(s, ticks)
+                except DB_ERRORS as exc:
+                    log_event(WARNING, "schedule pass failed; will retry", schedule=s.name,
+                              error=first_line(exc))
+                except Exception as exc:
+                    log_event(ERROR, "schedule failed; will retry", schedule=s.name,
+                              error=repr(exc))
+        nexts = [t for t in (s.next_tick(now) for s in self.schedules) if t is not None]
+        self._next_tick = min(nexts, default=None)
+        return created
+
+    def _enqueue(self, s: Schedule, ticks: list[datetime]) -> int:
+        """Enqueue `ticks` of `s` (oldest first) and move its cursor, in one transaction."""
+        created: list[tuple[datetime, int]] = []
+        last: tuple[datetime, int] | None = None
+        with self.engine.begin() as conn:
+            for tick in ticks:
+                run = execute(conn, prepare_enqueue(s.definition, s.args,
+                                                    idempotency_key=s.key(tick), run_at=tick))
+                if run.created:
+                    conn.execute(self.q.stamp_scheduled_run, {"tick": tick, "run_id": run.id})
+                    created.append((tick, run.id))
+                last = (tick, run.id)
+            # Nothing created: whoever created them committed the cursor with them.
+            if created and last is not None:
+                conn.execute(self.q.advance_schedule, {
+                    "name": s.name, "task": s.task, "spec": s.spec, "tick": last[0],
+                    "run_id": last[1]})
+        for tick, run_id in created:
+            log_event(INFO, "scheduled", schedule=s.name, task=s.task, tick=tick.isoformat(),
+                      run_id=run_id)
+        if len(ticks) > 1 and s.catch_up:
+            log_event(INFO, "caught up missed ticks", schedule=s.name, ticks=len(ticks),
+                      created=len(created))
+        return len(created)
+
+    # -- the thread -----------------------------------------------------------------------------
+
+    def _sleep_for(self) -> float:
+        """Seconds until the next tick by the database's clock, capped at `max_sleep`."""
+        if self._next_tick is None:
+            return self.max_sleep
+        wait = self._next_tick.timestamp() - self._clock_offset - time.time() + WAKE_SLACK
+        return min(self.max_sleep, max(WAKE_SLACK, wait))
+
+    def _loop(self) -> None:
+        backoff = 0.5
+        while not self._stopping.is_set():
+            try:
+                self.run_once()
+                backoff, delay = 0.5, self._sleep_for()
+            except DB_ERRORS as exc:
+                log_event(WARNING, "scheduler pass failed; retrying", error=first_line(exc),
+                          retry_in_s=backoff)
+                delay, backoff = backoff, min(backoff * 2, DB_BACKOFF_MAX)
+            except Exception as exc:  # never let the scheduler die silently
+                log_event(ERROR, "scheduler crashed; will retry", error=repr(exc))
+                delay, backoff = backoff, min(backoff * 2, DB_BACKOFF_MAX)
+            self._stopping.wait(delay)
+
+    def start(self) -> None:
+        if self.schedules:
+            self._thread = threading.Thread(target=self._loop, name="flowq-scheduler",
+                                            daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout)

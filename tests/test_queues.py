@@ -1,0 +1,271 @@
+"""Queues as configuration (flowq.queues): global concurrency and rate limits, per-key
+concurrency, pause and resume, enforced in the claim; cooperative cancellation of running
+handlers. Real worker processes (tests/apps/queues_app.py) and a ledger of start/end times."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import queues_app as qa
+import sqlalchemy as sa
+
+import flowq
+from flowq.queries import Queries
+from flowq.queues import list_queues, pause, resume
+from flowq.runs import cancel_run, get_run
+from flowq.testing import wait_until
+
+FAST = ("--poll-interval", "0.2", "--heartbeat-interval", "0.5", "--stale-after", "5",
+        "--reap-interval", "1")
+Q = Queries("flowq")
+
+
+@pytest.fixture
+def ledger(engine: sa.Engine) -> sa.Engine:
+    with engine.begin() as conn:
+        conn.exec_driver_sql(qa.LEDGER_DDL)
+    return engine
+
+
+def intervals(engine: sa.Engine, task: str) -> list[Any]:
+    with engine.connect() as conn:
+        return list(conn.execute(sa.text(
+            "SELECT key, started, ended FROM queue_ledger WHERE task = :t"), {"t": task}))
+
+
+def max_overlap(rows: list[Any]) -> int:
+    events = sorted([(r.started, 1) for r in rows] + [(r.ended, -1) for r in rows],
+                    key=lambda e: (e[0], e[1]))
+    now = peak = 0
+    for _, step in events:
+        now += step
+        peak = max(peak, now)
+    return peak
+
+
+def done(engine: sa.Engine, task: str) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(sa.text("SELECT count(*) FROM queue_ledger WHERE task = :t"),
+                                {"t": task}).scalar_one())
+
+
+# -- definitions and bad input --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda app: app.queue("q", concurrency=0), "at least 1"),
+    (lambda app: app.queue("q", concurrency=True), "at least 1"),
+    (lambda app: app.queue("q", rate_limit=flowq.Rate(0)), "at least 1"),
+    (lambda app: app.queue("q", rate_limit=flowq.Rate(5, per=0)), "positive"),
+    (lambda app: app.queue("q", rate_limit=flowq.Rate(5, per=timedelta(seconds=-1))),
+     "positive"),
+    (lambda app: app.queue("q", rate_limit=5), "flowq.Rate"),
+    (lambda app: app.queue("not a queue!"), "not valid"),
+])
+def test_bad_queue_declarations_are_refused(make: Any, match: str) -> None:
+    with pytest.raises(flowq.FlowqError, match=match):
+        make(flowq.FlowQ())
+
+
+def test_bad_key_options_are_refused() -> None:
+    app = flowq.FlowQ()
+    with pytest.raises(flowq.ConfigurationError, match="not one of its arguments"):
+        @app.task(concurrency_key="customer")
+        def a(ctx: flowq.Context, user: str) -> None: ...
+    with pytest.raises(flowq.ConfigurationError, match="at least 1"):
+        @app.task(concurrency_key="user", key_concurrency=0)
+        def b(ctx: flowq.Context, user: str) -> None: ...
+    with pytest.raises(flowq.ConfigurationError, match="no concurrency_key"):
+        @app.task(key_concurrency=2)
+        def c(ctx: flowq.Context, user: str) -> None: ...
+
+
+def test_a_key_that_is_not_a_json_scalar_is_refused_at_enqueue(engine: sa.Engine) -> None:
+    app = flowq.FlowQ()
+
+    @app.task(concurrency_key="user")
+    def a(ctx: flowq.Context, user: Any) -> None: ...
+
+    @app.task(concurrency_key=lambda user: {"u": user})
+    def b(ctx: flowq.Context, user: Any) -> None: ...
+
+    with engine.begin() as conn:
+        with pytest.raises(flowq.InvalidArgumentsError, match="JSON scalar"):
+            a.enqueue(conn, user=[1, 2])
+        with pytest.raises(flowq.InvalidArgumentsError, match="JSON scalar"):
+            b.enqueue(conn, user=1)
+        a.enqueue(conn, user="ann")
+        key = conn.execute(sa.text("SELECT concurrency_key, key_limit FROM flowq.jobs")).one()
+    assert tuple(key) == ('"ann"', 1)
+
+
+def test_pausing_an_invalid_queue_name_is_refused(engine: sa.Engine, db_url: str) -> None:
+    with pytest.raises(flowq.InvalidQueueError):
+        pause(engine, "no such queue!")
+    proc = subprocess.run([sys.executable, "-m", "flowq", "queues", "pause", "bad name!",
+                           "--database-url", db_url], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "not valid" in proc.stderr
+
+
+# -- the claim ------------------------------------------------------------------------------
+
+
+def claim(engine: sa.Engine, queue: str, limit: int, worker: str = "w") -> list[Any]:
+    """A limited claim exactly as the claimer sends it: lock the queue row, then claim."""
+    with engine.begin() as conn:
+        conn.execute(Q.lock_queue, {"queue": queue})
+        return list(conn.execute(Q.claim_limited_jobs, {"queue": queue, "limit": limit,
+                                                        "worker": worker, "scan": 100}))
+
+
+def test_the_limited_claim_honours_concurrency_rate_and_keys(engine: sa.Engine) -> None:
+    app = flowq.FlowQ()
+
+    @app.task(queue="k", concurrency_key="who", key_concurrency=2)
+    def keyed(ctx: flowq.Context, who: str) -> None: ...
+
+    @app.task(queue="c")
+    def plain(ctx: flowq.Context) -> None: ...
+
+    with engine.begin() as conn:
+        flowq.enqueue_many(conn, keyed, [{"who": "a"}] * 5 + [{"who": "b"}] * 5)
+        flowq.enqueue_many(conn, plain, [{}] * 10)
+        conn.execute(Q.declare_queues, {"names": ["c"], "concurrencies": [4],
+                                        "rate_limits": [None], "rate_periods": [None],
+                                        "worker": "t"})
+        conn.execute(Q.mark_keyed_queues, {"names": ["k"]})
+        # A plain claim leaves controlled queues alone.
+        assert conn.execute(Q.claim_jobs, {"queue": "c", "limit": 10, "worker": "w"}).all() == []
+    got = claim(engine, "k", 10)
+    assert sorted(json.loads(r.args)["who"] for r in got) == ["a", "a", "b", "b"]
+    assert claim(engine, "k", 10) == []  # both keys at their limit
+    assert len(claim(engine, "c", 10)) == 4
+    assert claim(engine, "c", 10) == []
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE flowq.jobs SET status = 'succeeded' WHERE queue = 'c' "
+                             "AND status = 'running' AND id IN (SELECT id FROM flowq.jobs "
+                             "WHERE queue = 'c' AND status = 'running' LIMIT 1)"))
+    assert len(claim(engine, "c", 10)) == 1
+    # A rate: a bucket of 3, refilled at 3 per hour: 3 now, then nothing.
+    with engine.begin() as conn:
+        conn.execute(Q.declare_queues, {"names": ["c"], "concurrencies": [None],
+                                        "rate_limits": [3], "rate_periods": [3600.0],
+                                        "worker": "t"})
+        conn.execute(sa.text("UPDATE flowq.jobs SET status = 'pending' WHERE queue = 'c'"))
+    assert len(claim(engine, "c", 10)) == 3
+    assert claim(engine, "c", 10) == []
+    pause(engine, "k")
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE flowq.jobs SET status = 'pending' WHERE queue = 'k'"))
+    assert claim(engine, "k", 10) == []
+    assert resume(engine, "k") and not resume(engine, "k")
+    assert len(claim(engine, "k", 10)) == 4
+    info = {q.name: q for q in list_queues(engine)}
+    assert info["c"].rate_limit == 3 and info["k"].running == 4 and not info["k"].paused
+
+
+# -- real workers ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_global_concurrency_limit_holds_across_four_workers(
+        ledger: sa.Engine, db_url: str, spawn_worker: Any) -> None:
+    with ledger.begin() as conn:
+        flowq.enqueue_many(conn, qa.capped, [{"sleep": 0.005}] * 2000)
+    workers = [spawn_worker("queues_app:app", db_url, "-c", "10", "--queues", "capped", *FAST)
+               for _ in range(4)]
+    wait_until(lambda: done(ledger, "capped") == 2000, timeout=300,
+               message="2,000 capped jobs to finish")
+    for w in workers:
+        w.signal(15)
+    rows = intervals(ledger, "capped")
+    assert max_overlap(rows) <= 3
+    assert max_overlap(rows) >= 2  # they did run in parallel, up to the cap
+
+
+@pytest.mark.slow
+def test_one_key_never_overlaps_while_other_keys_run_in_parallel(
+        ledger: sa.Engine, db_url: str, spawn_worker: Any) -> None:
+    with ledger.begin() as conn:
+        flowq.enqueue_many(conn, qa.per_customer,
+                           [{"customer": f"c{i % 4}", "sleep": 0.05} for i in range(160)])
+    workers = [spawn_worker("queues_app:app", db_url, "-c", "8", "--queues", "keyed", *FAST)
+               for _ in range(2)]
+    wait_until(lambda: done(ledger, "per_customer") == 160, timeout=180,
+               message="160 keyed jobs to finish")
+    for w in workers:
+        w.signal(15)
+    rows = intervals(ledger, "per_customer")
+    for key in ("c0", "c1", "c2", "c3"):
+        assert max_overlap([r for r in rows if r.key == key]) == 1, key
+    assert max_overlap(rows) >= 2
+
+
+@pytest.mark.slow
+def test_a_rate_limit_admits_its_rate(ledger: sa.Engine, db_url: str,
+                                      spawn_worker: Any) -> None:
+    with ledger.begin() as conn:
+        flowq.enqueue_many(conn, qa.metered, [{}] * 1000)
+    workers = [spawn_worker("queues_app:app", db_url, "-c", "10", "--queues", "metered",
+                            *FAST) for _ in range(2)]
+    wait_until(lambda: done(ledger, "metered") > 0, timeout=60, message="a first start")
+    first = min(r.started for r in intervals(ledger, "metered"))
+    time.sleep(max(0.0, first + 10.0 - time.time()) + 1.0)
+    for w in workers:
+        w.signal(15)
+    for w in workers:
+        w.wait(60)
+    starts = [r.started for r in intervals(ledger, "metered")]
+    in_ten = sum(1 for s in starts if s < first + 10.0)
+    # A bucket of 20, refilled at 20/s: 20 + 10 * 20 over 10 s, give or take a period's worth.
+    assert 200 - 20 <= in_ten <= 220 + 20, in_ten
+
+
+@pytest.mark.slow
+def test_a_paused_queue_is_left_alone_by_every_worker_and_resumes(
+        ledger: sa.Engine, db_url: str, spawn_worker: Any) -> None:
+    pause(ledger, "free")
+    with ledger.begin() as conn:
+        flowq.enqueue_many(conn, qa.free, [{}] * 50)
+    workers = [spawn_worker("queues_app:app", db_url, "-c", "4", "--queues", "free", *FAST)
+               for _ in range(2)]
+    time.sleep(2.0)
+    assert done(ledger, "free") == 0
+    out = subprocess.run([sys.executable, "-m", "flowq", "queues", "--json", "--database-url",
+                          db_url], capture_output=True, text=True, timeout=60, check=True)
+    [free] = [q for q in json.loads(out.stdout)["queues"] if q["name"] == "free"]
+    assert free["paused"] and free["pending"] == 50
+    subprocess.run([sys.executable, "-m", "flowq", "queues", "resume", "free",
+                    "--database-url", db_url], check=True, timeout=60, capture_output=True)
+    wait_until(lambda: done(ledger, "free") == 50, timeout=60, message="resumed jobs to run")
+    for w in workers:
+        w.signal(15)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", [qa.stubborn_sync, qa.stubborn_async])
+def test_a_cancelled_handler_stops_within_a_heartbeat(engine: sa.Engine, db_url: str,
+                                                      spawn_worker: Any,
+                                                      task: flowq.Task[Any, Any]) -> None:
+    with engine.begin() as conn:
+        run = task.enqueue(conn, seconds=60.0)
+    worker = spawn_worker("queues_app:app", db_url, "-c", "2", "--queues", "slow", *FAST)
+    wait_until(lambda: get_run(engine, run.id).status == "running", timeout=60,
+               message="the handler to start")
+    cancel_run(engine, run.id)
+    t0 = time.monotonic()
+    wait_until(lambda: get_run(engine, run.id).finished_at is not None, timeout=30,
+               message="the cancelled handler to stop")
+    assert time.monotonic() - t0 < 5.0  # a heartbeat is 0.5 s here; generous for CI
+    info = get_run(engine, run.id)
+    assert info.status == "cancelled" and info.steps[0].status == "cancelled"
+    worker.signal(15)
+    assert worker.wait(60) == 0

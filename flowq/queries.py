@@ -27,7 +27,8 @@ __all__ = ["Queries", "queries"]
 _CLAIMED = """j.id, j.lease, j.run_id, j.task, j.step, j.step_index, j.queue, j.priority,
     j.attempts, j.max_attempts, j.args::text AS args, j.cancel_requested,
     extract(epoch FROM now() - j.created_at)::float8 AS age, j.map_index, j.joined,
-    j.scheduled_at"""
+    j.scheduled_at,
+    extract(epoch FROM now() - j.run_at)::float8 AS pickup_delay"""
 
 # The fence's status check, written so that no partial index can serve it (the planner cannot
 # prove `status = 'running'` from `... IS TRUE`). A fenced write must find its rows through the
@@ -186,7 +187,9 @@ class Queries:
         at most `concurrency` running; at most the rate limit's tokens (refilled at `limit`
         per period, up to `limit`), spending one per claim; and per concurrency key at most
         its `key_limit` running, keys already at their limit skipped in the scan (up to
-        :scan candidates) so that other keys are not held up behind them."""
+        :scan candidates) so that other keys are not held up behind them. Returns the claimed
+        rows, each with `more` last (a single row of NULLs and `more` when none was claimed):
+        whether due jobs remain that the limits held back."""
         return self._t(f"""
             WITH cfg AS (
                 SELECT paused, concurrency, rate_limit,
@@ -216,7 +219,6 @@ class Queries:
                    AND (j.concurrency_key IS NULL OR NOT EXISTS (
                         SELECT 1 FROM busy b
                          WHERE b.key = j.concurrency_key AND b.n >= j.key_limit))
-                   AND (SELECT n FROM allowed) > 0
                  ORDER BY j.priority, j.run_at, j.id
                  LIMIT :scan
                  FOR UPDATE SKIP LOCKED
@@ -237,7 +239,14 @@ class Queries:
                        refilled_at = now()
                  WHERE name = :queue AND rate_limit IS NOT NULL
             )
-            SELECT * FROM claimed""")
+            -- Always one row at least: whether due jobs are left that the limits held back
+            -- (the worker then tries again shortly rather than at its next poll), and the
+            -- claimed jobs, if any (NULLs when none).
+            SELECT c.*, EXISTS (
+                       SELECT 1 FROM {{s}}.jobs w
+                        WHERE w.status = 'pending' AND w.queue = :queue AND w.run_at <= now()
+                          AND w.id NOT IN (SELECT id FROM claimed)) AS more
+              FROM (SELECT 1) one LEFT JOIN claimed c ON true""")
 
     @cached_property
     def declare_queues(self) -> TextClause:
@@ -285,7 +294,7 @@ class Queries:
     def list_queues(self) -> TextClause:
         """Every queue with jobs not yet finished (or dead) or a row in `flowq.queues`: its
         jobs by state, the age of its oldest due job, its limits, whether it is paused.
-        Scans the unfinished and dead rows: for an operator's eyes."""
+        Reads the unfinished and dead rows only (through their partial indexes)."""
         return self._t("""
             WITH counts AS (
                 SELECT queue AS name,
@@ -300,7 +309,10 @@ class Queries:
                            WHERE status = 'pending' AND run_at <= now()))::float8
                            AS oldest_due_s
                   FROM {s}.jobs
-                 WHERE status IN ('pending', 'waiting', 'running', 'dead')
+                 -- ORs, not IN: each arm is served by its partial index (a BitmapOr), so
+                 -- the retained finished rows are never read (an IN list is a seq scan).
+                 WHERE (status = 'pending' OR status = 'waiting' OR status = 'running'
+                        OR status = 'dead')
                  GROUP BY queue)
             SELECT COALESCE(c.name, q.name) AS name, COALESCE(c.pending, 0) AS pending,
                    COALESCE(c.scheduled, 0) AS scheduled, COALESCE(c.waiting, 0) AS waiting,
@@ -1169,6 +1181,129 @@ class Queries:
             SELECT c.now, s.name, s.task, s.spec, s.last_tick, s.last_run_id, s.updated_at
               FROM (SELECT now() AS now) c LEFT JOIN {s}.schedules s ON true
              ORDER BY s.name""")
+
+    # -- status and doctor (flowq.status, flowq.doctor) -------------------------------------
+
+    @cached_property
+    def select_completions(self) -> TextClause:
+        """Per queue, the jobs that ended in the last hour: succeeded in the last minute and
+        hour, dead in the last hour. Reads `jobs_finished_idx` from an hour ago on (its
+        predicate written out, so the planner can use it): never the older retained rows."""
+        return self._t("""
+            SELECT queue,
+                   count(*) FILTER (WHERE status = 'succeeded'
+                                      AND finished_at >= now() - interval '1 minute')
+                       AS succeeded_last_minute,
+                   count(*) FILTER (WHERE status = 'succeeded') AS succeeded_last_hour,
+                   count(*) FILTER (WHERE status = 'dead') AS dead_last_hour
+              FROM {s}.jobs
+             WHERE status IN ('succeeded', 'dead', 'cancelled')
+               AND finished_at >= now() - interval '1 hour'
+             GROUP BY queue""")
+
+    @cached_property
+    def select_dead_by_task(self) -> TextClause:
+        """Dead jobs by task, most first, up to :limit tasks (`jobs_dead_idx`)."""
+        return self._t("""
+            SELECT task, count(*) AS jobs FROM {s}.jobs WHERE status = 'dead'
+             GROUP BY task ORDER BY count(*) DESC, task LIMIT :limit""")
+
+    @cached_property
+    def select_live_workers(self) -> TextClause:
+        """The registered workers whose heartbeat is younger than :stale seconds, by name."""
+        return self._t("""
+            SELECT name, host, pid, queues, concurrency, version, started_at,
+                   -- now() is the transaction's start: a beat committed since is younger
+                   GREATEST(extract(epoch FROM now() - heartbeat_at), 0)::float8
+                       AS heartbeat_age_s
+              FROM {s}.workers
+             WHERE heartbeat_at >= now() - make_interval(secs => :stale)
+             ORDER BY name""")
+
+    @cached_property
+    def select_table_health(self) -> TextClause:
+        """`flowq.jobs`' statistics (live and dead tuples, last vacuum and analyze, size, the
+        average row width of its last analyze, reloptions), its pending index's size, and the
+        pending jobs (counted through that index)."""
+        return self._t("""
+            SELECT s.n_live_tup, s.n_dead_tup,
+                   extract(epoch FROM now() - GREATEST(s.last_vacuum, s.last_autovacuum))::float8
+                       AS vacuum_age_s,
+                   extract(epoch FROM now() - GREATEST(s.last_analyze, s.last_autoanalyze))::float8
+                       AS analyze_age_s,
+                   pg_table_size(c.oid) AS table_bytes, pg_relation_size(c.oid) AS heap_bytes,
+                   c.reloptions,
+                   (SELECT sum(avg_width) FROM pg_stats
+                     WHERE schemaname = '{s}' AND tablename = 'jobs')::float8 AS row_width,
+                   pg_relation_size(i.oid) AS pending_index_bytes,
+                   i.reltuples AS pending_index_entries,
+                   (SELECT count(*) FROM {s}.jobs WHERE status = 'pending') AS pending
+              FROM pg_class c
+              LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+              LEFT JOIN pg_class i ON i.oid = to_regclass('{s}.jobs_pending_idx')
+             WHERE c.oid = to_regclass('{s}.jobs')""")
+
+    @cached_property
+    def select_long_transactions(self) -> TextClause:
+        """Sessions of this database (other than this one) whose transaction began more than
+        :age seconds ago and holds back the xmin horizon (a snapshot, or a transaction id):
+        oldest first, up to 10. Other roles' sessions are visible with pg_read_all_stats
+        (pg_monitor) or as a superuser."""
+        return self._t("""
+            SELECT pid, COALESCE(application_name, '') AS application_name,
+                   COALESCE(usename::text, '') AS usename, COALESCE(state, '') AS state,
+                   extract(epoch FROM now() - xact_start)::float8 AS age_s,
+                   age(COALESCE(backend_xmin, backend_xid)) AS xmin_age,
+                   left(regexp_replace(COALESCE(query, ''), '\\s+', ' ', 'g'), 80) AS query
+              FROM pg_stat_activity
+             WHERE (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
+               AND datname = current_database() AND pid <> pg_backend_pid()
+               AND xact_start < now() - make_interval(secs => :age)
+             ORDER BY xact_start LIMIT 10""")
+
+    @cached_property
+    def select_backend(self) -> TextClause:
+        """This session's backend pid and server port, and whether autovacuum is on."""
+        return self._t("""
+            SELECT pg_backend_pid() AS pid, inet_server_port() AS port,
+                   current_setting('autovacuum') AS autovacuum""")
+
+    @cached_property
+    def send_probe(self) -> TextClause:
+        """NOTIFY :channel with :payload (the doctor's LISTEN round trip)."""
+        return self._t("SELECT pg_notify(:channel, :payload)")
+
+    @cached_property
+    def select_clock(self) -> TextClause:
+        """The database's clock (not the transaction's start), as seconds since the epoch."""
+        return self._t("SELECT extract(epoch FROM clock_timestamp())::float8")
+
+    # -- metrics (flowq.metrics) ------------------------------------------------------------
+
+    @cached_property
+    def metrics_collector_lock(self) -> TextClause:
+        """Whether this session collects the queue metrics: it still is the backend :pid that
+        took the session-level advisory lock :name, or it takes it now. CASE, so a holder
+        never takes it twice (a session lock is re-entrant and counts its holds)."""
+        return sa.text("""
+            SELECT CASE WHEN pg_backend_pid() = CAST(:pid AS int) THEN true
+                        ELSE pg_try_advisory_lock(hashtext(CAST(:name AS text))) END,
+                   pg_backend_pid()""")
+
+    @cached_property
+    def metrics_queue_stats(self) -> TextClause:
+        """Per queue with pending or running jobs: due, scheduled and running jobs, and the
+        age of the oldest due job in seconds (the partial pending and running indexes)."""
+        return self._t("""
+            SELECT queue,
+                   count(*) FILTER (WHERE status = 'pending' AND run_at <= now()) AS due,
+                   count(*) FILTER (WHERE status = 'pending' AND run_at > now()) AS scheduled,
+                   count(*) FILTER (WHERE status = 'running') AS running,
+                   COALESCE(extract(epoch FROM now() - min(run_at) FILTER (
+                       WHERE status = 'pending' AND run_at <= now())), 0)::float8 AS oldest_s
+              FROM {s}.jobs
+             WHERE status IN ('pending', 'running')
+             GROUP BY queue ORDER BY queue""")
 
     # -- the test kit (flowq.testing) -------------------------------------------------------
 

@@ -98,3 +98,46 @@ def test_dag_and_map_scenarios_print_positive_figures(server_url: str, tmp_path:
     for side in ("flowq", "raw"):  # split, fan-out, items, join: seconds, never negative
         (phases,) = mapped["extra"]["phases_s"][side]
         assert len(phases) == 4 and all(p >= 0 for p in phases), phases
+
+
+def test_limit_and_rate_scenarios_report_limits_kept(server_url: str, tmp_path: Path) -> None:
+    """The opt-in queue-limit scenarios at --quick sizes (a concurrency limit of 4 under P=2 x
+    C=8, Rate(50, per=1s) for 3 s): the figures are printed, the limited queue never had more
+    than 4 running, and the starts never beat the bucket. Bounds only, never a speed."""
+    out = tmp_path / "bench.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "flowq", "bench", "--quick", "--jobs", "60", "--scenario",
+         "limit", "--scenario", "rate", "--json-file", str(out), "--database-url", server_url],
+        capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert {"limit", "rate"} <= set(SCENARIOS) - set(DEFAULT_SCENARIOS)  # opt-in
+    table = done.stdout
+    assert _figure(table, "limit", "jobs/s") > 0
+    assert "max running at once" in table and "starts/s" in table
+    doc = json.loads(out.read_text())
+    assert list(doc["scenarios"]) == ["limit", "rate"]
+
+    drain, peak = doc["scenarios"]["limit"]
+    assert drain["extra"]["limit"] == 4
+    for figure in (drain["flowq"], *drain["references"]):
+        assert figure["values"] and all(v > 0 for v in figure["values"]), drain
+    (most,) = peak["flowq"]["values"]
+    assert 1 <= most <= 4, peak  # sampled running jobs: the limit was reached, never passed
+    for histogram in (*drain["extra"]["histograms"], *drain["extra"]["histograms_fast_poll"]):
+        assert max(int(k) for k in histogram) <= 4, histogram
+
+    steady, overall, burst = doc["scenarios"]["rate"]
+    r, seconds = 50, 3.0
+    (configured, fast_steady) = steady["references"]
+    assert configured["values"] == [r]
+    assert all(v >= 0 for v in steady["flowq"]["values"]), steady
+    # After the first second, a 2 s span: the bucket allows r x (1 + 2) / 2 starts/s at most;
+    # with claims every 10 ms the workers keep up with 50/s (a generous floor: 20% of it).
+    assert 0.2 * r <= fast_steady["values"][0] <= 1.5 * r, steady
+    bound = r * (seconds + 1) / seconds
+    for figure in (overall["flowq"], overall["references"][1]):
+        assert 0 < figure["values"][0] <= bound + 1e-6, overall
+    for figure in (burst["flowq"], burst["references"][1]):  # within 100 ms of the first start
+        assert 1 <= figure["values"][0] <= r * 1.1 + 1e-6, burst
+    extra = steady["extra"]
+    assert max(extra["busiest_1s"] + extra["busiest_1s_fast_poll"]) <= 2 * r, extra

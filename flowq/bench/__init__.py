@@ -1,7 +1,9 @@
 """`flowq bench`: flowq's throughput and latency beside raw-SQL references, in one invocation.
 
 Scenarios (see `options.SCENARIOS`): drain, drain-session, pipeline, dag (diamond runs with
-a join), map (one run mapping N items, then a join), enqueue, latency, scale, and the opt-in
+a join), map (one run mapping N items, then a join), limit (a drain under a queue's global
+concurrency limit beside the same drain unlimited), rate (a rate-limited queue's achieved
+start rate and burst), enqueue, latency, scale, and the opt-in
 soak (it runs for `--duration`) and memory (worker RSS over a 1M-job drain).
 Each runs in a fresh database on one server: the one at `--database-url`, or a fresh
 embedded PostgreSQL with durable defaults (fsync on); FLOWQ_DATABASE_URL and DATABASE_URL are
@@ -11,8 +13,8 @@ the references are hand-written psycopg loops on the same table, same process co
 in the same run, because absolute numbers drift from machine to machine and ratios do not.
 
 Modules: `options` (sizes and defaults), `harness` (server, databases, worker processes),
-`baselines` (raw loops), `drains` (timing a drain), `scenarios`, `producers` and `memory` (the
-scenarios), `report` (table and JSON), `app` (the bench's handlers), `worker` (soak worker).
+`baselines` (raw loops), `drains` (timing a drain), `scenarios`, `limits`, `producers` and
+`memory` (the scenarios), `report` (table and JSON), `app` (the bench's handlers), `worker` (soak worker).
 """
 
 from __future__ import annotations
@@ -28,11 +30,11 @@ __all__ = ["DEFAULT_SCENARIOS", "SCENARIOS", "Options", "run_bench"]
 
 
 def _registry() -> dict[str, Callable[[Server, Options], list[Row]]]:
-    from flowq.bench import memory, producers, scenarios
+    from flowq.bench import limits, memory, producers, scenarios
 
     return {"drain": scenarios.drain, "drain-session": scenarios.drain_session,
             "pipeline": scenarios.pipeline, "dag": scenarios.dag, "map": scenarios.map_run,
-            "enqueue": producers.enqueue,
+            "limit": limits.limit, "rate": limits.rate, "enqueue": producers.enqueue,
             "latency": producers.latency, "scale": scenarios.scale, "soak": producers.soak,
             "memory": memory.memory}
 

@@ -9,24 +9,43 @@ Every handler is as cheap as a handler can be, so what is measured is flowq itse
   `flowq.joins`: the second parent to succeed creates `join`, with both results);
 - `fan`: `split` returns `flowq.each` of `n` items, `work` runs once per item (no-op), and
   `gather` receives the list of the `n` results (a map and its join) and returns its length,
-  which the bench checks.
+  which the bench checks;
+- `limited`: a no-op on queue `bench_limited`, declared with a global concurrency limit
+  (`FLOWQ_BENCH_QUEUE_LIMIT`, default 50) for the `limit` scenario;
+- `rated`: a no-op on queue `bench_rate`, declared with a rate limit
+  (`FLOWQ_BENCH_RATE` starts per second, default 200) for the `rate` scenario.
 
-The tables the handlers write to are created by `flowq.bench.harness.prepare_database`.
+The limits are read from the environment when the module is imported, so that the bench can
+give its worker processes other sizes (`--quick`) through `WorkerGroup(env=...)`; the workers
+write them to `flowq.queues` when they start, as any deployment does. Every other scenario
+runs its workers with `--queues bench`, so the two limited queues cost them nothing.
+
+The tables the handlers write to are created in the bench's template database
+(`flowq.bench.harness`).
 """
 
 from __future__ import annotations
 
+import os
 import time
-from typing import Any
+from typing import Any, Final
 
 import sqlalchemy as sa
 
 import flowq
 from flowq.context import Context
 
-__all__ = ["app", "dag", "fan", "ledger", "noop", "stamp", "steps"]
+__all__ = ["LIMITED_QUEUE", "LIMIT_ENV", "RATE_ENV", "RATE_QUEUE", "app", "dag", "fan", "ledger",
+           "limited", "noop", "rated", "stamp", "steps"]
+
+LIMITED_QUEUE: Final = "bench_limited"
+RATE_QUEUE: Final = "bench_rate"
+LIMIT_ENV: Final = "FLOWQ_BENCH_QUEUE_LIMIT"
+RATE_ENV: Final = "FLOWQ_BENCH_RATE"
 
 app = flowq.FlowQ()
+app.queue(LIMITED_QUEUE, concurrency=int(os.environ.get(LIMIT_ENV, "50")))
+app.queue(RATE_QUEUE, rate_limit=flowq.Rate(int(os.environ.get(RATE_ENV, "200")), per=1.0))
 
 _INSERT_LEDGER = sa.text("INSERT INTO bench_ledger (job_id) VALUES (:job_id)")
 _INSERT_STAMP = sa.text("INSERT INTO bench_stamps (run_id, started) VALUES (:run_id, :started)")
@@ -35,6 +54,16 @@ _INSERT_STAMP = sa.text("INSERT INTO bench_stamps (run_id, started) VALUES (:run
 @app.task(queue="bench")
 def noop(ctx: Context, n: int = 0) -> None:
     """Nothing at all."""
+
+
+@app.task(queue=LIMITED_QUEUE)
+def limited(ctx: Context, n: int = 0) -> None:
+    """Nothing, on the queue with a global concurrency limit."""
+
+
+@app.task(queue=RATE_QUEUE)
+def rated(ctx: Context, n: int = 0) -> None:
+    """Nothing, on the rate-limited queue."""
 
 
 @app.task(queue="bench")

@@ -9,6 +9,8 @@
   scenario.
 - `WorkerGroup`: real `python -m flowq worker flowq.bench.app:app --processes P` processes,
   started and ready (their LISTEN connections seen in pg_stat_activity) before timing starts.
+  They serve `--queues bench` unless told otherwise (the bench app also declares the limited
+  queues of the `limit` and `rate` scenarios, which the other scenarios must not visit).
 
 The bench drops and truncates only what it created: the template only once its CREATE
 succeeded, a scenario's database only after creating it, and `reset` refuses any database
@@ -36,9 +38,10 @@ import sqlalchemy as sa
 import flowq
 from flowq.db import normalize_url
 
-__all__ = ["Server", "WorkerGroup", "conninfo", "open_server", "reset", "wait_for"]
+__all__ = ["BENCH_QUEUE", "Server", "WorkerGroup", "conninfo", "open_server", "reset", "wait_for"]
 
 BENCH_APP: Final = "flowq.bench.app:app"
+BENCH_QUEUE: Final = "bench"  # the queue of every scenario's tasks but limit's and rate's
 READY_TIMEOUT: Final = 60.0
 STOP_TIMEOUT: Final = 40.0
 # Handlers' tables; created in the template so each fresh database has them.
@@ -183,14 +186,18 @@ class WorkerGroup:
     """`flowq worker flowq.bench.app:app` with P processes of concurrency C, as a user runs it."""
 
     def __init__(self, url: str, *, processes: int, concurrency: int,
-                 extra: tuple[str, ...] = (), module: tuple[str, ...] | None = None) -> None:
+                 extra: tuple[str, ...] = (), module: tuple[str, ...] | None = None,
+                 queues: tuple[str, ...] = (BENCH_QUEUE,),
+                 env: Mapping[str, str] | None = None) -> None:
         self.url = url
         self.processes = processes
         self.concurrency = concurrency
         self.argv = [sys.executable, "-m", *(module or ("flowq", "worker", BENCH_APP)),
                      "--database-url", url, "--processes", str(processes),
-                     "--concurrency", str(concurrency), "--no-job-log",
-                     "--log-level", "WARNING", *extra]
+                     "--concurrency", str(concurrency), "--queues", ",".join(queues),
+                     "--no-job-log", "--log-level", "WARNING", *extra]
+        # The bench app reads its queue limits from these (see flowq.bench.app).
+        self.env = {**os.environ, **env} if env else None
         self.log = Path(tempfile.mkstemp(prefix="flowq-bench-worker-", suffix=".log")[1])
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -198,7 +205,7 @@ class WorkerGroup:
         with open(self.log, "wb") as out:
             # A session of its own, so a stuck group can be killed without touching ours.
             self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+                                         start_new_session=True, env=self.env)
         return self
 
     def wait_ready(self, engine: sa.Engine) -> None:

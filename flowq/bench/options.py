@@ -9,11 +9,13 @@ from flowq.workflows import MAX_MAP_ITEMS
 
 __all__ = ["DEFAULT_SCENARIOS", "OPT_IN", "SCENARIOS", "Options"]
 
-SCENARIOS: Final = ("drain", "drain-session", "pipeline", "dag", "map", "enqueue", "latency",
-                    "scale", "soak", "memory")
+SCENARIOS: Final = ("drain", "drain-session", "pipeline", "dag", "map", "limit", "rate",
+                    "enqueue", "latency", "scale", "soak", "memory")
 # soak runs for --duration (default 10 minutes) and memory drains a million jobs, so both are
-# opt-in: --scenario soak, --scenario memory.
-OPT_IN: Final = ("soak", "memory")
+# opt-in: --scenario soak, --scenario memory. limit and rate take 1.5-2 minutes each at default
+# size (three drains or windows of each kind, one kind being a 15 s cap or a 10 s window, and
+# their worker start-ups), so they are opt-in too.
+OPT_IN: Final = ("limit", "rate", "soak", "memory")
 DEFAULT_SCENARIOS: Final = tuple(s for s in SCENARIOS if s not in OPT_IN)
 
 
@@ -46,6 +48,13 @@ class Options:
     memory_chunk: int = 50_000    # memory: rows per enqueue_many statement
     memory_sample_every: float = 2.0  # memory: seconds between RSS samples
     map_items: int = 10_000       # map: items of the one run (an explicit --jobs overrides it)
+    queue_limit: int = 50         # limit: the queue's global concurrency (drains of `jobs`)
+    # limit: a drain still running after this many seconds is cut there and its rate is the
+    # jobs done by then / the cap (a limited queue's workers wait for their next poll, 5 s,
+    # between claims: at N = 50,000 the drain would otherwise take about 40 minutes).
+    limit_timeout: float = 15.0
+    rate_limit: int = 200         # rate: the queue's Rate(rate_limit, per=1s) ...
+    rate_window: float = 10.0     # ... drained for this many seconds
     # `jobs` and `concurrency` as built: memory and drain-session follow them once changed
     # (--jobs, -c), and otherwise use their own defaults above.
     _initial: tuple[int, int] = field(default=(0, 0), init=False, repr=False, compare=False)
@@ -77,7 +86,8 @@ class Options:
                    transactions=50, latency_jobs=20, rate=50.0, retained=5_000, pending=1_000,
                    claims=300, scale_processes=(1, 2), duration=10.0, soak_retention=2.0,
                    sample_every=1.0, session_concurrency=8, memory_jobs=2_000,
-                   memory_chunk=500, memory_sample_every=0.2, map_items=300)
+                   memory_chunk=500, memory_sample_every=0.2, map_items=300,
+                   queue_limit=4, limit_timeout=5.0, rate_limit=50, rate_window=3.0)
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)

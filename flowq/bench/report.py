@@ -81,6 +81,13 @@ def _num(x: float) -> str:
     return f"{x:.2f}"
 
 
+def _ratio(r: float) -> str:
+    if r != r:  # nan
+        return "-"
+    # Two significant digits below 0.01x, so that a collapse reads as one, not as 0.00x.
+    return f"{r:.2g}x" if 0 < abs(r) < 0.01 else f"{r:.2f}x"
+
+
 def _fig(f: Figure) -> str:
     if not f.values:
         return "-"
@@ -103,7 +110,7 @@ def render_table(machine: dict[str, Any], rows: Sequence[Row], repeat: int) -> s
             table.append((row.scenario if i == 0 else "", row.flowq.name if i == 0 else "",
                           _fig(row.flowq) if i == 0 else "",
                           f"{ref.name}: {_fig(ref)}" if ref.values else ref.name,
-                          f"{ratio:.2f}x" if ratio == ratio else "-"))
+                          _ratio(ratio)))
     widths = [max(len(r[i]) for r in table) for i in range(5)]
     lines = [head, ""]
     for j, r in enumerate(table):

@@ -28,7 +28,7 @@ from flowq.bench.drains import (
     raw_drain,
     wait_drained,
 )
-from flowq.bench.harness import Server, WorkerGroup, conninfo, reset
+from flowq.bench.harness import BENCH_QUEUE, Server, WorkerGroup, conninfo, reset
 from flowq.bench.options import Options
 from flowq.bench.report import Figure, Row, percentile
 
@@ -241,7 +241,10 @@ def _claim_rates(url: str, engine: sa.Engine, o: Options) -> tuple[list[float], 
 
     rates, p50s = [], []
     for _ in range(o.repeat):
-        w = Worker(bench_app, url, WorkerConfig(concurrency=o.concurrency, listen=False))
+        # The bench queue only, as before the app declared the limited queues (a claim
+        # rotates over every queue it serves).
+        w = Worker(bench_app, url, WorkerConfig(concurrency=o.concurrency, listen=False,
+                                                queues=[BENCH_QUEUE]))
         try:
             w.claim(1)  # connect outside the window
             lat: list[float] = []

@@ -39,8 +39,11 @@ def demo(database_url: str | None, n_jobs: int) -> None:
 @click.option("--scenario", "scenarios", multiple=True, metavar="NAME",
               help="Run only this scenario (repeatable): drain, drain-session, pipeline, "
               "dag (diamond runs with a join; --jobs counts steps), map (one run mapping "
-              "10,000 items, then a join; --jobs sets the items, at most 100,000), enqueue, "
-              "latency, scale, soak, memory. Default: all but soak and memory.")
+              "10,000 items, then a join; --jobs sets the items, at most 100,000), limit "
+              "(the drain on a queue with concurrency=50 beside the same drain unlimited, "
+              "and the most jobs seen running at once), rate (a queue with Rate(200, per=1s) "
+              "drained for 10 s: achieved start rate and burst), enqueue, latency, scale, "
+              "soak, memory. Default: all but limit, rate, soak and memory.")
 @click.option("--jobs", "n_jobs", type=click.IntRange(1), default=None,
               help="Jobs per drain (pipeline: steps; memory: the whole drain) "
               "[default: 50000, memory 1000000; --quick: 300].")

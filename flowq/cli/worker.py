@@ -5,11 +5,17 @@ Options and defaults are those of `flowq.worker.WorkerConfig` (`--concurrency 10
 `--database-url` (default: FLOWQ_DATABASE_URL, then DATABASE_URL). The app, the options and
 the database are checked before anything starts, so a mistake is one sentence, not a crash
 loop of `--processes` children.
+
+`--metrics-port PORT` (extra `flowq[metrics]`) serves Prometheus metrics on `--metrics-addr`
+(default 127.0.0.1); with `--processes N` each child serves its own on the first free port of
+PORT .. PORT+N-1 (all N are checked before any child starts). See docs/observability.md.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+from typing import Final
 
 import click
 
@@ -18,6 +24,20 @@ from flowq.cli.common import load_app, require_url, url_option
 from flowq.errors import InvalidQueueError
 
 __all__ = ["worker"]
+
+# Set by a `--processes N` command for its children: how many metrics ports they share.
+METRICS_PORTS_ENV: Final = "FLOWQ_METRICS_PORTS"
+
+
+def _metrics_ports(processes: int) -> int:
+    """How many consecutive metrics ports this process may pick from: a `--processes N`
+    child (started by a supervisor) any of the N; otherwise its own one."""
+    from flowq.worker.supervisor import SUPERVISOR_ENV
+
+    shared = os.environ.get(METRICS_PORTS_ENV, "")
+    if processes == 1 and os.environ.get(SUPERVISOR_ENV) and shared.isdigit():
+        return max(1, int(shared))
+    return 1
 
 
 def _queues(value: str | None) -> list[str] | None:
@@ -58,11 +78,16 @@ def _queues(value: str | None) -> list[str] | None:
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.option("--job-log/--no-job-log", default=True, show_default=True,
               help="Log a line per succeeded job (failures are always logged).")
+@click.option("--metrics-port", default=None, type=click.IntRange(1, 65535),
+              help="Serve Prometheus metrics on this port (needs flowq[metrics]; with "
+              "--processes N, ports PORT to PORT+N-1).")
+@click.option("--metrics-addr", default="127.0.0.1", show_default=True,
+              help="Address the metrics port binds to.")
 def worker(app_spec: str, database_url: str | None, queues: str | None, concurrency: int,
            processes: int, poll_interval: float, no_listen: bool, shutdown_grace: float,
            stale_after: float, heartbeat_interval: float, reap_interval: float,
            no_maintenance: bool, no_schedules: bool, log_format: str, log_level: str,
-           job_log: bool) -> None:
+           job_log: bool, metrics_port: int | None, metrics_addr: str) -> None:
     """Run the jobs of MODULE:APP until SIGTERM/SIGINT."""
     from flowq.worker import Worker, WorkerConfig
     from flowq.worker.logs import configure_logging
@@ -75,7 +100,8 @@ def worker(app_spec: str, database_url: str | None, queues: str | None, concurre
                           shutdown_grace=shutdown_grace, stale_after=stale_after,
                           heartbeat_interval=heartbeat_interval, reap_interval=reap_interval,
                           maintenance=not no_maintenance, schedules=not no_schedules,
-                          job_log=job_log)
+                          job_log=job_log, metrics_port=metrics_port,
+                          metrics_addr=metrics_addr, metrics_ports=_metrics_ports(processes))
     w = Worker(app, url, config)
     w.check_database()
     if processes > 1:
@@ -85,5 +111,10 @@ def worker(app_spec: str, database_url: str | None, queues: str | None, concurre
 
         for engine in w.engines.values():
             engine.dispose()
+        if metrics_port is not None:
+            from flowq.metrics import check_ports_free
+
+            check_ports_free(metrics_addr, range(metrics_port, metrics_port + processes))
+            os.environ[METRICS_PORTS_ENV] = str(processes)  # the children inherit it
         sys.exit(supervise(processes))
     w.run()

@@ -37,6 +37,9 @@ class Claimer:
         # Queues that are paused (True) or limited (False), as last read from flowq.queues:
         # paused ones are skipped, limited ones claimed under their row's lock.
         self.controlled: dict[str, bool] = {}
+        # Set by a claim when a limit held due jobs back: capacity frees up as other
+        # workers' jobs end, which no notification announces, so the worker looks again soon.
+        self.held_back = False
 
     def refresh(self) -> None:
         """Re-read which of our queues are paused or limited (every poll interval)."""
@@ -51,16 +54,21 @@ class Claimer:
         if paused is None:
             return self.conn.execute(self.q.claim_jobs, params)
         # Limited: take the queue's lock, then claim in a snapshot taken after it, so what
-        # the other workers' claims started is counted.
-        return self.conn.transaction([
+        # the other workers' claims started is counted. The last column says whether the
+        # limits held due jobs back; a row of NULLs stands for "none claimed".
+        rows = self.conn.transaction([
             (self.q.lock_queue, params),
             (self.q.claim_limited_jobs, {**params, "scan": max(100, 4 * want)})])
+        if rows and rows[0][-1]:
+            self.held_back = True
+        return [r[:-1] for r in rows if r[0] is not None]
 
     def run_once(self, free_slots: int,
                  submit: Callable[[ClaimedJob], None] | None = None) -> int:
         """Claim and submit up to `free_slots` jobs; returns how many. A database error is
         raised after the rows of earlier queues were submitted."""
         submit = submit or self.submit
+        self.held_back = False
         n = len(self.queues)
         start, self._rotation = self._rotation, (self._rotation + 1) % n
         got = 0

@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import psycopg
 import sqlalchemy as sa
@@ -48,6 +48,9 @@ from flowq.worker.model import (
     Spawn,
     Succeeded,
 )
+
+if TYPE_CHECKING:
+    from flowq.metrics import OutcomeObserver
 
 __all__ = ["Completer", "is_unavailable"]
 
@@ -105,6 +108,7 @@ class Completer:
         self.written = 0
         self.on_written: Callable[[], None] | None = None  # after each batch (wakes claims)
         self.on_scheduled: Callable[[float], None] | None = None  # a retry due in N seconds
+        self.metrics: OutcomeObserver | None = None  # counts each outcome (flowq.metrics)
 
     # -- public ---------------------------------------------------------------------------
 
@@ -216,6 +220,8 @@ class Completer:
         for item in later:
             item.failing_since = item.failing_since or now
             (expired if now - item.failing_since > GIVE_UP_AFTER else keep).append(item)
+        for item in expired:
+            self._observe(item.job, "lost", None)
         if expired:
             log_event(ERROR, "gave up writing outcomes: the database stayed unavailable; the "
                       "reaper will requeue their jobs", job_ids=_ids(expired))
@@ -266,6 +272,7 @@ class Completer:
                       **self._fields(item.job, item.duration))
             return
         item.written = True
+        self._observe(item.job, result[0] if result else "lost", item.duration)
         log_event(ERROR, "outcome could not be recorded; the job is dead",
                   error=first_line(describe(error)), status=result[0] if result else "lost",
                   **self._fields(item.job, item.duration))
@@ -346,11 +353,17 @@ class Completer:
         return {"job_id": job.id, "run_id": job.run_id, "task": job.task, "step": job.step,
                 "attempt": job.attempts, "duration_ms": round(duration * 1000, 2)}
 
+    def _observe(self, job: ClaimedJob, outcome: str, duration: float | None) -> None:
+        if self.metrics is not None:
+            self.metrics.observe_outcome(job, outcome, duration)
+
     def _log_success(self, job: ClaimedJob, duration: float) -> None:
+        self._observe(job, "succeeded", duration)
         if self.job_log:
             log_event(INFO, "job succeeded", **self._fields(job, duration))
 
     def _log_lost(self, job: ClaimedJob, what: str) -> None:
+        self._observe(job, "lost", None)
         log_event(WARNING, f"{what} dropped: the job is no longer ours (reaped or cancelled)",
                   **self._fields(job, 0.0))
 
@@ -359,6 +372,7 @@ class Completer:
             self._log_lost(item.job, "failure")
             return
         status, delay = result
+        self._observe(item.job, status, item.duration)
         fields = self._fields(item.job, item.duration)
         summary = first_line(_summary(item.outcome))[:300]
         if status == "pending":

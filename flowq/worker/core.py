@@ -24,6 +24,7 @@ import heapq
 import importlib.metadata
 import math
 import os
+import random
 import signal
 import socket
 import threading
@@ -31,7 +32,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
@@ -59,12 +60,18 @@ from flowq.worker.model import Claim, ClaimedJob
 from flowq.worker.scheduler import Scheduler
 from flowq.worker.supervisor import SUPERVISOR_ENV
 
+if TYPE_CHECKING:
+    from flowq.metrics import WorkerMetrics
+
 __all__ = ["Worker", "WorkerConfig"]
 
 DEFAULT_CONCURRENCY: Final = 10
 DEFAULT_POLL_INTERVAL: Final = 5.0
 DEFAULT_SHUTDOWN_GRACE: Final = 25.0
 DB_BACKOFF_MAX: Final = 5.0
+# How soon a worker looks again at a queue whose limits held due jobs back (jittered, so
+# workers do not take the queue's lock in lockstep): capacity frees as jobs end anywhere.
+LIMITED_RETRY: Final = 0.05
 # Retry wake-ups remembered at once; beyond that the poll picks retries up.
 MAX_WAKE_TIMES: Final = 10_000
 
@@ -87,6 +94,11 @@ class WorkerConfig:
     job_log: bool = True
     maintenance: bool = True
     schedules: bool = True  # run the app's periodic schedules (every worker may: no leader)
+    # Prometheus metrics (flowq.metrics, extra flowq[metrics]): served on the first free port
+    # of metrics_port .. metrics_port + metrics_ports - 1 (0: any free port); None: off.
+    metrics_port: int | None = None
+    metrics_addr: str = "127.0.0.1"
+    metrics_ports: int = 1
     name: str = field(default_factory=lambda: (
         f"{socket.gethostname()[:24]}:{os.getpid()}:{uuid.uuid4().hex[:4]}"))
 
@@ -106,6 +118,11 @@ class WorkerConfig:
         if self.stale_after <= 2 * self.heartbeat_interval:
             raise ConfigurationError(
                 "stale_after must exceed twice heartbeat_interval, or live jobs get reaped")
+        if self.metrics_port is not None and not (
+                self.metrics_port >= 0 and self.metrics_ports >= 1
+                and self.metrics_port + self.metrics_ports - 1 <= 65535):
+            raise ConfigurationError(f"metrics_port must be a TCP port (0 to 65535), got "
+                                     f"{self.metrics_port!r}")
 
 
 class Worker:
@@ -151,8 +168,19 @@ class Worker:
             session_factory=lambda: StepSession(bind=session_bind),
             on_slot_free=self._on_slot_free)
         self.executor.end_backend = self._end_backend
+        self.metrics: WorkerMetrics | None = None
+        if c.metrics_port is not None:
+            from flowq.metrics import WorkerMetrics  # prometheus_client only when asked for
+
+            self.metrics = WorkerMetrics(
+                worker=c.name, concurrency=c.concurrency, queues=self.queues,
+                in_flight=lambda: self.executor.in_flight, queries=self.q,
+                conn=DedicatedConnection(self.url, f"flowq metrics {c.name}",
+                                         options=MAINTENANCE_OPTIONS))
+            self.completer.metrics = self.metrics
         self.claimer = Claimer(self.claim_conn, self.q, self.queues, c.name,
-                               self.executor.submit)
+                               self.executor.submit if self.metrics is None
+                               else self._submit_metered)
         self.heartbeat = m.Heartbeat(
             DedicatedConnection(self.url, f"flowq heartbeat {c.name}",
                                 options=heartbeat_options(c.heartbeat_interval)),
@@ -263,6 +291,11 @@ class Worker:
         with self.engines["maintain"].connect() as conn:
             conn.execute(self.q.end_backend, {"pid": pid})
 
+    def _submit_metered(self, job: ClaimedJob) -> None:
+        assert self.metrics is not None
+        self.metrics.observe_pickup(job)
+        self.executor.submit(job)
+
     def _on_slot_free(self, in_flight: int) -> None:
         # Wake the claim loop only when it would claim: a batch's worth of free slots, or
         # none busy. Waking it per finished job would cost a wake-up per job for nothing.
@@ -290,9 +323,21 @@ class Worker:
     # -- the loop -----------------------------------------------------------------------------
 
     def start_parts(self) -> None:
-        self.check_database()
-        self._declare_queues()
-        self._register()
+        c = self.config
+        if self.metrics is not None and c.metrics_port is not None:
+            # First: a port in use stops the worker before anything started.
+            self.metrics.serve(c.metrics_addr, range(c.metrics_port,
+                                                     c.metrics_port + c.metrics_ports))
+            log_event(INFO, "serving metrics", url=f"http://{c.metrics_addr}:"
+                      f"{self.metrics.port}/metrics")
+        try:
+            self.check_database()
+            self._declare_queues()
+            self._register()
+        except BaseException:
+            if self.metrics is not None:
+                self.metrics.close()
+            raise
         self.heartbeat.also = self._beat_registry
         self.heartbeat.on_cancelled = self.executor.cancel
         self.completer.start()
@@ -345,7 +390,9 @@ class Worker:
             notified, self._notified = self._notified, False
             retry_due, next_due = self._take_due(now)
             due_poll = now >= next_poll
-            if free > 0 and (notified or due_poll or retry_due
+            # `held_back`: the last claim found due jobs a queue's limits held back; capacity
+            # frees as jobs end (ours wake this loop; others' are seen at the quick re-poll).
+            if free > 0 and (notified or due_poll or retry_due or self.claimer.held_back
                              or (backlog and free >= batch_threshold)):
                 try:
                     if due_poll:  # pauses and limits others set: seen within a poll
@@ -360,6 +407,8 @@ class Worker:
                     continue
                 if due_poll:
                     next_poll = now + c.poll_interval
+                if self.claimer.held_back:  # a limit, not an empty queue, stopped the claim
+                    next_poll = min(next_poll, now + LIMITED_RETRY * (0.5 + random.random()))
                 backlog = got == free
                 if until_idle and not got and self.executor.in_flight == 0:
                     if self.completer.flush(30.0) and not self._has_due_jobs():
@@ -476,6 +525,8 @@ class Worker:
             self.listener.stop()
         log_event(INFO, "worker stopped", worker=c.name, claimed=self.claimed,
                   released=len(unfinished))
+        if self.metrics is not None:
+            self.metrics.close()
         for engine in self.engines.values():
             engine.dispose()
         self.claim_conn.close()

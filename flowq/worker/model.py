@@ -48,6 +48,7 @@ class ClaimedJob:
     map_index: int | None = None  # the item position of a map instance
     joined: bool = False  # created by a join: mapped parents' results are collected to run it
     scheduled_at: datetime | None = None  # the tick a periodic schedule enqueued this run for
+    pickup_delay: float = 0.0  # seconds from its due time (run_at) to this claim
 
     @property
     def claim(self) -> Claim:

@@ -65,30 +65,11 @@ def free_port(span: int = 1) -> int:
 
 @contextlib.contextmanager
 def running_worker(app: flowq.FlowQ, url: str, **config: Any) -> Iterator[Worker]:
-    config.setdefault("poll_interval", 0.1)
-    config.setdefault("shutdown_grace", 5.0)
+    """`flowq.testing.running_worker`, serving metrics on a free port."""
     config.setdefault("metrics_port", 0)
-    w = Worker(app, url, WorkerConfig(**config))
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            w.run(install_signals=False)
-        except BaseException as exc:
-            errors.append(exc)
-
-    t = threading.Thread(target=run, name="test-worker", daemon=True)
-    t.start()
-    try:
-        wait_until(lambda: (w.metrics is not None and w.metrics.port) or errors,
-                   message="metrics served")
-        assert not errors, errors
+    with flowq.testing.running_worker(app, url, **config) as w:
+        wait_until(lambda: w.metrics is not None and w.metrics.port, message="metrics served")
         yield w
-    finally:
-        w.stop()
-        t.join(30)
-        assert not t.is_alive(), "worker did not stop"
-        assert not errors, errors
 
 
 def port_of(w: Worker) -> int:

@@ -7,10 +7,8 @@ and assert on the rows. Tests that need the Worker object run it in a thread.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,7 +17,7 @@ from tenacity import stop_after_attempt, wait_fixed
 
 import flowq
 from flowq.context import Context
-from flowq.testing import job_rows, run_until_idle, wait_until
+from flowq.testing import job_rows, run_until_idle, running_worker, wait_until
 from flowq.worker import Worker, WorkerConfig
 
 ONE_TRY = flowq.Retry(stop=stop_after_attempt(1))
@@ -35,29 +33,6 @@ def only_row(engine: sa.Engine, where: str = "TRUE", **params: Any) -> Any:
     return r
 
 
-@contextlib.contextmanager
-def running_worker(app: flowq.FlowQ, url: str, **config: Any) -> Iterator[Worker]:
-    """A real Worker on a thread, stopped (and joined) on exit."""
-    config.setdefault("poll_interval", 0.1)
-    config.setdefault("shutdown_grace", 5.0)
-    w = Worker(app, url, WorkerConfig(**config))
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            w.run(install_signals=False)
-        except BaseException as exc:  # surfaced in the test, not lost in the thread
-            errors.append(exc)
-
-    t = threading.Thread(target=run, name="test-worker", daemon=True)
-    t.start()
-    try:
-        yield w
-    finally:
-        w.stop()
-        t.join(30)
-        assert not t.is_alive(), "worker did not stop"
-        assert not errors, errors
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from flowq.testing.assertions import (
     refute_enqueued,
 )
 from flowq.testing.draining import DrainResult, adrain, drain
-from flowq.testing.helpers import job_rows, run_until_idle, wait_until
+from flowq.testing.helpers import job_rows, run_until_idle, running_worker, wait_until
 from flowq.testing.steps import arun_step, make_context, run_step
 
 __all__ = [
@@ -46,5 +46,6 @@ __all__ = [
     "refute_enqueued",
     "run_step",
     "run_until_idle",
+    "running_worker",
     "wait_until",
 ]

@@ -23,6 +23,7 @@ from flowq.errors import ConfigurationError
 __all__ = [
     "ACTIVE_STATUSES",
     "DEFAULT_SCHEMA",
+    "JOBS_STORAGE_PARAMETERS",
     "STATUSES",
     "TERMINAL_STATUSES",
     "Status",
@@ -118,7 +119,18 @@ jobs = sa.Table(
     # An idempotency key names a run: one per schema, held by the run's first step.
     sa.Index("jobs_idempotency_key_idx", "idempotency_key", unique=True,
              postgresql_where=sa.text("idempotency_key IS NOT NULL")),
+    # Dead jobs by task and queue (`flowq status`), without reading the retained finished rows.
+    sa.Index("jobs_dead_idx", "task", "queue", postgresql_where=sa.text("status = 'dead'")),
 )
+
+# The per-table autovacuum settings migration 0006 gives `flowq.jobs` (reloptions, which the
+# autogenerate comparison does not see; `flowq doctor` checks them): suited to a queue table.
+JOBS_STORAGE_PARAMETERS: Final[dict[str, str]] = {
+    "autovacuum_vacuum_scale_factor": "0.01",
+    "autovacuum_vacuum_insert_scale_factor": "0.01",
+    "autovacuum_analyze_scale_factor": "0.02",
+    "autovacuum_vacuum_cost_delay": "0",
+}
 
 
 # The live workers: one row per worker process, registered at start, heartbeated, deleted at

@@ -1,4 +1,5 @@
-"""The `flowq` command: migrate, worker, reap, prune, runs, queues, schedules, demo, bench.
+"""The `flowq` command: migrate, worker, reap, prune, runs, queues, schedules, demo, bench,
+status, doctor.
 
 One module per group of commands: `migrate`, `worker`, `maintenance` (reap, prune), `runs`
 and `demo` (demo, bench), each importing only `common` (options, the error handler,
@@ -16,6 +17,8 @@ from __future__ import annotations
 import click
 
 from flowq.cli import demo, maintenance, migrate, queues, runs, schedules, worker
+from flowq.cli import doctor as doctor_cli
+from flowq.cli import status as status_cli
 from flowq.cli.common import FlowqGroup
 
 __all__ = ["main"]
@@ -28,5 +31,6 @@ def main() -> None:
 
 
 for _command in (migrate.migrate, worker.worker, maintenance.reap, maintenance.prune,
-                 runs.runs, queues.queues, schedules.schedules, demo.demo, demo.bench):
+                 runs.runs, queues.queues, schedules.schedules, demo.demo, demo.bench,
+                 status_cli.status_command, doctor_cli.doctor):
     main.add_command(_command)

@@ -143,3 +143,30 @@ def load_app(spec: str) -> FlowQ:
     if not isinstance(app, FlowQ):
         raise ConfigurationError(f"{spec!r} is not a flowq.FlowQ app (expected MODULE:APP)")
     return app
+
+
+# -- formatting (tables for people; --json for scripts) -----------------------------------
+
+
+def table(headers: list[str], rows: list[list[str]], indent: str = "") -> str:
+    """`rows` under `headers`, each column as wide as its widest cell."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(headers)]
+    return "\n".join(indent + "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True))
+                     .rstrip() for line in [headers, *rows])
+
+
+def age_cell(seconds: float | None) -> str:
+    """A duration in seconds for a table cell, or '-'."""
+    return "-" if seconds is None else f"{seconds:,.1f}s"
+
+
+def limits_cell(concurrency: int | None, rate_limit: int | None,
+                rate_period_s: float | None) -> str:
+    """A queue's limits for a table cell: 'concurrency 5, 100/60s', or '-'."""
+    parts = []
+    if concurrency is not None:
+        parts.append(f"concurrency {concurrency}")
+    if rate_limit is not None and rate_period_s is not None:
+        parts.append(f"{rate_limit}/{rate_period_s:g}s")
+    return ", ".join(parts) or "-"

@@ -12,23 +12,10 @@ import json
 
 import click
 
-from flowq.cli.common import open_engine, schema_option, url_option
-from flowq.queues import QueueInfo, list_queues, pause, resume
+from flowq.cli.common import age_cell, limits_cell, open_engine, schema_option, table, url_option
+from flowq.queues import list_queues, pause, resume
 
 __all__ = ["queues"]
-
-
-def _limits(q: QueueInfo) -> str:
-    parts = []
-    if q.concurrency is not None:
-        parts.append(f"concurrency {q.concurrency}")
-    if q.rate_limit is not None and q.rate_period_s is not None:
-        parts.append(f"{q.rate_limit}/{q.rate_period_s:g}s")
-    return ", ".join(parts) or "-"
-
-
-def _age(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds:,.1f}s"
 
 
 @click.group(invoke_without_command=True)
@@ -55,11 +42,11 @@ def queues(ctx: click.Context, database_url: str | None, schema: str, as_json: b
     headers = ["queue", "due", "later", "waiting", "running", "dead", "oldest due", "limits",
                "state"]
     rows = [[q.name, str(q.pending), str(q.scheduled), str(q.waiting), str(q.running),
-             str(q.dead), _age(q.oldest_due_s), _limits(q), "paused" if q.paused else "active"]
+             str(q.dead), age_cell(q.oldest_due_s),
+             limits_cell(q.concurrency, q.rate_limit, q.rate_period_s),
+             "paused" if q.paused else "active"]
             for q in found]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    for line in [headers, *rows]:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
+    click.echo(table(headers, rows))
 
 
 def _set(database_url: str | None, schema: str, name: str, paused: bool) -> None:

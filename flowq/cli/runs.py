@@ -18,7 +18,14 @@ from typing import Any, Final, cast
 
 import click
 
-from flowq.cli.common import UserError, load_app, open_engine, schema_option, url_option
+from flowq.cli.common import (
+    UserError,
+    load_app,
+    open_engine,
+    schema_option,
+    table,
+    url_option,
+)
 from flowq.errors import InvalidArgumentsError
 from flowq.runs import (
     DEFAULT_RETRY_BATCH,
@@ -80,15 +87,6 @@ def _error_cell(text: str | None) -> str:
     return line if len(line) <= ERROR_CHARS else line[: ERROR_CHARS - 1] + "…"
 
 
-def _table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
-              for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-              for r in rows]
-    return "\n".join(lines)
-
-
 # Dead map instances whose errors `runs show` lists (the rest are counted).
 SHOWN_DEAD_INSTANCES: Final = 5
 
@@ -126,7 +124,7 @@ def _describe(run: RunInfo) -> str:
         rows.append([str(s.index), s.step or "-", s.status, f"{s.attempts}/{s.max_attempts}",
                      s.queue, str(s.job_id), _when(s.finished_at), _error_cell(s.last_error),
                      ", ".join(group.parents or ()) if group else ""])
-    lines += ["", _table(["#", "step", "status", "attempts", "queue", "job", "finished",
+    lines += ["", table(["#", "step", "status", "attempts", "queue", "job", "finished",
                           "last error", "after"], rows)]
     for g in run.graph:
         if g.instances is not None:
@@ -177,7 +175,7 @@ def list_command(database_url: str | None, schema: str, status: str | None, task
     found = found[:limit]
     rows = [[str(r.run_id), r.task, r.status, f"{r.step_index}:{r.step or '-'}",
              _when(r.created_at), _when(r.finished_at), r.idempotency_key or ""] for r in found]
-    text = (_table(["run", "task", "status", "step", "created", "finished", "key"], rows)
+    text = (table(["run", "task", "status", "step", "created", "finished", "key"], rows)
             if found else "no runs.")
     if next_before is not None:
         text += (f"\nmore: the next page is `flowq runs list --before {next_before}` with "

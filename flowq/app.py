@@ -695,9 +695,10 @@ def _key_options(t: Pipeline, key: str | Callable[..., Any] | None,
         raise ConfigurationError(f"concurrency_key of task {t.name!r} must be an argument "
                                  f"name or a function of the arguments, got {key!r}")
     limit = 1 if limit is None else limit
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 2**31 - 1:
         raise ConfigurationError(
-            f"key_concurrency of task {t.name!r} must be an integer of at least 1, got {limit!r}")
+            f"key_concurrency of task {t.name!r} must be an integer of at least 1 (and at most "
+            f"{2**31 - 1}), got {limit!r}")
     t.concurrency_key, t.key_concurrency = key, limit
 
 

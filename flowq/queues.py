@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Final
 
 import sqlalchemy as sa
 
@@ -40,6 +40,8 @@ from flowq.schema import DEFAULT_SCHEMA
 __all__ = ["QueueConfig", "QueueInfo", "Rate", "list_queues", "pause", "resume"]
 
 Bind = sa.Engine | sa.Connection
+# Limits are stored as PostgreSQL integers.
+MAX_LIMIT: Final = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -50,9 +52,10 @@ class Rate:
     per: float | timedelta = 1.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1:
-            raise ConfigurationError(f"a rate limit must allow at least 1 start, got "
-                                     f"{self.limit!r}")
+        if (isinstance(self.limit, bool) or not isinstance(self.limit, int)
+                or not 1 <= self.limit <= MAX_LIMIT):
+            raise ConfigurationError(f"a rate limit must allow at least 1 start (at most "
+                                     f"{MAX_LIMIT}), got {self.limit!r}")
         if not math.isfinite(self.seconds) or self.seconds <= 0:
             raise ConfigurationError(f"a rate's period must be positive, got {self.per!r}")
 
@@ -77,9 +80,11 @@ class QueueConfig:
 
     def __post_init__(self) -> None:
         c = self.concurrency
-        if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
+        if c is not None and (isinstance(c, bool) or not isinstance(c, int)
+                              or not 1 <= c <= MAX_LIMIT):
             raise ConfigurationError(
-                f"concurrency of queue {self.name!r} must be an integer of at least 1, got {c!r}")
+                f"concurrency of queue {self.name!r} must be an integer of at least 1 (and at "
+                f"most {MAX_LIMIT}), got {c!r}")
         if self.rate_limit is not None and not isinstance(self.rate_limit, Rate):
             raise ConfigurationError(
                 f"rate_limit of queue {self.name!r} must be a flowq.Rate(limit, per=...)")

@@ -66,6 +66,9 @@ def done(engine: sa.Engine, task: str) -> int:
     (lambda app: app.queue("q", rate_limit=flowq.Rate(5, per=timedelta(seconds=-1))),
      "positive"),
     (lambda app: app.queue("q", rate_limit=5), "flowq.Rate"),
+    (lambda app: app.queue("q", concurrency=2**31), "at most"),
+    (lambda app: app.queue("q", rate_limit=flowq.Rate(10**12)), "at most"),
+    (lambda app: app.queue("q", rate_limit=flowq.Rate(5, per=float("nan"))), "positive"),
     (lambda app: app.queue("not a queue!"), "not valid"),
 ])
 def test_bad_queue_declarations_are_refused(make: Any, match: str) -> None:

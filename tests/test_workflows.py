@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from tenacity import stop_after_attempt
 
 import flowq
 from flowq.runs import cancel_run, get_run, retry_run
@@ -297,7 +298,7 @@ def test_a_flaky_instance_is_retried_alone_and_retry_run_redoes_only_dead_ones(
         calls[-1] = calls.get(-1, 0) + 1
         return flowq.each([{"i": i} for i in range(6)])
 
-    @p.step(retry=flowq.Retry(stop=__import__("tenacity").stop_after_attempt(2)))
+    @p.step(retry=flowq.Retry(stop=stop_after_attempt(2)))
     def work(ctx: flowq.Context, i: int) -> int:
         calls[i] = calls.get(i, 0) + 1
         if i in broken:

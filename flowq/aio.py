@@ -13,6 +13,7 @@ which its asyncio extension needs (`pip install 'flowq[asyncio]'`). Use a psycop
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar, cast
 
@@ -20,6 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, async_scoped_session
 from sqlalchemy.ext.asyncio import AsyncSession as _SAAsyncSession
 
+from flowq import tracing
 from flowq.app import Pipeline
 from flowq.queries import queries
 from flowq.session import (
@@ -53,6 +55,17 @@ async def _connection(target: AsyncTarget, call: PreparedCall[Any] | PreparedSig
 
 async def execute(target: AsyncTarget, call: PreparedCall[T] | PreparedSignal) -> T:
     """Run a prepared enqueue in `target`'s transaction (see `flowq.session.execute`)."""
+    if tracing.ENABLED and isinstance(call, PreparedCall):
+        with tracing.publish(call.params) as publication:  # current in this task only
+            if publication is None:
+                return await _execute(target, call)
+            result = await _execute(target, replace(call, params=publication.params))
+            publication.done(result)
+            return result
+    return await _execute(target, call)
+
+
+async def _execute(target: AsyncTarget, call: PreparedCall[T] | PreparedSignal) -> T:
     conn = await _connection(target, call)
     engine = conn.sync_engine
     if (engine, call.schema) not in migrated_schemas:

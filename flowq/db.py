@@ -27,6 +27,7 @@ from flowq.schema import DEFAULT_SCHEMA, schema_map
 from flowq.storable import first_line
 
 __all__ = [
+    "PGBOUNCER_CONNECT_ARGS",
     "create_engine",
     "describe_url",
     "ensure_schema",
@@ -138,9 +139,18 @@ def describe_url(url: str | URL) -> str:
         return "<invalid URL>"
 
 
-def create_engine(url: str | URL, **kwargs: Any) -> sa.Engine:
-    """A SQLAlchemy engine on psycopg 3, with pre-ping so a restarted server is survived."""
+# What a psycopg connection through PgBouncer in transaction pooling mode needs: no
+# server-side prepared statements, which psycopg otherwise makes of a statement run 5 times
+# on a connection (they would stay on a server session that other clients get next).
+PGBOUNCER_CONNECT_ARGS: Final = {"prepare_threshold": None}
+
+
+def create_engine(url: str | URL, *, pgbouncer: bool = False, **kwargs: Any) -> sa.Engine:
+    """A SQLAlchemy engine on psycopg 3, with pre-ping so a restarted server is survived;
+    with `pgbouncer`, safe through PgBouncer in transaction mode (`PGBOUNCER_CONNECT_ARGS`)."""
     kwargs.setdefault("pool_pre_ping", True)
+    if pgbouncer:
+        kwargs["connect_args"] = {**kwargs.get("connect_args", {}), **PGBOUNCER_CONNECT_ARGS}
     return sa.create_engine(normalize_url(url), **kwargs)
 
 

@@ -7,7 +7,10 @@ own connection, and `enqueue` on the caller's connection. The SQL is the stateme
 compiled once per (statement, schema) by `flowq.db.raw_sql`.
 
 - `prepare=True` prepares server-side at once (the hot path runs a few statements millions of
-  times); `None` leaves it to psycopg (prepared after a few executions).
+  times); `None` leaves it to psycopg (prepared after a few executions). A connection made
+  with `prepare_threshold=None` (behind PgBouncer in transaction mode, where a prepared
+  statement would outlive the transaction on a server session another client gets next)
+  prepares nothing, whatever `prepare` says.
 - `pipeline=True` sends in pipeline mode, so that psycopg's implicit BEGIN travels in the same
   network write as the statement: worth it when the statement opens a transaction.
 """
@@ -23,7 +26,7 @@ from psycopg.rows import tuple_row
 
 from flowq.db import raw_sql
 
-__all__ = ["fetch_rows"]
+__all__ = ["fetch_rows", "result_rows"]
 
 
 def fetch_rows(conn: psycopg.Connection[Any], statement: sa.ClauseElement,
@@ -33,11 +36,18 @@ def fetch_rows(conn: psycopg.Connection[Any], statement: sa.ClauseElement,
     none). psycopg's errors propagate: the caller knows what a failure means for it."""
     cur = conn.cursor(row_factory=tuple_row)
     sql = raw_sql(statement, schema)
+    if conn.prepare_threshold is None:
+        prepare = False
     if pipeline:
         with conn.pipeline():
             cur.execute(sql, params, prepare=prepare)
     else:
         cur.execute(sql, params, prepare=prepare)
+    return result_rows(cur)
+
+
+def result_rows(cur: psycopg.Cursor[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The rows of `cur`'s last statement (empty when it returns none)."""
     try:
         # Not `cur.description` first: inside a caller's pipeline it is unknown until the
         # fetch itself syncs.

@@ -28,7 +28,8 @@ _CLAIMED = """j.id, j.lease, j.run_id, j.task, j.step, j.step_index, j.queue, j.
     j.attempts, j.max_attempts, j.args::text AS args, j.cancel_requested,
     extract(epoch FROM now() - j.created_at)::float8 AS age, j.map_index, j.joined,
     j.scheduled_at,
-    extract(epoch FROM now() - j.run_at)::float8 AS pickup_delay"""
+    extract(epoch FROM now() - j.run_at)::float8 AS pickup_delay,
+    j.trace_context::text AS trace_context"""
 
 # The fence's status check, written so that no partial index can serve it (the planner cannot
 # prove `status = 'running'` from `... IS TRUE`). A fenced write must find its rows through the
@@ -42,13 +43,16 @@ _FENCE = "j.id = c.id AND j.lease = c.lease AND (j.status = 'running') IS TRUE"
 # last claim's token, and the next claim draws a new one.
 _UNLOCK = "locked_by = NULL, locked_at = NULL, heartbeat_at = NULL"
 
+# The W3C trace context an enqueue stores with its rows (JSON text, NULL: not traced; see
+# flowq.tracing). The steps a run creates later copy it from the row that creates them.
+_TRACE = "CAST(:trace_context AS jsonb)"
 # What every enqueued row takes from the call, typed (a driver that prepares statements, such
 # as asyncpg, must know each parameter's type), and its due time: :run_at, else now + :delay.
-_CALL = """CAST(:task AS text), CAST(:step AS text), CAST(:queue AS text),
+_CALL = f"""CAST(:task AS text), CAST(:step AS text), CAST(:queue AS text),
                     CAST(:priority AS smallint), CAST(:max_attempts AS int),
-                    CAST(:key_limit AS int)"""
+                    CAST(:key_limit AS int), {_TRACE}"""
 # The columns `_CALL` fills, in its order.
-_CALL_COLUMNS = "task, step, queue, priority, max_attempts, key_limit"
+_CALL_COLUMNS = "task, step, queue, priority, max_attempts, key_limit, trace_context"
 _DUE = "COALESCE(CAST(:run_at AS timestamptz), now() + CAST(:delay AS interval))"
 
 
@@ -131,7 +135,8 @@ def _succeed(single: bool) -> str:
                    SET status = 'succeeded', result = c.result, finished_at = now(), {_UNLOCK}
                   FROM {claims}
                  WHERE {_FENCE}
-                RETURNING j.id, j.lease, j.run_id, j.priority, j.cancel_requested"""
+                RETURNING j.id, j.lease, j.run_id, j.priority, j.cancel_requested,
+                          j.trace_context"""
 
 
 class Queries:
@@ -407,7 +412,7 @@ class Queries:
                  "WITH ORDINALITY AS r(step, step_index, queue, max_attempts, delay, signal, "
                  "wait, n)")
         columns = """run_id, task, step, step_index, queue, priority, max_attempts, args,
-                     status, run_at"""
+                     status, run_at, trace_context"""
 
         def values(run: str) -> str:
             return f"""{run}, CAST(:task AS text), r.step, r.step_index, r.queue,
@@ -415,7 +420,7 @@ class Queries:
                      CASE WHEN r.signal IS NULL THEN 'pending' ELSE 'waiting' END,
                      CASE WHEN r.signal IS NULL
                           THEN {_DUE} + make_interval(secs => r.delay)
-                          ELSE now() + make_interval(secs => r.wait) END"""
+                          ELSE now() + make_interval(secs => r.wait) END, {_TRACE}"""
 
         return f"""{head},
             first AS (
@@ -550,10 +555,10 @@ class Queries:
         return self._t(f"""
             WITH done AS ({_succeed(single)}), inserted AS (
                 INSERT INTO {{s}}.jobs (run_id, task, step, step_index, queue, priority,
-                                        max_attempts, args, map_index, run_at)
+                                        max_attempts, args, map_index, run_at, trace_context)
                 SELECT d.run_id, n.task, n.step, n.step_index, n.queue, d.priority,
                        n.max_attempts, n.args, n.map_index,
-                       now() + make_interval(secs => n.delay)
+                       now() + make_interval(secs => n.delay), d.trace_context
                   FROM done d JOIN {successors} ON n.id = d.id AND n.lease = d.lease
                  WHERE NOT d.cancel_requested
                 RETURNING queue, run_at
@@ -581,7 +586,7 @@ class Queries:
         waits = "r.signal IS NOT NULL AND m.sent_at IS NULL"
         return self._t(f"""
             WITH done AS ({_succeed(single)}), spawn AS (
-                SELECT d.run_id, d.priority, n.*
+                SELECT d.run_id, d.priority, d.trace_context, n.*
                   FROM done d JOIN {spawns} ON n.id = d.id AND n.lease = d.lease
                  WHERE NOT d.cancel_requested
             ), counted AS (
@@ -598,13 +603,14 @@ class Queries:
                 RETURNING run_id, step, remaining, inputs
             ), ready AS (
                 SELECT run_id, priority, task, step, step_index, queue, max_attempts, args,
-                       map_index, delay, signal, wait, false AS joined
+                       map_index, delay, signal, wait, false AS joined, trace_context
                   FROM spawn WHERE parents = 0
                 UNION ALL
                 SELECT * FROM (
                     SELECT DISTINCT ON (s.run_id, s.step)
                            s.run_id, s.priority, s.task, s.step, s.step_index, s.queue,
-                           s.max_attempts, c.inputs, NULL::int, s.delay, s.signal, s.wait, true
+                           s.max_attempts, c.inputs, NULL::int, s.delay, s.signal, s.wait, true,
+                           s.trace_context  -- the context of the parent completing the join
                       FROM spawn s JOIN counted c ON c.run_id = s.run_id AND c.step = s.step
                      WHERE s.parents > 0 AND c.remaining = 0) joined
             ), met AS (
@@ -616,7 +622,8 @@ class Queries:
                 RETURNING run_id, name, payload, sent_at
             ), inserted AS (
                 INSERT INTO {{s}}.jobs (run_id, task, step, step_index, queue, priority,
-                                        max_attempts, args, map_index, joined, status, run_at)
+                                        max_attempts, args, map_index, joined, status, run_at,
+                                        trace_context)
                 SELECT r.run_id, r.task, r.step, r.step_index, r.queue, r.priority,
                        r.max_attempts,
                        CASE WHEN m.sent_at IS NULL THEN r.args
@@ -624,7 +631,8 @@ class Queries:
                        r.map_index, r.joined,
                        CASE WHEN {waits} THEN 'waiting' ELSE 'pending' END,
                        now() + make_interval(secs => CASE WHEN {waits} THEN r.wait
-                                                          ELSE r.delay END)
+                                                          ELSE r.delay END),
+                       r.trace_context
                   FROM ready r LEFT JOIN met m ON m.run_id = r.run_id AND m.name = r.signal
                 RETURNING queue, status, run_at
             )

@@ -98,6 +98,9 @@ jobs = sa.Table(
     sa.Column("key_limit", sa.Integer),
     # Periodic schedules: the tick a scheduled run runs for, on the steps it starts with.
     sa.Column("scheduled_at", sa.DateTime(timezone=True)),
+    # Tracing (flowq.tracing, revision 0007): the W3C trace context the run was enqueued
+    # under, {"traceparent": ..., "tracestate": ...}; copied to the steps it creates.
+    sa.Column("trace_context", JSONB),
     sa.CheckConstraint(
         "status IN ('pending', 'running', 'succeeded', 'dead', 'cancelled', 'waiting')",
         name="jobs_status_check",

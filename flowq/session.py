@@ -37,7 +37,7 @@ import math
 import threading
 import weakref
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Generic, TypeVar, Union, cast
 
@@ -46,6 +46,7 @@ import sqlalchemy as sa
 from psycopg.pq import TransactionStatus
 from sqlalchemy import orm
 
+from flowq import tracing
 from flowq.app import DEFAULT_QUEUE, Pipeline, _validate_name, find_definition, validate_queue
 from flowq.db import is_missing_schema_error, raw_sql
 from flowq.db import schema_missing as schema_missing  # re-exported for flowq.aio
@@ -242,6 +243,7 @@ def _common_params(task: Pipeline | str, *, queue: str | None, priority: int | N
         "key_limit": definition.key_concurrency if definition is not None else None,
         "concurrency_key": None,
         "channel": notify_channel(schema),
+        "trace_context": None,  # set by `execute` when tracing (flowq.tracing)
         **_due_params(run_at, delay),
     }
     return name, definition, schema, params
@@ -481,7 +483,19 @@ def _send(conn: sa.Connection, statement: sa.Executable,
 
 
 def execute(target: Target, call: PreparedCall[T] | PreparedSignal) -> T:
-    """Run a prepared enqueue in `target`'s transaction."""
+    """Run a prepared enqueue in `target`'s transaction (in a PRODUCER span when tracing:
+    `flowq.tracing`, which stores its context with the job)."""
+    if tracing.ENABLED and isinstance(call, PreparedCall):
+        with tracing.publish(call.params) as publication:
+            if publication is None:
+                return _execute(target, call)
+            result = _execute(target, replace(call, params=publication.params))
+            publication.done(result)
+            return result
+    return _execute(target, call)
+
+
+def _execute(target: Target, call: PreparedCall[T] | PreparedSignal) -> T:
     conn = _connection(target, call)
     if (conn.engine, call.schema) not in migrated_schemas:
         if conn.execute(queries(call.schema).check_schema).scalar() is None:

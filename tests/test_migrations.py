@@ -28,7 +28,7 @@ from flowq.migrations import (
 from flowq.schema import DEFAULT_SCHEMA, metadata
 
 REPO = Path(__file__).resolve().parent.parent
-HEAD = "0006"
+HEAD = "0007"
 
 
 @pytest.fixture

@@ -9,6 +9,10 @@ loop of `--processes` children.
 `--metrics-port PORT` (extra `flowq[metrics]`) serves Prometheus metrics on `--metrics-addr`
 (default 127.0.0.1); with `--processes N` each child serves its own on the first free port of
 PORT .. PORT+N-1 (all N are checked before any child starts). See docs/observability.md.
+
+`--pgbouncer` makes every connection safe behind PgBouncer in transaction pooling mode (no
+startup options, no prepared statements, no LISTEN, no session advisory lock); it polls,
+unless `--listen-url URL` names a direct connection to LISTEN on. See docs/operations.md.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Final
 import click
 
 from flowq.app import validate_queue
-from flowq.cli.common import load_app, require_url, url_option
+from flowq.cli.common import UserError, load_app, require_url, url_option
 from flowq.errors import InvalidQueueError
 
 __all__ = ["worker"]
@@ -62,6 +66,12 @@ def _queues(value: str | None) -> list[str] | None:
               help="Seconds between polls, the safety net for missed notifications.")
 @click.option("--no-listen", is_flag=True, help="Poll only (e.g. behind PgBouncer in "
               "transaction mode, which cannot LISTEN).")
+@click.option("--pgbouncer", is_flag=True, help="The database URL goes through PgBouncer in "
+              "transaction pooling mode: no session state on any connection; poll only "
+              "unless --listen-url.")
+@click.option("--listen-url", default=None, metavar="URL",
+              help="LISTEN on this URL (a direct connection to PostgreSQL) instead of the "
+              "database URL; with --pgbouncer it also collects the queue metrics.")
 @click.option("--shutdown-grace", default=25.0, show_default=True, type=click.FloatRange(0),
               help="Seconds running handlers get to finish after SIGTERM.")
 @click.option("--stale-after", default=30.0, show_default=True, type=click.FloatRange(0.1),
@@ -87,12 +97,15 @@ def worker(app_spec: str, database_url: str | None, queues: str | None, concurre
            processes: int, poll_interval: float, no_listen: bool, shutdown_grace: float,
            stale_after: float, heartbeat_interval: float, reap_interval: float,
            no_maintenance: bool, no_schedules: bool, log_format: str, log_level: str,
-           job_log: bool, metrics_port: int | None, metrics_addr: str) -> None:
+           job_log: bool, metrics_port: int | None, metrics_addr: str, pgbouncer: bool,
+           listen_url: str | None) -> None:
     """Run the jobs of MODULE:APP until SIGTERM/SIGINT."""
     from flowq.worker import Worker, WorkerConfig
     from flowq.worker.logs import configure_logging
 
     configure_logging("json" if log_format == "json" else "text", log_level)
+    if listen_url and no_listen:
+        raise UserError("--listen-url and --no-listen contradict each other: pass one of them.")
     url = require_url(database_url)
     app = load_app(app_spec)
     config = WorkerConfig(queues=_queues(queues), concurrency=concurrency,
@@ -101,7 +114,8 @@ def worker(app_spec: str, database_url: str | None, queues: str | None, concurre
                           heartbeat_interval=heartbeat_interval, reap_interval=reap_interval,
                           maintenance=not no_maintenance, schedules=not no_schedules,
                           job_log=job_log, metrics_port=metrics_port,
-                          metrics_addr=metrics_addr, metrics_ports=_metrics_ports(processes))
+                          metrics_addr=metrics_addr, metrics_ports=_metrics_ports(processes),
+                          pgbouncer=pgbouncer, listen_url=listen_url)
     w = Worker(app, url, config)
     w.check_database()
     if processes > 1:

@@ -22,6 +22,16 @@ costs a fraction of a millisecond, per statement that each handles a batch.
 A failed connection (server restart, `pg_terminate_backend`) is dropped and reopened on the
 next call; the caller sees the error once and retries its operation, which is safe because
 every write is fenced.
+
+Behind PgBouncer in transaction pooling mode (`pgbouncer=True`, `flowq worker --pgbouncer`)
+a connection is a different server session at every transaction, so nothing may live in the
+session: the connection sends no startup `options` (PgBouncer refuses them) and prepares
+nothing (`prepare_threshold=None`; `fetch_rows` then never prepares either). The settings
+are applied per transaction instead: every statement runs in an explicit transaction that
+begins with `set_config(..., is_local => true)` (`SET LOCAL`), all in one pipelined round
+trip. `enable_seqscan` and `statement_timeout` are kept that way; `plan_cache_mode` is
+dropped, since an unprepared (unnamed) statement is planned with its parameter values at
+every execution anyway, which is what `force_custom_plan` asks of a prepared one.
 """
 
 from __future__ import annotations
@@ -32,14 +42,18 @@ from typing import Any, Final
 
 import psycopg
 import sqlalchemy as sa
+from psycopg.pq import TransactionStatus
+from psycopg.rows import tuple_row
+from sqlalchemy import event
 from sqlalchemy.engine import URL
 from sqlalchemy.sql.elements import TextClause
 
 from flowq.db import raw_sql
-from flowq.direct import fetch_rows
+from flowq.direct import fetch_rows, result_rows
 
 __all__ = ["DB_ERRORS", "HOT_PATH_OPTIONS", "MAINTENANCE_OPTIONS", "PLANNER_OPTIONS",
-           "DedicatedConnection", "fetch_rows", "heartbeat_options", "raw_sql"]
+           "DedicatedConnection", "fetch_rows", "heartbeat_options", "local_settings_sql",
+           "raw_sql", "set_local_on_begin"]
 
 # What a database failure looks like on either path (SQLAlchemy's or psycopg's own).
 DB_ERRORS: Final = (sa.exc.DBAPIError, psycopg.Error)
@@ -61,25 +75,73 @@ def heartbeat_options(interval: float) -> str:
     return HOT_PATH_OPTIONS + f" -c statement_timeout={max(1000, int(interval * 1000))}"
 
 
-class DedicatedConnection:
-    """One autocommit connection, used by one thread at a time, reopened after a failure."""
+# Settings that only shape the plans of server-side prepared statements: without those
+# (behind PgBouncer) they have nothing to do, and are not sent.
+PREPARED_ONLY_SETTINGS: Final = frozenset({"plan_cache_mode"})
+_PIPELINE: Final = psycopg.Pipeline.is_supported()
+IDLE: Final = TransactionStatus.IDLE
 
-    def __init__(self, url: URL, application_name: str, *, options: str = HOT_PATH_OPTIONS
-                 ) -> None:
+
+def local_settings_sql(options: str) -> str | None:
+    """The statement applying the `-c name=value` settings of a libpq `options` string to
+    the current transaction only (`SET LOCAL`), for connections that may not carry session
+    settings (PgBouncer in transaction mode); None when none is left to apply."""
+    words = options.split()
+    calls = []
+    for flag, setting in zip(words[::2], words[1::2], strict=True):
+        name, sep, value = setting.partition("=")
+        if flag != "-c" or not sep:
+            raise ValueError(f"not a -c name=value setting: {flag} {setting}")
+        if name in PREPARED_ONLY_SETTINGS:
+            continue
+        calls.append("set_config('{}', '{}', true)".format(
+            name.replace("'", "''"), value.replace("'", "''")))
+    return "SELECT " + ", ".join(calls) if calls else None
+
+
+def set_local_on_begin(engine: sa.Engine, options: str) -> None:
+    """Apply `options` with `SET LOCAL` at the start of every transaction of `engine` (its
+    connections carry no startup `options`: PgBouncer in transaction mode)."""
+    statement = local_settings_sql(options)
+    if statement is None:
+        return
+
+    @event.listens_for(engine, "begin")
+    def _set_local(conn: sa.Connection) -> None:
+        # SQLAlchemy's own recipe for statements at BEGIN: the DBAPI opens the transaction.
+        conn.exec_driver_sql(statement)
+
+
+class DedicatedConnection:
+    """One autocommit connection, used by one thread at a time, reopened after a failure.
+    With `pgbouncer`, safe behind PgBouncer in transaction mode (see the module docstring)."""
+
+    def __init__(self, url: URL, application_name: str, *, options: str = HOT_PATH_OPTIONS,
+                 pgbouncer: bool = False) -> None:
         self.conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
         self.application_name = application_name[:63]
         self.options = options
+        self.pgbouncer = pgbouncer
+        # Behind PgBouncer: the settings, per transaction (None: nothing to set).
+        self.set_local = local_settings_sql(options) if pgbouncer else None
         self._conn: psycopg.Connection[Any] | None = None
         self.statements = 0
 
     def _open(self) -> psycopg.Connection[Any]:
-        self._conn = psycopg.connect(self.conninfo, autocommit=True, connect_timeout=10,
-                                     application_name=self.application_name,
-                                     options=self.options)
+        if self.pgbouncer:
+            self._conn = psycopg.connect(self.conninfo, autocommit=True, connect_timeout=10,
+                                         application_name=self.application_name,
+                                         prepare_threshold=None)
+        else:
+            self._conn = psycopg.connect(self.conninfo, autocommit=True, connect_timeout=10,
+                                         application_name=self.application_name,
+                                         options=self.options)
         return self._conn
 
     def execute(self, clause: TextClause, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         """Run one statement; its rows as tuples (empty when it returns none)."""
+        if self.set_local is not None:
+            return self.transaction([(clause, params)])
         conn = self._conn if self._conn is not None and not self._conn.closed else self._open()
         self.statements += 1
         try:
@@ -97,14 +159,35 @@ class DedicatedConnection:
         self.statements += len(statements)
         rows: list[tuple[Any, ...]] = []
         try:
+            if self.set_local is not None:
+                return self._local_transaction(conn, self.set_local, statements)
             with conn.transaction():
                 for clause, params in statements:
                     rows = fetch_rows(conn, clause, params)
             return rows
         except psycopg.Error:
-            if conn.closed or conn.broken:
+            # Pipelined, a failed statement makes the server skip the queued COMMIT: the
+            # session is left in its failed transaction, so it goes (and PgBouncer gets its
+            # server back rolled back) rather than be reused.
+            if conn.closed or conn.broken or conn.info.transaction_status != IDLE:
                 self.close()
             raise
+
+    @staticmethod
+    def _local_transaction(conn: psycopg.Connection[Any], set_local: str,
+                           statements: list[tuple[TextClause, Mapping[str, Any]]]
+                           ) -> list[tuple[Any, ...]]:
+        """BEGIN, the settings, `statements`, COMMIT: pipelined, so one round trip."""
+        cur = conn.cursor(row_factory=tuple_row)
+        with contextlib.ExitStack() as stack:
+            if _PIPELINE:
+                stack.enter_context(conn.pipeline())
+            stack.enter_context(conn.transaction())
+            conn.execute(set_local, prepare=False)
+            for clause, params in statements:
+                cur = conn.cursor(row_factory=tuple_row)
+                cur.execute(raw_sql(clause), params, prepare=False)
+        return result_rows(cur)
 
     def close(self) -> None:
         conn, self._conn = self._conn, None

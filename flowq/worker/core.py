@@ -16,6 +16,14 @@ Each role has its own connection (or small pool) named in `application_name` (`f
 claim`, `flowq complete`, `flowq heartbeat`, `flowq maintain`, `flowq session`, `flowq
 listen`), so operators can see them in pg_stat_activity, and a dropped connection in one
 role never stalls another.
+
+Behind PgBouncer in transaction pooling mode (`pgbouncer=True`, `flowq worker --pgbouncer`)
+every connection is made safe for it: no startup `options` (the planner and timeout settings
+are applied per transaction with `SET LOCAL`, see `flowq.worker.connection`), no prepared
+statements (`prepare_threshold=None`), no LISTEN through the pooler (poll only, or LISTEN on
+the direct `listen_url`), no session-level advisory lock (the metrics' queue gauges are
+collected only through `listen_url`), and no `pg_terminate_backend` of an abandoned attempt's
+backend (the pid a pooled connection reports is PgBouncer's, not the server's).
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ from flowq.worker.connection import (
     MAINTENANCE_OPTIONS,
     DedicatedConnection,
     heartbeat_options,
+    set_local_on_begin,
 )
 from flowq.worker.executor import Executor
 from flowq.worker.listener import Listener
@@ -99,6 +108,11 @@ class WorkerConfig:
     metrics_port: int | None = None
     metrics_addr: str = "127.0.0.1"
     metrics_ports: int = 1
+    # PgBouncer in transaction pooling mode between the worker and PostgreSQL (see the module
+    # docstring); listen_url: a direct (or session-pooled) URL to LISTEN on, since LISTEN
+    # cannot go through such a pooler (None: with pgbouncer, poll only).
+    pgbouncer: bool = False
+    listen_url: str | None = None
     name: str = field(default_factory=lambda: (
         f"{socket.gethostname()[:24]}:{os.getpid()}:{uuid.uuid4().hex[:4]}"))
 
@@ -134,6 +148,8 @@ class Worker:
         self.config.validate()
         app.check()
         self.url = normalize_url(url)
+        self.listen_url = (normalize_url(self.config.listen_url)
+                           if self.config.listen_url else None)
         self.queues = list(self.config.queues or app.queues)
         if not self.queues:
             raise ConfigurationError("the app defines no tasks, so there is no queue to serve: "
@@ -151,8 +167,10 @@ class Worker:
         session_bind = self.engines["session"]
         if smap:
             session_bind = session_bind.execution_options(schema_translate_map=smap)
-        self.claim_conn = DedicatedConnection(self.url, f"flowq claim {c.name}")
-        self.complete_conn = DedicatedConnection(self.url, f"flowq complete {c.name}")
+        pgb = c.pgbouncer
+        self.claim_conn = DedicatedConnection(self.url, f"flowq claim {c.name}", pgbouncer=pgb)
+        self.complete_conn = DedicatedConnection(self.url, f"flowq complete {c.name}",
+                                                 pgbouncer=pgb)
         self.completer = Completer(self.complete_conn, self.q, job_log=c.job_log)
         self._wake = threading.Event()
         self.completer.on_written = self._wake.set
@@ -167,7 +185,9 @@ class Worker:
             app, self.completer, concurrency=c.concurrency,
             session_factory=lambda: StepSession(bind=session_bind),
             on_slot_free=self._on_slot_free)
-        self.executor.end_backend = self._end_backend
+        # Behind PgBouncer a session's backend pid is PgBouncer's own (not a server's): never
+        # terminate by it. An abandoned attempt's transaction then ends when its handler does.
+        self.executor.end_backend = None if pgb else self._end_backend
         self.metrics: WorkerMetrics | None = None
         if c.metrics_port is not None:
             from flowq.metrics import WorkerMetrics  # prometheus_client only when asked for
@@ -175,23 +195,24 @@ class Worker:
             self.metrics = WorkerMetrics(
                 worker=c.name, concurrency=c.concurrency, queues=self.queues,
                 in_flight=lambda: self.executor.in_flight, queries=self.q,
-                conn=DedicatedConnection(self.url, f"flowq metrics {c.name}",
-                                         options=MAINTENANCE_OPTIONS))
+                conn=self._metrics_conn())
             self.completer.metrics = self.metrics
         self.claimer = Claimer(self.claim_conn, self.q, self.queues, c.name,
                                self.executor.submit if self.metrics is None
                                else self._submit_metered)
         self.heartbeat = m.Heartbeat(
             DedicatedConnection(self.url, f"flowq heartbeat {c.name}",
-                                options=heartbeat_options(c.heartbeat_interval)),
+                                options=heartbeat_options(c.heartbeat_interval),
+                                pgbouncer=pgb),
             self.q, self._held_claims, unsettled=self.executor.unsettled_claims,
             interval=c.heartbeat_interval)
         self.reaper = m.Reaper(self.engines["maintain"], self.q, stale_after=c.stale_after)
         self.pruner = m.Pruner(self.engines["maintain"], self.q, retention=c.retention,
                                dead_retention=c.dead_retention)
         self.listener: Listener | None = None
-        if c.listen:
-            conninfo = self.url.set(drivername="postgresql").render_as_string(
+        listen_on = self.listen_url or (None if pgb else self.url)
+        if c.listen and listen_on is not None:
+            conninfo = listen_on.set(drivername="postgresql").render_as_string(
                 hide_password=False)
             self.listener = Listener(conninfo, self.channel, self.queues, self._on_notify,
                                      application_name=f"flowq listen {c.name}"[:63],
@@ -210,11 +231,29 @@ class Worker:
     def _engine(self, role: str, size: int, planner_options: str | None = None) -> sa.Engine:
         # No pre-ping: it would cost a round trip per checkout. A dropped connection raises,
         # is invalidated by SQLAlchemy, and the operation is retried by its caller.
-        return sa.create_engine(
-            self.url, pool_size=size, max_overflow=2, pool_pre_ping=False,
-            connect_args={"application_name": f"flowq {role} {self.config.name}"[:63],
-                          "connect_timeout": 10,
-                          **({"options": planner_options} if planner_options else {})})
+        pgb = self.config.pgbouncer
+        connect_args: dict[str, object] = {
+            "application_name": f"flowq {role} {self.config.name}"[:63], "connect_timeout": 10}
+        if pgb:
+            connect_args["prepare_threshold"] = None  # nothing prepared outlives a transaction
+        elif planner_options:
+            connect_args["options"] = planner_options
+        engine = sa.create_engine(self.url, pool_size=size, max_overflow=2,
+                                  pool_pre_ping=False, connect_args=connect_args)
+        if pgb and planner_options:
+            set_local_on_begin(engine, planner_options)  # SET LOCAL at every BEGIN
+        return engine
+
+    def _metrics_conn(self) -> DedicatedConnection | None:
+        """The queue gauges' connection, which holds a session-level advisory lock: never
+        through PgBouncer in transaction mode (the lock would stay with a server session
+        other clients get); there, only on `listen_url`, else no queue gauges at all."""
+        name = f"flowq metrics {self.config.name}"
+        if not self.config.pgbouncer:
+            return DedicatedConnection(self.url, name, options=MAINTENANCE_OPTIONS)
+        if self.listen_url is not None:
+            return DedicatedConnection(self.listen_url, name, options=MAINTENANCE_OPTIONS)
+        return None
 
     @property
     def claimed(self) -> int:
@@ -352,7 +391,8 @@ class Worker:
             self.scheduler.start()
         log_event(INFO, "worker started", database=describe_url(self.url),
                   queues=",".join(self.queues), concurrency=self.config.concurrency,
-                  worker=self.config.name, listen=self.config.listen,
+                  worker=self.config.name, listen=self.listener is not None,
+                  **({"pgbouncer": True} if self.config.pgbouncer else {}),
                   poll_s=self.config.poll_interval)
 
     def run(self, *, install_signals: bool | None = None, until_idle: bool = False,

@@ -22,6 +22,9 @@ thread takes its slot, and whatever the stuck thread returns later is discarded 
 is abandoned the same way. If the event loop itself is blocked past a deadline (a handler
 calling `time.sleep` inside `async def`), the loop is replaced by a fresh one and the other
 attempts left on the blocked loop are retried at once (the attempt counts against the cap).
+
+Tracing (`flowq.tracing`, only when OpenTelemetry is installed): each attempt is a CONSUMER
+span, started at submit, current while the handler runs, ended with the outcome handed on.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from flowq import tracing
 from flowq.app import FlowQ, Pipeline, Step
 from flowq.context import Context, StepSession
 from flowq.errors import (
@@ -116,6 +120,8 @@ class _Running:
     future: Future[None] | None = None
     ctx: Context | None = None  # once prepared: its session's connection, to end on abandon
     cancelled: bool = False  # the run was cancelled while it ran (seen by the heartbeat)
+    span: Any = None  # the attempt's CONSUMER span when tracing (flowq.tracing)
+    error: BaseException | None = None  # what failed it, for the span (tracing only)
 
     @property
     def step(self) -> Step[Any, Any] | None:
@@ -218,6 +224,9 @@ class Executor:
         timeout = resolved[1].timeout if isinstance(resolved, tuple) else None
         now = time.monotonic()
         rec = _Running(job, now, now + timeout if timeout else None, resolved)
+        if tracing.ENABLED:
+            rec.span = tracing.start_attempt(
+                job, resolved[1].name if isinstance(resolved, tuple) else job.step)
         with self._lock:
             self._running[job.claim] = rec
         coro = None
@@ -235,6 +244,8 @@ class Executor:
                 self._running.pop(job.claim, None)
             if coro is not None:
                 coro.close()
+            if rec.span is not None:
+                tracing.end_attempt(rec.span, None)
             raise
 
     def _watch(self) -> None:
@@ -288,6 +299,8 @@ class Executor:
             # to the pool, where another attempt could take it) before this is done.
             self._end_transaction(rec)
         self.completer.submit(rec.job, outcome, time.monotonic() - rec.started)
+        if rec.span is not None:
+            tracing.end_attempt(rec.span, outcome, rec.error)
         self._finish_slot(rec)
         if rec.future is not None:
             rec.future.cancel()  # thread-safe: cancels the task on its loop
@@ -354,6 +367,8 @@ class Executor:
         """The outcome of a failed attempt: when to retry it by its step's policy, or dead."""
         job, text = rec.job, describe(exc)
         summary = first_line(text)[:SUMMARY_CHARS]
+        if rec.span is not None:
+            rec.error = exc
         step = rec.step
         # Running again would fail the same way; a missed signal is retried only by a policy
         # the step was given.
@@ -568,7 +583,8 @@ class Executor:
         except (InvalidArgumentsError, SignalTimeout) as exc:
             return self._failure(rec, exc, 0.0), None
         try:
-            result = step.fn(ctx, **args)
+            result = (step.fn(ctx, **args) if rec.span is None
+                      else tracing.called_in(rec.span, step.fn, ctx, **args))
         except BaseException as exc:  # handlers may raise anything; the worker survives
             return self._exception_outcome(rec, exc, time.monotonic() - rec.started), ctx
         return self._outcome_of_result(rec, pipeline, step, result,
@@ -586,7 +602,8 @@ class Executor:
             else:
                 ctx, args = self._prepare(rec, step)
             try:
-                result = await step.fn(ctx, **args)
+                result = await (step.fn(ctx, **args) if rec.span is None
+                                else tracing.awaited_in(rec.span, step.fn(ctx, **args)))
             except BaseException as exc:  # CancelledError too: the watchdog settled it
                 outcome = self._exception_outcome(rec, exc, time.monotonic() - rec.started)
             else:
@@ -617,13 +634,16 @@ class Executor:
                 try:
                     self.completer.complete_in_session(rec.job, outcome, session, duration)
                 except BaseException as exc:  # the handler's writes failed at commit
-                    self.completer.submit(rec.job, self._failure(rec, exc, duration), duration)
+                    outcome = self._failure(rec, exc, duration)
+                    self.completer.submit(rec.job, outcome, duration)
             else:
                 _quietly(session, "rollback")
                 self.completer.submit(rec.job, outcome, duration)
         finally:
             _quietly(session, "close")
             if not abandoned:
+                if rec.span is not None:
+                    tracing.end_attempt(rec.span, outcome, rec.error)
                 self._finish_slot(rec)
         return True
 

@@ -4,8 +4,10 @@ Notifications carry only a queue name, and for a job due later `queue@seconds`: 
 is then woken that many seconds later (a job enqueued with `delay=0.5` starts about 0.5 s
 later, whatever the poll interval). The listener reconnects by itself (with backoff) and
 wakes the claimer after every (re)connect, since notifications sent while it was away are
-lost; the claimer's poll is the safety net in any case. Off with `listen=False` (poll only),
-for PgBouncer in transaction mode, which cannot hold a LISTEN.
+lost; the claimer's poll is the safety net in any case. Off with `listen=False` (poll only).
+PgBouncer in transaction mode cannot hold a LISTEN: with `pgbouncer=True` the worker polls,
+or listens on `listen_url` (`--listen-url`), a direct connection to PostgreSQL, since a
+NOTIFY committed through the pooler reaches every session that LISTENs on the server.
 """
 
 from __future__ import annotations

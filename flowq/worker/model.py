@@ -49,6 +49,7 @@ class ClaimedJob:
     joined: bool = False  # created by a join: mapped parents' results are collected to run it
     scheduled_at: datetime | None = None  # the tick a periodic schedule enqueued this run for
     pickup_delay: float = 0.0  # seconds from its due time (run_at) to this claim
+    trace_context: str | None = None  # W3C trace context (JSON text) it was enqueued under
 
     @property
     def claim(self) -> Claim:

@@ -23,12 +23,10 @@ What it shows:
 
 from __future__ import annotations
 
-import contextlib
 import sys
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, NamedTuple
 
@@ -132,21 +130,14 @@ def approve_view(Session: sessionmaker[flowq.Session], document_id: int, approve
 # -- running it -------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def worker_thread(url: str) -> Iterator[None]:
-    """A worker in a thread of this process (as a web app would embed it), for this app's
-    queue only; stopped, after its running handlers finish, on leaving the block. Its reaper
-    pass, which ends expired waits, runs every half second instead of every 10 s, so the
-    timeout below shows quickly."""
-    worker = flowq.Worker(app, url, flowq.WorkerConfig(poll_interval=0.5, reap_interval=0.5))
-    worker.check_database()
-    thread = threading.Thread(target=worker.run, name="flowq-worker")
-    thread.start()
-    try:
-        yield
-    finally:
-        worker.stop()
-        thread.join()
+def worker(url: str) -> flowq.Worker:
+    """A worker for this app's queue only, to run in a thread of this process as a web app
+    would embed it: `with worker(url).running():` stops it, after its running handlers
+    finish, on leaving the block. Its reaper pass, which ends expired waits, runs every half
+    second instead of every 10 s, so the timeout below shows quickly."""
+    w = flowq.Worker(app, url, flowq.WorkerConfig(poll_interval=0.5, reap_interval=0.5))
+    w.check_database()
+    return w
 
 
 class Submitted(NamedTuple):
@@ -194,7 +185,7 @@ def main(url: str | None) -> int:
         outcomes.append(view("ann double-clicks", prices.document_id, "ann"))
         outcomes.append(view("bob approves it too", prices.document_id, "bob"))
 
-        with worker_thread(db_url):
+        with worker(db_url).running():
             prices_run = wait_run(engine, prices.run_id, timeout=60)
             poll(lambda: status(handbook.run_id) == "waiting", "the handbook to wait")
             print(f"\nthe handbook's run is {status(handbook.run_id)}:")

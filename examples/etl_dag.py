@@ -28,12 +28,10 @@ What it shows:
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import sqlalchemy as sa
@@ -181,19 +179,13 @@ def publish(ctx: Context, check_totals: dict[str, Any],
 # -- running it -------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def worker_thread(url: str) -> Iterator[None]:
-    """A worker in a thread of this process (as a web app would embed it), for this app's
-    queue only; stopped, after its running handlers finish, on leaving the block."""
-    worker = flowq.Worker(app, url, flowq.WorkerConfig(concurrency=4, poll_interval=0.5))
-    worker.check_database()
-    thread = threading.Thread(target=worker.run, name="flowq-worker")
-    thread.start()
-    try:
-        yield
-    finally:
-        worker.stop()
-        thread.join()
+def worker(url: str) -> flowq.Worker:
+    """A worker for this app's queue only, to run in a thread of this process as a web app
+    would embed it: `with worker(url).running():` stops it, after its running handlers
+    finish, on leaving the block."""
+    w = flowq.Worker(app, url, flowq.WorkerConfig(concurrency=4, poll_interval=0.5))
+    w.check_database()
+    return w
 
 
 def main(url: str | None) -> int:
@@ -203,7 +195,7 @@ def main(url: str | None) -> int:
         Base.metadata.create_all(engine)
         Session = sessionmaker(engine, class_=flowq.Session)
 
-        with worker_thread(db_url):
+        with worker(db_url).running():
             run_ids = []
             for day in FILES:
                 with Session.begin() as session:

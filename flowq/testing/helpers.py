@@ -6,8 +6,8 @@
   its own connections, committed jobs only) until no due job is left. For a deterministic,
   thread-free run inside a test's transaction, use `flowq.testing.drain`.
 - `running_worker(app, url, **config)`: a context manager running a real worker on a thread
-  for the duration of the block (stopped and joined at its end; an exception in the worker
-  fails the test), for tests that act while a worker runs.
+  for the duration of the block (`Worker.running`: stopped and joined at its end; an
+  exception in the worker fails the test), for tests that act while a worker runs.
 - `job_rows(engine, schema="flowq", where="TRUE", **params)`: the committed rows of
   `flowq.jobs`, for assertions.
 """
@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -61,31 +60,15 @@ def run_until_idle(app: FlowQ, url: str, *, horizon: float = 60.0, **config: Any
 
 @contextlib.contextmanager
 def running_worker(app: FlowQ, url: str, **config: Any) -> Iterator[Worker]:
-    """A real worker for `app` on a thread while the block runs; stopped and joined at its end
-    (AssertionError if it does not stop, or if it raised). `config` goes to `WorkerConfig`
+    """A real worker for `app` on a thread while the block runs (`Worker.running`); stopped
+    and joined at its end, re-raising what it raised. `config` goes to `WorkerConfig`
     (defaults here: `poll_interval=0.1`, `shutdown_grace=5.0`)."""
     from flowq.worker import Worker, WorkerConfig
 
     config.setdefault("poll_interval", 0.1)
     config.setdefault("shutdown_grace", 5.0)
-    worker = Worker(app, url, WorkerConfig(**config))
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            worker.run(install_signals=False)
-        except BaseException as exc:  # surfaced in the test, not lost in the thread
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, name="flowq-test-worker", daemon=True)
-    thread.start()
-    try:
+    with Worker(app, url, WorkerConfig(**config)).running() as worker:
         yield worker
-    finally:
-        worker.stop()
-        thread.join(30)
-        assert not thread.is_alive(), "the worker did not stop within 30 s"
-        assert not errors, errors
 
 
 def job_rows(engine: sa.Engine, schema: str = DEFAULT_SCHEMA,

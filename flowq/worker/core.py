@@ -28,6 +28,7 @@ backend (the pid a pooled connection reports is PgBouncer's, not the server's).
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import importlib.metadata
 import math
@@ -38,6 +39,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import TYPE_CHECKING, Final
@@ -48,7 +50,7 @@ from sqlalchemy.engine import URL
 from flowq.app import FlowQ
 from flowq.context import StepSession
 from flowq.db import describe_url, ensure_schema, normalize_url
-from flowq.errors import ConfigurationError
+from flowq.errors import ConfigurationError, FlowqError
 from flowq.queries import Queries
 from flowq.schema import notify_channel, schema_map
 from flowq.storable import first_line
@@ -511,6 +513,32 @@ class Worker:
             self._stopping.wait(max(0.05, min(due.values()) - time.monotonic()))
 
     # -- stopping -----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Worker]:
+        """Run on a thread of this process for the duration of the block (as a web app's
+        lifespan or a script embeds a worker; no signal handlers), then stop: running
+        handlers finish within the grace period. Re-raises what the worker raised; raises
+        FlowqError if it has not stopped 30 s after the grace period."""
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                self.run(install_signals=False)
+            except BaseException as exc:  # surfaced to the caller, not lost in the thread
+                errors.append(exc)
+
+        thread = threading.Thread(target=run, name="flowq-worker", daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            self.stop()
+            thread.join(self.config.shutdown_grace + 30.0)
+        if thread.is_alive():
+            raise FlowqError("the worker did not stop within its grace period and 30 s")
+        if errors:
+            raise errors[0]
 
     def stop(self) -> None:
         """Stop claiming; `run` then drains within the grace period and returns."""

@@ -1217,6 +1217,15 @@ class Queries:
              GROUP BY task ORDER BY count(*) DESC, task LIMIT :limit""")
 
     @cached_property
+    def select_dead_errors(self) -> TextClause:
+        """For each run of :run_ids, its first dead step (lowest id) and that step's error
+        (the run_id index, then only the runs' rows)."""
+        return self._t("""
+            SELECT DISTINCT ON (run_id) run_id, step, map_index, last_error FROM {s}.jobs
+             WHERE run_id = ANY(CAST(:run_ids AS bigint[])) AND status = 'dead'
+             ORDER BY run_id, id""")
+
+    @cached_property
     def select_live_workers(self) -> TextClause:
         """The registered workers whose heartbeat is younger than :stale seconds, by name."""
         return self._t("""

@@ -66,6 +66,7 @@ from flowq.schema import DEFAULT_SCHEMA, STATUSES, Status, notify_channel
 
 __all__ = [
     "CancelResult",
+    "DeadStep",
     "RetryResult",
     "RunInfo",
     "RunSummary",
@@ -74,6 +75,8 @@ __all__ = [
     "UnservedJobs",
     "await_run",
     "cancel_run",
+    "dead_steps",
+    "find_run",
     "get_run",
     "list_runs",
     "parse_when",
@@ -355,6 +358,41 @@ def get_run(bind: Bind, run_id: int, schema: str = DEFAULT_SCHEMA) -> RunInfo:
     q = Queries(schema)
     run_id = _check_id(run_id)
     return _read(bind, lambda conn: _select(conn, q, run_id))
+
+
+def find_run(bind: Bind, key: str, schema: str = DEFAULT_SCHEMA) -> int | None:
+    """The run id of the run holding idempotency key `key`, or None."""
+    if not isinstance(key, str):
+        raise InvalidArgumentsError(f"an idempotency key is text, got {key!r}")
+    q = Queries(schema)
+
+    def read(conn: sa.Connection) -> int | None:
+        row = conn.execute(q.find_run_by_key, {"idempotency_key": key}).first()
+        return None if row is None else int(row.run_id)
+
+    return _read(bind, read)
+
+
+@dataclass(frozen=True)
+class DeadStep:
+    """The first dead step of a dead run, and why it died."""
+
+    run_id: int
+    step: str
+    map_index: int | None
+    last_error: str | None
+
+
+def dead_steps(bind: Bind, run_ids: Sequence[int],
+               schema: str = DEFAULT_SCHEMA) -> dict[int, DeadStep]:
+    """For each of `run_ids` that has a dead step, its first one (the dead-letter view)."""
+    q = Queries(schema)
+    ids = [_check_id(i) for i in run_ids]
+    if not ids:
+        return {}
+    return _read(bind, lambda conn: {
+        r.run_id: DeadStep(r.run_id, r.step, r.map_index, r.last_error)
+        for r in conn.execute(q.select_dead_errors, {"run_ids": ids})})
 
 
 # -- filters ----------------------------------------------------------------------------------

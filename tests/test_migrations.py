@@ -224,6 +224,9 @@ def test_wheel_ships_the_migrations(tmp_path: Path, empty_db_url: str) -> None:
         f"assert str(m.migrations_dir()).startswith({str(venv)!r}), m.migrations_dir(); "
         "assert m.migrations_dir().name == '_migrations'; "
         "assert (m.migrations_dir() / 'versions' / '0001_jobs.py').is_file(); "
+        # the dashboard's templates are package data too
+        "import importlib.resources as r; "
+        "assert (r.files('flowq.dashboard') / 'templates' / 'run.html').is_file(); "
         "flowq.migrate(sa.create_engine(sys.argv[1]))"
     )
     subprocess.run([str(python), "-c", check, empty_db_url], check=True, cwd=elsewhere, env=env)

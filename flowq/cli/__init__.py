@@ -1,5 +1,5 @@
 """The `flowq` command: migrate, worker, reap, prune, runs, queues, schedules, demo, bench,
-status, doctor.
+status, doctor, dashboard.
 
 One module per group of commands: `migrate`, `worker`, `maintenance` (reap, prune), `runs`
 and `demo` (demo, bench), each importing only `common` (options, the error handler,
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import click
 
+from flowq.cli import dashboard as dashboard_cli
 from flowq.cli import demo, maintenance, migrate, queues, runs, schedules, worker
 from flowq.cli import doctor as doctor_cli
 from flowq.cli import status as status_cli
@@ -32,5 +33,5 @@ def main() -> None:
 
 for _command in (migrate.migrate, worker.worker, maintenance.reap, maintenance.prune,
                  runs.runs, queues.queues, schedules.schedules, demo.demo, demo.bench,
-                 status_cli.status_command, doctor_cli.doctor):
+                 status_cli.status_command, doctor_cli.doctor, dashboard_cli.dashboard):
     main.add_command(_command)

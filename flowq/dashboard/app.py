@@ -1,0 +1,387 @@
+"""The dashboard's ASGI application (`create_app`): server-rendered pages, no JavaScript.
+
+Pages: queues (`/`), workers, runs (filters, find by id or idempotency key), a run with its
+steps, and the dead letters. Every read goes through the same public functions as the CLI
+(`flowq.status.status`, `flowq.runs`, `flowq.queues`), in a thread so the event loop never
+waits on PostgreSQL. Actions (retry, cancel, pause, resume, bulk retry) are POST forms, only
+when `allow_actions` is set, authenticated and CSRF-checked (`flowq.dashboard.auth`).
+
+Every value shown comes from users (arguments, results, error texts, task and queue names)
+and is escaped by Jinja's autoescape; a Content-Security-Policy forbids scripts altogether,
+so even a missed escape could not run one. Long values are cut for display.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Final
+from urllib.parse import urlencode, urlsplit
+
+import jinja2
+import sqlalchemy as sa
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from flowq import queues as queues_api
+from flowq import runs as runs_api
+from flowq.cli.common import age_cell, limits_cell
+from flowq.dashboard.auth import CSRF_COOKIE, SESSION_COOKIE, Guard
+from flowq.db import create_engine, mask_secrets
+from flowq.errors import (
+    ConfigurationError,
+    DatabaseUnavailableError,
+    FlowqError,
+    InvalidArgumentsError,
+    InvalidQueueError,
+    RunNotFoundError,
+    RunStateError,
+)
+from flowq.schema import DEFAULT_SCHEMA, STATUSES
+from flowq.status import status as read_status
+from flowq.storable import first_line
+
+__all__ = ["create_app"]
+
+PAGE_SIZE: Final = 50
+# A value longer than this is cut on the page (the JSON of `flowq runs show --json` has it all).
+SHOWN_CHARS: Final = 20_000
+FLASH_COOKIE: Final = "flowq_flash"
+_HEADERS: Final = {
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; "
+                               "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def _shown(value: Any) -> str:
+    """A JSON value as indented text for a <pre>, cut to SHOWN_CHARS."""
+    text = value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False,
+                                                            default=str)
+    if len(text) > SHOWN_CHARS:
+        return f"{text[:SHOWN_CHARS]}\n… ({len(text) - SHOWN_CHARS:,} more characters)"
+    return text
+
+
+def _when(value: Any) -> str:
+    return "-" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
+
+
+class _Dashboard:
+    """The state behind the routes: the engine, the schema, the guard and the templates."""
+
+    def __init__(self, engine: sa.Engine, schema: str, allow_actions: bool, guard: Guard,
+                 title: str) -> None:
+        self.engine = engine
+        self.schema = schema
+        self.allow_actions = allow_actions
+        self.guard = guard
+        self.title = title
+        self.env = jinja2.Environment(
+            loader=jinja2.PackageLoader("flowq.dashboard", "templates"),
+            autoescape=True, undefined=jinja2.StrictUndefined)
+        self.env.filters.update(shown=_shown, when=_when, age=age_cell,
+                                first_line=lambda text: first_line(text)[:300])
+        self.env.globals.update(limits=limits_cell, statuses=STATUSES)
+
+    # -- rendering ------------------------------------------------------------------------
+
+    def render(self, request: Request, template: str, status_code: int = 200,
+               **context: Any) -> HTMLResponse:
+        csrf = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(32)
+        flash = request.cookies.get(FLASH_COOKIE)
+        html = self.env.get_template(template).render(
+            request=request, title=self.title, csrf=csrf, flash=flash,
+            actions=self.allow_actions, url=lambda route, **p: request.url_for(route, **p).path,
+            **context)
+        response = HTMLResponse(html, status_code=status_code, headers=_HEADERS)
+        path = self.base(request)
+        if request.cookies.get(CSRF_COOKIE) != csrf:
+            response.set_cookie(CSRF_COOKIE, csrf, path=path, httponly=True, samesite="strict")
+        if flash is not None:
+            response.delete_cookie(FLASH_COOKIE, path=path)
+        return response
+
+    @staticmethod
+    def base(request: Request) -> str:
+        return request.url_for("queues").path
+
+    def error(self, request: Request, status_code: int, message: str) -> HTMLResponse:
+        return self.render(request, "error.html", status_code=status_code, message=message)
+
+    def redirect(self, request: Request, to: str, flash: str) -> RedirectResponse:
+        response = RedirectResponse(to, status_code=303, headers=_HEADERS)
+        response.set_cookie(FLASH_COOKIE, flash[:500], path=self.base(request),
+                            httponly=True, samesite="strict")
+        return response
+
+    def back(self, request: Request, form: Any, fallback: str) -> str:
+        """Where a form goes after its action: its `next` field when it is a path of this
+        dashboard (never another site), else `fallback`."""
+        target = form.get("next")
+        if not isinstance(target, str):
+            return fallback
+        parts = urlsplit(target)
+        if parts.scheme or parts.netloc or not target.startswith(self.base(request)):
+            return fallback
+        return target
+
+    # -- guards ---------------------------------------------------------------------------
+
+    def page(self, fn: Endpoint) -> Endpoint:
+        """A GET page: authenticated (a `?token=` logs in), errors as plain pages."""
+
+        async def endpoint(request: Request) -> Response:
+            token = request.query_params.get("token")
+            if token is not None and self.guard.token is not None:
+                if not self.guard.token_ok(token):
+                    return self.login(request, "wrong token.", 401)
+                rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
+                response = RedirectResponse(
+                    request.url.path + ("?" + urlencode(rest) if rest else ""), status_code=303)
+                self.set_session(request, response)
+                return response
+            if not self.guard.authenticated(request):
+                return self.login(request, None, 401)
+            return await self.guarded(request, fn)
+
+        return endpoint
+
+    def action(self, fn: Endpoint) -> Endpoint:
+        """A POST: refused unless actions are on, authenticated, and CSRF-checked."""
+
+        async def endpoint(request: Request) -> Response:
+            if not self.allow_actions:
+                return self.error(request, 403, "This dashboard is read-only: start it with "
+                                  "--allow-actions (and a --token or --basic-auth) to retry, "
+                                  "cancel, pause or resume.")
+            if not self.guard.authenticated(request):
+                return self.login(request, "log in to act.", 401)
+            form = await request.form(max_files=0, max_fields=PAGE_SIZE * 20 + 10)
+            submitted = form.get("csrf")
+            if not self.guard.csrf_ok(request, submitted if isinstance(submitted, str)
+                                      else None):
+                return self.error(request, 403, "The form's CSRF token is missing or does not "
+                                  "match: reload the page and try again.")
+            request.state.form = form
+            return await self.guarded(request, fn)
+
+        return endpoint
+
+    async def guarded(self, request: Request, fn: Endpoint) -> Response:
+        try:
+            return await fn(request)
+        except RunNotFoundError as exc:
+            return self.error(request, 404, str(exc))
+        except RunStateError as exc:
+            return self.error(request, 409, str(exc))
+        except (InvalidArgumentsError, InvalidQueueError, ConfigurationError) as exc:
+            return self.error(request, 400, str(exc))
+        except DatabaseUnavailableError as exc:
+            return self.error(request, 503, str(exc))
+        except FlowqError as exc:
+            return self.error(request, 500, str(exc))
+        except sa.exc.OperationalError as exc:
+            return self.error(request, 503, "cannot reach the database: "
+                              f"{mask_secrets(first_line(exc.orig or exc))}")
+
+    def login(self, request: Request, problem: str | None, status_code: int) -> HTMLResponse:
+        response = self.render(request, "login.html", status_code=status_code, problem=problem,
+                               token_login=self.guard.token is not None,
+                               next=request.url.path)
+        if self.guard.basic_auth is not None:
+            response.headers["WWW-Authenticate"] = 'Basic realm="flowq", charset="UTF-8"'
+        return response
+
+    def set_session(self, request: Request, response: Response) -> None:
+        response.set_cookie(SESSION_COOKIE, self.guard.session_value(), path=self.base(request),
+                            httponly=True, samesite="strict")
+
+    def read(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Awaitable[Any]:
+        return run_in_threadpool(fn, self.engine, *args, schema=self.schema, **kwargs)
+
+
+def _filters(request: Request) -> dict[str, str | None]:
+    return {k: (request.query_params.get(k) or "").strip() or None
+            for k in ("status", "task", "queue")}
+
+
+def _before(request: Request) -> int | None:
+    text = request.query_params.get("before")
+    if not text:
+        return None
+    if not text.isdigit() or len(text) > 19:
+        raise InvalidArgumentsError(f"before must be a run id, got {text!r}")
+    return int(text)
+
+
+def _older(filters: dict[str, str | None], found: list[runs_api.RunSummary]) -> str | None:
+    """The query string of the next (older) page, if this one is full."""
+    if len(found) < PAGE_SIZE:
+        return None
+    return urlencode({**{k: v for k, v in filters.items() if v}, "before": found[-1].run_id})
+
+
+def _routes(d: _Dashboard) -> list[Route]:
+    async def queues(request: Request) -> Response:
+        st = await d.read(read_status)
+        return d.render(request, "queues.html", page="queues", st=st)
+
+    async def workers(request: Request) -> Response:
+        st = await d.read(read_status)
+        return d.render(request, "workers.html", page="workers", st=st)
+
+    async def runs(request: Request) -> Response:
+        f = _filters(request)
+        find = (request.query_params.get("find") or "").strip()
+        if find:
+            run_id: int | None = None
+            if find.isdigit() and len(find) < 19:
+                try:
+                    await d.read(runs_api.get_run, int(find))
+                    run_id = int(find)
+                except RunNotFoundError:
+                    pass
+            if run_id is None:
+                run_id = await d.read(runs_api.find_run, find)
+            if run_id is None:
+                return d.render(request, "runs.html", page="runs", found=[], filters=f,
+                                find=find, older=None,
+                                problem="No run has that id or idempotency key.")
+            return RedirectResponse(request.url_for("run", run_id=run_id).path, status_code=303)
+        found = await d.read(runs_api.list_runs, status=f["status"], task=f["task"],
+                             queue=f["queue"], before=_before(request), limit=PAGE_SIZE)
+        older = _older(f, found)
+        return d.render(request, "runs.html", page="runs", found=found, filters=f, find="",
+                        older=older, problem=None)
+
+    async def run(request: Request) -> Response:
+        info = await d.read(runs_api.get_run, request.path_params["run_id"])
+        return d.render(request, "run.html", page="runs", run=info)
+
+    async def dead(request: Request) -> Response:
+        f = _filters(request)
+        found = await d.read(runs_api.list_runs, status="dead", task=f["task"],
+                             queue=f["queue"], before=_before(request), limit=PAGE_SIZE)
+        errors = await d.read(runs_api.dead_steps, [r.run_id for r in found])
+        older = _older(f, found)
+        return d.render(request, "dead.html", page="dead", found=found, errors=errors,
+                        filters=f, older=older)
+
+    async def login(request: Request) -> Response:
+        if d.guard.token is None:
+            return d.error(request, 404, "This dashboard has no token login.")
+        form = await request.form(max_files=0, max_fields=10)
+        token = form.get("token")
+        if not isinstance(token, str) or not d.guard.token_ok(token):
+            return d.login(request, "wrong token.", 401)
+        response = RedirectResponse(d.back(request, form, d.base(request)), status_code=303)
+        d.set_session(request, response)
+        return response
+
+    # -- actions --------------------------------------------------------------------------
+
+    async def retry(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        result = await d.read(runs_api.retry_run, run_id)
+        return d.redirect(request, d.back(request, request.state.form, request.url_for("run", run_id=run_id).path),
+                          f"Run {run_id}: {len(result.job_ids)} dead step(s) retried.")
+
+    async def cancel(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        result = await d.read(runs_api.cancel_run, run_id,
+                              reason="cancelled from the flowq dashboard")
+        what = ("cancelled" if result.changed else "was already cancelled")
+        return d.redirect(request, d.back(request, request.state.form, request.url_for("run", run_id=run_id).path),
+                          f"Run {run_id} {what}.")
+
+    async def pause(request: Request) -> Response:
+        return await _set_paused(request, True)
+
+    async def resume(request: Request) -> Response:
+        return await _set_paused(request, False)
+
+    async def _set_paused(request: Request, paused: bool) -> Response:
+        name = request.path_params["name"]
+        fn = queues_api.pause if paused else queues_api.resume
+        changed = await d.read(fn, name)
+        verb = "paused" if paused else "resumed"
+        note = f"Queue {name!r} {verb}." if changed else f"Queue {name!r} was already {verb}."
+        return d.redirect(request, d.back(request, request.state.form, d.base(request)), note)
+
+    async def retry_dead(request: Request) -> Response:
+        form = request.state.form
+        back = d.back(request, request.state.form, request.url_for("dead").path)
+        if form.get("all") == "1":
+            task = (form.get("task") or "").strip() or None
+            queue = (form.get("queue") or "").strip() or None
+            n = await d.read(runs_api.retry_runs, task=task, queue=queue)
+            return d.redirect(request, back, f"{n} dead run(s) retried.")
+        ids = []
+        for value in form.getlist("run_id"):
+            if not isinstance(value, str) or not value.isdigit() or len(value) > 19:
+                raise InvalidArgumentsError(f"run_id must be a run id, got {value!r}")
+            ids.append(int(value))
+        if not ids:
+            return d.redirect(request, back, "No run selected: tick the runs to retry.")
+        retried, skipped = 0, 0
+        for run_id in ids[:PAGE_SIZE * 20]:
+            try:
+                await d.read(runs_api.retry_run, run_id)
+                retried += 1
+            except (RunStateError, RunNotFoundError):
+                skipped += 1  # retried, cancelled or pruned since the page was drawn
+        note = f"{retried} dead run(s) retried."
+        if skipped:
+            note += f" {skipped} skipped: no longer dead."
+        return d.redirect(request, back, note)
+
+    return [
+        Route("/", d.page(queues), name="queues"),
+        Route("/workers", d.page(workers), name="workers"),
+        Route("/runs", d.page(runs), name="runs"),
+        Route("/runs/{run_id:int}", d.page(run), name="run"),
+        Route("/dead", d.page(dead), name="dead"),
+        Route("/login", login, methods=["POST"], name="login"),
+        Route("/runs/{run_id:int}/retry", d.action(retry), methods=["POST"], name="retry"),
+        Route("/runs/{run_id:int}/cancel", d.action(cancel), methods=["POST"], name="cancel"),
+        Route("/queues/{name}/pause", d.action(pause), methods=["POST"], name="pause"),
+        Route("/queues/{name}/resume", d.action(resume), methods=["POST"], name="resume"),
+        Route("/dead/retry", d.action(retry_dead), methods=["POST"], name="retry_dead"),
+    ]
+
+
+def create_app(database: sa.Engine | str, *, schema: str = DEFAULT_SCHEMA,
+               allow_actions: bool = False, token: str | None = None,
+               basic_auth: tuple[str, str] | None = None, title: str = "flowq") -> Starlette:
+    """The dashboard as an ASGI app, to serve (`flowq dashboard`) or mount in your own::
+
+        app.mount("/flowq", create_app(engine, allow_actions=True, token=secret))
+
+    `database`: an Engine (yours: not disposed here) or a URL (an engine made and disposed
+    with the app). Read-only unless `allow_actions`, which needs `token` or `basic_auth`
+    (`(user, password)`); either one also guards the pages themselves."""
+    guard = Guard(token=token, basic_auth=basic_auth)
+    if allow_actions and not guard.required:
+        raise ConfigurationError("a dashboard with actions needs a token or basic auth: "
+                                 "pass token=... or basic_auth=(user, password)")
+    owned = isinstance(database, str)
+    engine = create_engine(database) if isinstance(database, str) else database
+    d = _Dashboard(engine, schema, allow_actions, guard, title)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        yield
+        if owned:
+            engine.dispose()
+
+    return Starlette(routes=_routes(d), lifespan=lifespan)

@@ -141,3 +141,41 @@ def test_limit_and_rate_scenarios_report_limits_kept(server_url: str, tmp_path: 
         assert 1 <= figure["values"][0] <= r * 1.1 + 1e-6, burst
     extra = steady["extra"]
     assert max(extra["busiest_1s"] + extra["busiest_1s_fast_poll"]) <= 2 * r, extra
+
+
+def test_drain_reports_two_concurrencies_a_minimal_table_and_wal(server_url: str,
+                                                                 tmp_path: Path) -> None:
+    """The drain at tiny size: flowq at each of --quick's two concurrencies beside the same
+    three references (the third on a minimal table of its own), and a WAL bytes/job row for
+    each, with updates per job and HOT share in the JSON. Figures > 0 only, never a speed."""
+    out = tmp_path / "bench.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "flowq", "bench", "--quick", "--jobs", "150", "--scenario",
+         "drain", "--json-file", str(out), "--database-url", server_url],
+        capture_output=True, text=True, timeout=200, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert _figure(done.stdout, "drain", "jobs/s") > 0
+    assert _figure(done.stdout, "drain", "B/job") > 0
+    doc = json.loads(out.read_text())
+    assert doc["options"]["drain_cs"] == [4, 8]  # --quick's; the default is 16 and 128
+    rates_4, rates_8, wal_4, wal_8 = doc["scenarios"]["drain"]
+    refs = ["raw 1/tx P=2", "raw batched-100 P=2", "raw batched-100, minimal table P=2"]
+    for row, unit, c in ((rates_4, "jobs/s", 4), (rates_8, "jobs/s", 8), (wal_4, "B/job", 4),
+                         (wal_8, "B/job", 8)):
+        assert f"C={c}" in row["flowq"]["name"] and row["flowq"]["unit"] == unit, row
+        assert [r["name"] for r in row["references"]] == refs, row
+        for figure in (row["flowq"], *row["references"]):
+            assert figure["unit"] == unit
+            assert figure["values"] and all(v > 0 for v in figure["values"]), row
+        assert all(r["ratio"] > 0 for r in row["references"]), row
+    # The same references, measured once, beside both concurrencies.
+    assert ([r["values"] for r in rates_4["references"]]
+            == [r["values"] for r in rates_8["references"]])
+    costs = rates_4["extra"]["costs"]
+    assert set(costs) == {"flowq", *refs}
+    assert set(costs["flowq"]) == {"C=4", "C=8"}
+    for runs in (*costs["flowq"].values(), *(costs[name] for name in refs)):
+        (cost,) = runs  # --quick: one repeat
+        assert cost["rate"] > 0 and cost["wal_bytes_per_row"] > 0, cost
+        assert cost["updates_per_row"] >= 1 and 0 <= cost["hot_pct"] <= 100, cost
+    assert costs["raw batched-100, minimal table P=2"][0]["updates_per_row"] == 2  # claim, done

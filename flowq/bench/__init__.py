@@ -1,7 +1,8 @@
 """`flowq bench`: flowq's throughput and latency beside raw-SQL references, in one invocation.
 
-Scenarios (see `options.SCENARIOS`): drain, drain-session, pipeline, dag (diamond runs with
-a join), map (one run mapping N items, then a join), limit (a drain under a queue's global
+Scenarios (see `options.SCENARIOS`): drain (flowq at C=16 and C=128 beside raw 1/tx, raw
+batched-100 and raw batched-100 on a minimal table of its own, with WAL bytes per job),
+drain-session, pipeline, dag (diamond runs with a join), map (one run mapping N items, then a join), limit (a drain under a queue's global
 concurrency limit beside the same drain unlimited), rate (a rate-limited queue's achieved
 start rate and burst), enqueue, latency, scale, and the opt-in
 soak (it runs for `--duration`) and memory (worker RSS over a 1M-job drain).

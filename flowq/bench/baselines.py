@@ -14,7 +14,13 @@ They are what an expert writes without a library, and what flowq is measured aga
 - `map`: batched-100 on one map run: completing `split` inserts its N item rows in bulk
   (`unnest(jsonb[]) WITH ORDINALITY`, the items built in Python) and a counter of N;
   each batch of items is completed with the counter decremented in the same statement, and
-  the one that brings it to 0 inserts `gather`, which reads the N results in item order.
+  the one that brings it to 0 inserts `gather`, which reads the N results in item order;
+- `minimal`: batched-100 as an expert writes it from scratch, on a minimal table of its own
+  (`MINIMAL_DDL`: id, status, payload, created_at, locked_at, and finished_at for the
+  bench's measurement, with one partial index on pending ids): claim 100 with
+  `UPDATE … WHERE id IN (SELECT … ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED) RETURNING
+  id, payload`, complete them with one `UPDATE … WHERE id = ANY(…)`. What flowq's table
+  and its statements cost beside the least a queue needs (`drains.minimal_drains`).
 
 `run_loops` runs P of them in processes (multiprocessing, spawn), released together once all
 are connected, so process start-up is not timed. Each loop sets `finished_at = now()` like flowq,
@@ -31,7 +37,7 @@ from typing import Any, Final
 
 import psycopg
 
-__all__ = ["LOOPS", "run_loops"]
+__all__ = ["LOOPS", "MINIMAL", "MINIMAL_DDL", "MINIMAL_TABLE", "run_loops"]
 
 BATCH: Final = 100
 QUEUE: Final = "bench"
@@ -121,6 +127,26 @@ _MAP_GATHERED = """UPDATE flowq.jobs SET status = 'succeeded', result = %s::json
     finished_at = clock_timestamp(), locked_by = NULL, locked_at = NULL, heartbeat_at = NULL
     WHERE id = %s AND status = 'running'"""
 
+# -- minimal: the least a queue table needs -------------------------------------------------
+
+MINIMAL: Final = "minimal"
+MINIMAL_TABLE: Final = "bench_minimal"
+# finished_at is not part of the minimal design: the bench's clock needs it (the drain ends
+# at max(finished_at), set by now() in the completing UPDATE as on every other side).
+MINIMAL_DDL: Final = (
+    f"""CREATE TABLE {MINIMAL_TABLE} (id bigserial PRIMARY KEY,
+        status text NOT NULL DEFAULT 'pending', payload jsonb NOT NULL DEFAULT '{{}}',
+        created_at timestamptz NOT NULL DEFAULT now(), locked_at timestamptz,
+        finished_at timestamptz)""",
+    f"CREATE INDEX {MINIMAL_TABLE}_pending ON {MINIMAL_TABLE} (id) WHERE status = 'pending'",
+)
+_MINIMAL_CLAIM = f"""UPDATE {MINIMAL_TABLE} SET status = 'running', locked_at = now()
+    WHERE id IN (SELECT id FROM {MINIMAL_TABLE} WHERE status = 'pending'
+                 ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)
+    RETURNING id, payload"""
+_MINIMAL_DONE = f"""UPDATE {MINIMAL_TABLE} SET status = 'succeeded', finished_at = now()
+    WHERE id = ANY(%s)"""
+
 _Row = tuple[Any, ...]
 
 
@@ -157,6 +183,19 @@ def _batched(conn: psycopg.Connection[Any], pipeline: bool) -> int:
                 conn.execute(_NEXT_STEPS, (
                     QUEUE, [r[1] for r in nxt], [r[2] for r in nxt],
                     [_PIPELINE_STEPS[r[3] + 1] for r in nxt], [r[3] + 1 for r in nxt]))
+        done += len(rows)
+
+
+def _minimal(conn: psycopg.Connection[Any]) -> int:
+    """Claim 100, complete them, in a transaction each (as `_batched`), until none is left."""
+    done = 0
+    while True:
+        with conn.transaction():
+            rows = conn.execute(_MINIMAL_CLAIM, (BATCH,)).fetchall()
+        if not rows:
+            return done
+        with conn.transaction():
+            conn.execute(_MINIMAL_DONE, ([r[0] for r in rows],))
         done += len(rows)
 
 
@@ -236,6 +275,7 @@ LOOPS: Final[dict[str, Callable[[psycopg.Connection[Any], Any], int]]] = {
     "listener": _listener,
     "dag": lambda conn, stop: _flow(conn, _dag_complete),
     "map": lambda conn, stop: _flow(conn, _map_complete),
+    MINIMAL: lambda conn, stop: _minimal(conn),
 }
 
 

@@ -4,11 +4,24 @@ The clock is the database's: t0 is `clock_timestamp()` read right after the enqu
 (flowq workers are already running and listening, so they wake at that commit) or right
 before the raw loops are released; the end is `max(finished_at)`, which both flowq and the
 raw loops set with `now()`. Process start-up is outside the window either way.
+
+`flowq_drains`, `raw_drains` and `minimal_drains` also measure what a drain costs the server
+(`DrainCost`): the WAL it wrote (`pg_current_wal_insert_lsn()` read with t0 and once the
+drain is over, `pg_wal_lsn_diff`, per row; WAL is the cluster's, so anything else running on
+the server is counted too), and the updates of the drained table and how many were HOT
+(`pg_stat_user_tables`, whose counters arrive asynchronously: read once the connections that
+made them are gone; for flowq, once per worker group, over all its repeats). Such
+a drain starts with a CHECKPOINT before its rows are written (skipped where the role may not
+run one), so that no full-page images fall into the window unless a checkpoint does.
+`minimal_drains` drains `baselines.MINIMAL_TABLE`, a minimal jobs table of its own, created
+and dropped in the scenario's fresh database.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, Final
 
 import sqlalchemy as sa
@@ -17,20 +30,44 @@ from sqlalchemy.orm import sessionmaker
 import flowq
 from flowq.bench import baselines
 from flowq.bench.app import app as bench_app
-from flowq.bench.harness import WorkerGroup, conninfo, reset, wait_for
+from flowq.bench.harness import WorkerGroup, conninfo, own_database, reset, reset_table, wait_for
 
-__all__ = ["Check", "db_clock", "enqueue_run", "enqueue_runs", "flowq_drain", "raw_drain",
-           "wait_drained"]
+__all__ = ["Check", "DrainCost", "db_clock", "enqueue_run", "enqueue_runs", "flowq_drain",
+           "flowq_drains", "minimal_drains", "raw_drain", "raw_drains", "wait_drained"]
 
 Check = Callable[[sa.Engine], None]
 """Called after each timed drain (outside the window): raises if the rows are not as expected."""
 
 DRAIN_TIMEOUT: Final = 1800.0
 
-_BUSY = sa.text("SELECT EXISTS (SELECT 1 FROM flowq.jobs WHERE status = 'pending') "
-                "OR EXISTS (SELECT 1 FROM flowq.jobs WHERE status = 'running')")
-_TALLY = sa.text("SELECT count(*) FILTER (WHERE status = 'succeeded') AS ok, count(*) AS total, "
-                 "extract(epoch FROM max(finished_at))::float8 AS last FROM flowq.jobs")
+JOBS_TABLE: Final = "flowq.jobs"
+# At most how long the server processes of finished loops or workers take to go.
+EXIT_TIMEOUT: Final = 30.0
+# application_name of the worker processes' connections and of the raw loops'.
+FLOWQ_APPS: Final = "flowq %"
+RAW_APPS: Final = "flowq-bench raw %"
+
+
+def _busy(table: str) -> sa.TextClause:
+    return sa.text(f"SELECT EXISTS (SELECT 1 FROM {table} WHERE status = 'pending') "
+                   f"OR EXISTS (SELECT 1 FROM {table} WHERE status = 'running')")
+
+
+def _tally(table: str) -> sa.TextClause:
+    return sa.text("SELECT count(*) FILTER (WHERE status = 'succeeded') AS ok, "
+                   "count(*) AS total, extract(epoch FROM max(finished_at))::float8 AS last "
+                   f"FROM {table}")
+
+
+# Both in one statement, so that the WAL position belongs to the same instant as t0. The
+# insert position, not pg_current_wal_lsn() (the write position), which lags behind WAL
+# still in the server's buffers (synchronous_commit = off).
+_MARK = sa.text("SELECT extract(epoch FROM clock_timestamp())::float8, "
+                "pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::float8")
+_GONE = sa.text("SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = "
+                "current_database() AND application_name LIKE :apps)")
+_UPDATES = sa.text("SELECT coalesce(n_tup_upd, 0), coalesce(n_tup_hot_upd, 0) "
+                   "FROM pg_stat_user_tables WHERE relid = to_regclass(:table)")
 
 
 def db_clock(engine: sa.Engine) -> float:
@@ -39,14 +76,16 @@ def db_clock(engine: sa.Engine) -> float:
             "SELECT extract(epoch FROM clock_timestamp())::float8")).scalar_one())
 
 
-def enqueue_runs(engine: sa.Engine, task: str, n: int) -> float:
-    """Enqueue `n` runs of `task` in one transaction with enqueue_many; the DB clock after."""
+def enqueue_runs(engine: sa.Engine, task: str, n: int,
+                 clock: Callable[[sa.Engine], float] = db_clock) -> float:
+    """Enqueue `n` runs of `task` in one transaction with enqueue_many; the DB clock after
+    (read by `clock`)."""
     definition = bench_app.get(task)  # the object, not the name: its queue and first step
     assert definition is not None, task
     make = sessionmaker(engine, class_=flowq.Session)
     with make.begin() as s:
         s.enqueue_many(definition, [{"n": i} for i in range(n)])
-    return db_clock(engine)
+    return clock(engine)
 
 
 def enqueue_run(engine: sa.Engine, task: str, **args: Any) -> float:
@@ -59,21 +98,124 @@ def enqueue_run(engine: sa.Engine, task: str, **args: Any) -> float:
     return db_clock(engine)
 
 
-def wait_drained(engine: sa.Engine, expected: int, t0: float) -> float:
-    """Wait until nothing is pending or running; the elapsed seconds from `t0` to the last
-    completion. Raises if fewer than `expected` rows succeeded."""
+def wait_drained(engine: sa.Engine, expected: int, t0: float, table: str = JOBS_TABLE
+                 ) -> float:
+    """Wait until nothing is pending or running in `table` (flowq.jobs, or the minimal
+    table); the elapsed seconds from `t0` to the last completion. Raises if fewer than
+    `expected` rows succeeded."""
+    busy = _busy(table)
 
     def idle() -> bool:
         with engine.connect() as c:
-            return not c.execute(_BUSY).scalar()
+            return not c.execute(busy).scalar()
 
     wait_for(idle, DRAIN_TIMEOUT, "the drain", interval=0.1)
     with engine.connect() as c:
-        tally = c.execute(_TALLY).one()
+        tally = c.execute(_tally(table)).one()
     if tally.ok < expected:
         raise RuntimeError(f"drain ended with {tally.ok} of {expected} jobs succeeded "
                            f"({tally.total} rows)")
     return max(1e-6, float(tally.last) - t0)
+
+
+@dataclass
+class DrainCost:
+    """One timed drain: its rate, and what it cost the server per row drained."""
+
+    rate: float              # rows per second
+    wal_per_row: float       # WAL bytes written in the window, per row
+    updates_per_row: float   # updates of the drained table (pg_stat_user_tables), per row
+    hot_pct: float           # of those, the HOT ones (no index entry written), in %
+
+    def as_dict(self) -> dict[str, float]:
+        return {"rate": self.rate, "wal_bytes_per_row": self.wal_per_row,
+                "updates_per_row": self.updates_per_row, "hot_pct": self.hot_pct}
+
+
+def _mark(engine: sa.Engine) -> tuple[float, float]:
+    """The database clock (epoch seconds) and the WAL insert position (bytes), together."""
+    with engine.connect() as c:
+        clock, lsn = c.execute(_MARK).one()
+    return float(clock), float(lsn)
+
+
+def _checkpoint(engine: sa.Engine) -> None:
+    """CHECKPOINT, where the role may (superuser, or pg_checkpoint on PostgreSQL 15+)."""
+    with contextlib.suppress(sa.exc.DBAPIError), \
+            engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+        c.execute(sa.text("CHECKPOINT"))
+
+
+def _updates(engine: sa.Engine, table: str, apps: str | None = None) -> tuple[int, int]:
+    """`table`'s (n_tup_upd, n_tup_hot_upd), once no connection named like `apps` is left.
+
+    Backends report their counters to the statistics system asynchronously: an idle one at
+    most once a second, and its last ones up to 10 s later (PostgreSQL 15+), but always as it
+    exits, before it leaves pg_stat_activity. pg_stat_force_next_flush() would flush only the
+    calling backend's, and the updates are other backends'. So the counters after a drain are
+    read once the processes that made them have disconnected and their server processes are
+    gone: then they are complete."""
+    if apps is not None:
+        def gone() -> bool:
+            with engine.connect() as c:
+                return bool(c.execute(_GONE, {"apps": apps}).scalar())
+
+        wait_for(gone, EXIT_TIMEOUT, "the drain's connections to close", interval=0.02)
+    with engine.connect() as c:  # a transaction of its own: a fresh stats snapshot
+        row = c.execute(_UPDATES, {"table": table}).one_or_none()
+    return (0, 0) if row is None else (int(row[0]), int(row[1]))
+
+
+def _set_updates(costs: list[DrainCost], rows: int, before: tuple[int, int],
+                 after: tuple[int, int]) -> None:
+    upd, hot = after[0] - before[0], after[1] - before[1]
+    for c in costs:
+        c.updates_per_row = upd / rows
+        c.hot_pct = 100.0 * hot / upd if upd else 0.0
+
+
+@contextlib.contextmanager
+def _wal(engine: sa.Engine, rows: int, out: list[DrainCost]) -> Iterator[Callable[[], float]]:
+    """Around one timed drain of `rows` rows still to be written: a CHECKPOINT first; the
+    body calls the yielded `start()` for its t0 (the database clock, read with the WAL
+    position) and sets the rate of the DrainCost appended to `out` once the block is over,
+    with the WAL written from t0 to then, per row."""
+    _checkpoint(engine)
+    marks: list[float] = []
+
+    def start() -> float:
+        clock, lsn = _mark(engine)
+        marks.append(lsn)
+        return clock
+
+    yield start
+    _, end = _mark(engine)
+    out.append(DrainCost(rate=0.0, wal_per_row=max(0.0, end - marks[0]) / rows,
+                         updates_per_row=0.0, hot_pct=0.0))
+
+
+def flowq_drains(url: str, engine: sa.Engine, task: str, runs: int, rows_per_run: int,
+                 processes: int, concurrency: int, repeat: int, check: Check | None = None
+                 ) -> list[DrainCost]:
+    """Rate and WAL of each repeat, through real `flowq worker` processes; the updates per
+    row and HOT share are the whole group's (counted from its start to its processes' exit,
+    see `_updates`), the same in each repeat's DrainCost."""
+    out: list[DrainCost] = []
+    n = runs * rows_per_run
+    before = _updates(engine, JOBS_TABLE)
+    with WorkerGroup(url, processes=processes, concurrency=concurrency) as workers:
+        workers.wait_ready(engine)
+        for _ in range(repeat):
+            reset(engine)
+            with _wal(engine, n, out) as start:
+                # t0 and the WAL position right after the commit the workers wake at.
+                t0 = enqueue_runs(engine, task, runs, clock=lambda _: start())
+                elapsed = wait_drained(engine, n, t0)
+            out[-1].rate = n / elapsed
+            if check is not None:
+                check(engine)
+    _set_updates(out, n * repeat, before, _updates(engine, JOBS_TABLE, FLOWQ_APPS))
+    return out
 
 
 def flowq_drain(url: str, engine: sa.Engine, task: str, runs: int, rows_per_run: int,
@@ -92,6 +234,28 @@ def flowq_drain(url: str, engine: sa.Engine, task: str, runs: int, rows_per_run:
     return rates
 
 
+def raw_drains(url: str, engine: sa.Engine, kind: str, task: str, runs: int, rows_per_run: int,
+               processes: int, repeat: int, check: Check | None = None) -> list[DrainCost]:
+    """Rate and cost of each repeat, through P raw psycopg loops of `kind` on flowq.jobs."""
+    out: list[DrainCost] = []
+    n = runs * rows_per_run
+    for _ in range(repeat):
+        reset(engine)
+        before = _updates(engine, JOBS_TABLE)
+        with _wal(engine, n, out) as start:
+            enqueue_runs(engine, task, runs)
+            with baselines.run_loops(kind, conninfo(url), processes) as loops:
+                t0 = start()
+                loops.go()
+                loops.join()
+            elapsed = wait_drained(engine, n, t0)
+        out[-1].rate = n / elapsed
+        _set_updates(out[-1:], n, before, _updates(engine, JOBS_TABLE, RAW_APPS))
+        if check is not None:
+            check(engine)
+    return out
+
+
 def raw_drain(url: str, engine: sa.Engine, kind: str, task: str, runs: int, rows_per_run: int,
               processes: int, repeat: int, check: Check | None = None) -> list[float]:
     """Rows per second through P raw psycopg loops of `kind`, once per repeat."""
@@ -107,6 +271,42 @@ def raw_drain(url: str, engine: sa.Engine, kind: str, task: str, runs: int, rows
         if check is not None:
             check(engine)
     return rates
+
+
+_MINIMAL_FILL = sa.text(f"INSERT INTO {baselines.MINIMAL_TABLE} (payload) "
+                        "SELECT jsonb_build_object('n', g) FROM generate_series(0, :n - 1) g")
+
+
+def minimal_drains(url: str, engine: sa.Engine, n: int, processes: int, repeat: int
+                   ) -> list[DrainCost]:
+    """Rate and cost of each repeat of P `baselines.MINIMAL` loops draining `n` rows of the
+    minimal table, created for this (in a database `fresh_database` made) and dropped after.
+    Its rows are written in one commit, like enqueue_many's, by one INSERT … SELECT."""
+    with engine.begin() as c:
+        own_database(c)
+        for ddl in baselines.MINIMAL_DDL:
+            c.execute(sa.text(ddl))
+    out: list[DrainCost] = []
+    try:
+        for _ in range(repeat):
+            reset_table(engine, baselines.MINIMAL_TABLE)
+            before = _updates(engine, baselines.MINIMAL_TABLE)
+            with _wal(engine, n, out) as start:
+                with engine.begin() as c:
+                    c.execute(_MINIMAL_FILL, {"n": n})
+                with baselines.run_loops(baselines.MINIMAL, conninfo(url), processes) as loops:
+                    t0 = start()
+                    loops.go()
+                    loops.join()
+                elapsed = wait_drained(engine, n, t0, baselines.MINIMAL_TABLE)
+            out[-1].rate = n / elapsed
+            _set_updates(out[-1:], n, before,
+                         _updates(engine, baselines.MINIMAL_TABLE, RAW_APPS))
+    finally:
+        with engine.begin() as c:
+            own_database(c)
+            c.execute(sa.text(f"DROP TABLE IF EXISTS {baselines.MINIMAL_TABLE}"))
+    return out
 
 
 def engine_for(url: str, **kw: Any) -> sa.Engine:

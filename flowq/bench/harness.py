@@ -38,7 +38,8 @@ import sqlalchemy as sa
 import flowq
 from flowq.db import normalize_url
 
-__all__ = ["BENCH_QUEUE", "Server", "WorkerGroup", "conninfo", "open_server", "reset", "wait_for"]
+__all__ = ["BENCH_QUEUE", "Server", "WorkerGroup", "conninfo", "open_server", "own_database",
+           "reset", "reset_table", "wait_for"]
 
 BENCH_APP: Final = "flowq.bench.app:app"
 BENCH_QUEUE: Final = "bench"  # the queue of every scenario's tasks but limit's and rate's
@@ -172,14 +173,30 @@ def reset(engine: sa.Engine) -> None:
     """Empty the jobs and bench tables (between repeats, with workers idle) of a database
     `fresh_database` created; a RuntimeError for any other."""
     with engine.begin() as c:
-        database = c.execute(sa.text("SELECT current_database()")).scalar()
-        if database not in _created_databases:
-            raise RuntimeError(f"flowq bench: refusing to empty database {database!r}, "
-                               "which it did not create")
+        own_database(c, "empty")
         c.execute(sa.text(_TRUNCATE))
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
         c.execute(sa.text("VACUUM ANALYZE flowq.jobs"))
         c.execute(sa.text("VACUUM ANALYZE flowq.joins"))
+
+
+def own_database(c: sa.Connection, what: str = "change") -> None:
+    """A RuntimeError unless `c` is connected to a database `fresh_database` created (and
+    has not dropped yet): the only databases the bench may write its own tables to."""
+    database = c.execute(sa.text("SELECT current_database()")).scalar()
+    if database not in _created_databases:
+        raise RuntimeError(f"flowq bench: refusing to {what} database {database!r}, "
+                           "which it did not create")
+
+
+def reset_table(engine: sa.Engine, table: str) -> None:
+    """Empty `table` (a bench table, such as the minimal reference's) of a database
+    `fresh_database` created, and VACUUM ANALYZE it, as `reset` does flowq.jobs."""
+    with engine.begin() as c:
+        own_database(c, "empty")
+        c.execute(sa.text(f"TRUNCATE {table} RESTART IDENTITY"))
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+        c.execute(sa.text(f"VACUUM ANALYZE {table}"))
 
 
 class WorkerGroup:

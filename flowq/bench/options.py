@@ -28,6 +28,9 @@ class Options:
     # No-op handlers finish at once, so the claim batch (about half the slots) sets the pace:
     # 128 slots per process measured best on a 2-core machine (32: 10.5k jobs/s, 128: 21k).
     concurrency: int = 128
+    # drain: flowq at each of these concurrencies, beside the same references (C=128 is what
+    # suits no-op handlers, C=16 what people run); -c, when given, replaces the list.
+    drain_concurrency: tuple[int, ...] = (16, 128)
     # drain-session holds one ctx.session connection per running handler (2 x 128 would be
     # ~270 server connections) and each job is its own transaction, so fewer threads do
     # better: P=2, 30k jobs: C=4 1,099 jobs/s, C=8 1,653, C=16 1,456, C=32 1,349.
@@ -58,6 +61,7 @@ class Options:
     # `jobs` and `concurrency` as built: memory and drain-session follow them once changed
     # (--jobs, -c), and otherwise use their own defaults above.
     _initial: tuple[int, int] = field(default=(0, 0), init=False, repr=False, compare=False)
+    _drain_explicit: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._initial = (self.jobs, self.concurrency)
@@ -80,10 +84,25 @@ class Options:
         return (self.concurrency if self.concurrency != self._initial[1]
                 else self.session_concurrency)
 
+    def set_drain_concurrency(self, cs: tuple[int, ...]) -> None:
+        """`--drain-c`: the drain runs flowq at each of `cs`, whatever `-c` says."""
+        self.drain_concurrency = cs
+        self._drain_explicit = True
+
+    @property
+    def drain_cs(self) -> tuple[int, ...]:
+        """The drain's concurrencies: `--drain-c` if given, else `-c` alone if it was given,
+        else `drain_concurrency`."""
+        if self._drain_explicit:
+            return tuple(dict.fromkeys(self.drain_concurrency))
+        if self.concurrency != self._initial[1] or not self.drain_concurrency:
+            return (self.concurrency,)
+        return tuple(dict.fromkeys(self.drain_concurrency))
+
     @classmethod
     def quick(cls) -> Options:
-        return cls(jobs=300, processes=2, concurrency=8, repeat=1, bulk=1_000,
-                   transactions=50, latency_jobs=20, rate=50.0, retained=5_000, pending=1_000,
+        return cls(jobs=300, processes=2, concurrency=8, drain_concurrency=(4, 8), repeat=1,
+                   bulk=1_000, transactions=50, latency_jobs=20, rate=50.0, retained=5_000, pending=1_000,
                    claims=300, scale_processes=(1, 2), duration=10.0, soak_retention=2.0,
                    sample_every=1.0, session_concurrency=8, memory_jobs=2_000,
                    memory_chunk=500, memory_sample_every=0.2, map_items=300,
@@ -92,5 +111,6 @@ class Options:
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         del d["_initial"]
+        del d["_drain_explicit"]
         return {**d, "memory_n": self.memory_n, "session_c": self.session_c,
-                "map_n": self.map_n}
+                "map_n": self.map_n, "drain_cs": list(self.drain_cs)}

@@ -1,5 +1,11 @@
 """The throughput scenarios: drain, drain-session, pipeline, dag, map and scale.
 
+drain runs flowq at each of `Options.drain_cs` (C=16 and C=128 unless -c is given) beside
+the same references, measured once: raw 1/tx and raw batched-100 on flowq.jobs, and raw
+batched-100 on a minimal table of its own (`baselines.MINIMAL_DDL`). Each of those drains
+also reports its WAL bytes per job (a row of its own) and its updates per job and HOT share
+(the WAL row's note; every value in the first row's `extra.costs` in the JSON).
+
 drain-session runs at `Options.session_c` (8 unless -c is given), not the drain's 128: each
 running handler holds a ctx.session connection and commits its own transaction (see
 `Options.session_concurrency`).
@@ -21,11 +27,15 @@ import sqlalchemy as sa
 from flowq.bench import baselines
 from flowq.bench.app import app as bench_app
 from flowq.bench.drains import (
+    DrainCost,
     db_clock,
     engine_for,
     enqueue_run,
     flowq_drain,
+    flowq_drains,
+    minimal_drains,
     raw_drain,
+    raw_drains,
     wait_drained,
 )
 from flowq.bench.harness import BENCH_QUEUE, Server, WorkerGroup, conninfo, reset
@@ -42,21 +52,51 @@ def _pc(o: Options) -> str:
     return f"P={o.processes} C={o.concurrency}"
 
 
+def _cost_note(label: str, costs: list[DrainCost]) -> str:
+    upd = statistics.median(c.updates_per_row for c in costs)
+    hot = statistics.median(c.hot_pct for c in costs)
+    return f"{label} {upd:.2f} upd/job, {hot:.0f}% HOT"
+
+
 def drain(server: Server, o: Options) -> list[Row]:
+    p = o.processes
     with server.fresh_database() as url:
         engine = engine_for(url)
         try:
-            ours = flowq_drain(url, engine, "noop", o.jobs, 1, o.processes, o.concurrency,
-                               o.repeat)
-            one = raw_drain(url, engine, "one_per_tx", "noop", o.jobs, 1, o.processes, o.repeat)
-            batched = raw_drain(url, engine, "batched", "noop", o.jobs, 1, o.processes,
-                                o.repeat)
+            ours = {c: flowq_drains(url, engine, "noop", o.jobs, 1, p, c, o.repeat)
+                    for c in o.drain_cs}
+            refs = {f"raw 1/tx P={p}":
+                    raw_drains(url, engine, "one_per_tx", "noop", o.jobs, 1, p, o.repeat),
+                    f"raw batched-100 P={p}":
+                    raw_drains(url, engine, "batched", "noop", o.jobs, 1, p, o.repeat),
+                    f"raw batched-100, minimal table P={p}":
+                    minimal_drains(url, engine, o.jobs, p, o.repeat)}
         finally:
             engine.dispose()
-    return [Row("drain", Figure(f"no-op jobs/s ({_pc(o)}, N={o.jobs})", "jobs/s", ours),
-                [Figure(f"raw 1/tx P={o.processes}", "jobs/s", one),
-                 Figure(f"raw batched-100 P={o.processes}", "jobs/s", batched)],
-                note="targets: >= 10x raw 1/tx and >= 0.6x raw batched-100")]
+
+    def figures(unit: str, value: Callable[[DrainCost], float]) -> list[Figure]:
+        return [Figure(name, unit, [value(d) for d in costs], unit == "jobs/s")
+                for name, costs in refs.items()]
+
+    costs = {"flowq": {f"C={c}": [d.as_dict() for d in v] for c, v in ours.items()},
+             **{name: [d.as_dict() for d in v] for name, v in refs.items()}}
+    rows = [Row("drain", Figure(f"no-op jobs/s (P={p} C={c}, N={o.jobs})", "jobs/s",
+                                [d.rate for d in v]), figures("jobs/s", lambda d: d.rate),
+                note="targets: >= 10x raw 1/tx and >= 0.6x raw batched-100" if i == 0 else "",
+                extra={"costs": costs} if i == 0 else {})
+            for i, (c, v) in enumerate(ours.items())]
+    for i, (c, v) in enumerate(ours.items()):
+        notes = [_cost_note(f"flowq C={c}", v)]
+        if i == 0:
+            notes += [_cost_note(name, r) for name, r in refs.items()]
+        rows.append(Row("drain", Figure(f"WAL bytes/job (P={p} C={c})", "B/job",
+                                        [d.wal_per_row for d in v], False),
+                        figures("B/job", lambda d: d.wal_per_row),
+                        note="; ".join(notes) + (
+                            " (pg_stat_user_tables of the drained table; WAL of the whole "
+                            "server from t0 to the drain's end, after a CHECKPOINT)"
+                            if i == 0 else "")))
+    return rows
 
 
 def drain_session(server: Server, o: Options) -> list[Row]:

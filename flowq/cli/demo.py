@@ -51,6 +51,9 @@ def demo(database_url: str | None, n_jobs: int) -> None:
               help="Worker processes (and raw loop processes) [default: 2].")
 @click.option("--concurrency", "-c", type=click.IntRange(1, 1000), default=None,
               help="Handlers per worker process [default: 128, drain-session 8; --quick: 8].")
+@click.option("--drain-c", "drain_c", default=None, metavar="C1,C2",
+              help="drain: the concurrencies flowq runs at, each against the same references "
+                   "[default: 16,128; -c alone: just that one].")
 @click.option("--repeat", type=click.IntRange(1), default=None,
               help="Runs per figure; the table shows median and min-max [default: 3].")
 @click.option("--duration", type=click.FloatRange(1.0), default=None,
@@ -60,8 +63,9 @@ def demo(database_url: str | None, n_jobs: int) -> None:
 @click.option("--json-file", type=click.Path(dir_okay=False), default=None,
               help="Also write the JSON to this file.")
 def bench(database_url: str | None, scenarios: tuple[str, ...], n_jobs: int | None,
-          processes: int | None, concurrency: int | None, repeat: int | None,
-          duration: float | None, quick: bool, json_out: bool, json_file: str | None) -> None:
+          processes: int | None, concurrency: int | None, drain_c: str | None,
+          repeat: int | None, duration: float | None, quick: bool, json_out: bool,
+          json_file: str | None) -> None:
     """Benchmark flowq against raw-SQL references on --database-url or an embedded server.
 
     Every figure is measured beside its reference in the same run, on the same database;
@@ -84,6 +88,15 @@ def bench(database_url: str | None, scenarios: tuple[str, ...], n_jobs: int | No
                         ("duration", duration)):
         if value is not None:
             setattr(options, knob, value)
+    if drain_c is not None:
+        try:
+            cs = tuple(int(x) for x in drain_c.split(",") if x.strip())
+        except ValueError:
+            cs = ()
+        if not cs or not all(1 <= c <= 1000 for c in cs):
+            raise click.BadParameter("a comma-separated list of concurrencies (1-1000), "
+                                     f"e.g. 16,128; got {drain_c!r}", param_hint="--drain-c")
+        options.set_drain_concurrency(cs)
     table, doc = run_bench(database_url, scenarios or DEFAULT_SCENARIOS, options,
                            progress=lambda m: click.echo(m, err=True))
     if json_file:

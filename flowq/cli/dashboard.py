@@ -78,8 +78,11 @@ def dashboard(database_url: str | None, schema: str, host: str, port: int, allow
         token = secrets.token_urlsafe(24)
     engine = open_engine(database_url, schema)
     try:
+        # On a loopback address, answer only to loopback names: a page elsewhere cannot
+        # then read the dashboard by pointing its own name at 127.0.0.1 (DNS rebinding).
+        hosts = ["localhost", "127.0.0.1", "::1"] if _loopback(host) else None
         app = create_app(engine, schema=schema, allow_actions=allow_actions, token=token,
-                         basic_auth=credentials)
+                         basic_auth=credentials, allowed_hosts=hosts)
         sock = _bind(host, port)
         where = f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}/"
         mode = "actions enabled" if allow_actions else "read-only"

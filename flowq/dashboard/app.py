@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import posixpath
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Final
 from urllib.parse import urlencode, urlsplit
 
@@ -25,7 +26,7 @@ import sqlalchemy as sa
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from flowq import queues as queues_api
@@ -51,6 +52,12 @@ __all__ = ["create_app"]
 PAGE_SIZE: Final = 50
 # A value longer than this is cut on the page (the JSON of `flowq runs show --json` has it all).
 SHOWN_CHARS: Final = 20_000
+# What a run page's steps table may show in all (characters before escaping): each of the
+# arguments, result and error cells gets its share, between CELL_MIN_CHARS and SHOWN_CHARS.
+STEPS_BUDGET: Final = 1_500_000
+CELL_MIN_CHARS: Final = 500
+MAX_STEP_ROWS: Final = 500
+MAX_RUN_ID: Final = 2**63 - 1
 FLASH_COOKIE: Final = "flowq_flash"
 _HEADERS: Final = {
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; "
@@ -63,13 +70,29 @@ _HEADERS: Final = {
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-def _shown(value: Any) -> str:
-    """A JSON value as indented text for a <pre>, cut to SHOWN_CHARS."""
+def _shown(value: Any, limit: int = SHOWN_CHARS) -> str:
+    """A JSON value as indented text for a <pre>, cut to `limit` characters."""
     text = value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False,
                                                             default=str)
-    if len(text) > SHOWN_CHARS:
-        return f"{text[:SHOWN_CHARS]}\n… ({len(text) - SHOWN_CHARS:,} more characters)"
+    if len(text) > limit:
+        return f"{text[:limit]}\n… ({len(text) - limit:,} more characters)"
     return text
+
+
+def parse_run_id(text: str) -> int | None:
+    """`text` as a run id (ASCII digits, within bigint), else None."""
+    if not (text.isascii() and text.isdigit()) or len(text) > 19:
+        return None
+    value = int(text)
+    return value if 0 < value <= MAX_RUN_ID else None
+
+
+def _run_id_of(request: Request) -> int:
+    run_id = parse_run_id(request.path_params["run_id"])
+    if run_id is None:
+        raise RunNotFoundError(f"no run {request.path_params['run_id'][:40]!r} exists (run ids "
+                               "are positive 64-bit integers)")
+    return run_id
 
 
 def _when(value: Any) -> str:
@@ -80,8 +103,9 @@ class _Dashboard:
     """The state behind the routes: the engine, the schema, the guard and the templates."""
 
     def __init__(self, engine: sa.Engine, schema: str, allow_actions: bool, guard: Guard,
-                 title: str) -> None:
+                 title: str, allowed_hosts: frozenset[str] | None) -> None:
         self.engine = engine
+        self.allowed_hosts = allowed_hosts
         self.schema = schema
         self.allow_actions = allow_actions
         self.guard = guard
@@ -104,12 +128,17 @@ class _Dashboard:
             actions=self.allow_actions, url=lambda route, **p: request.url_for(route, **p).path,
             **context)
         response = HTMLResponse(html, status_code=status_code, headers=_HEADERS)
-        path = self.base(request)
         if request.cookies.get(CSRF_COOKIE) != csrf:
-            response.set_cookie(CSRF_COOKIE, csrf, path=path, httponly=True, samesite="strict")
+            self.cookie(request, response, CSRF_COOKIE, csrf)
         if flash is not None:
-            response.delete_cookie(FLASH_COOKIE, path=path)
+            response.delete_cookie(FLASH_COOKIE, path=self.base(request))
         return response
+
+    def cookie(self, request: Request, response: Response, name: str, value: str) -> None:
+        """Set one of the dashboard's cookies: HttpOnly, SameSite=Strict, on its own path,
+        and Secure when the page was served over HTTPS."""
+        response.set_cookie(name, value, path=self.base(request), httponly=True,
+                            samesite="strict", secure=request.url.scheme == "https")
 
     @staticmethod
     def base(request: Request) -> str:
@@ -120,20 +149,26 @@ class _Dashboard:
 
     def redirect(self, request: Request, to: str, flash: str) -> RedirectResponse:
         response = RedirectResponse(to, status_code=303, headers=_HEADERS)
-        response.set_cookie(FLASH_COOKIE, flash[:500], path=self.base(request),
-                            httponly=True, samesite="strict")
+        self.cookie(request, response, FLASH_COOKIE, flash[:500])
         return response
 
     def back(self, request: Request, form: Any, fallback: str) -> str:
         """Where a form goes after its action: its `next` field when it is a path of this
         dashboard (never another site), else `fallback`."""
         target = form.get("next")
-        if not isinstance(target, str):
+        if not isinstance(target, str) or not target.startswith("/"):
             return fallback
-        parts = urlsplit(target)
-        if parts.scheme or parts.netloc or not target.startswith(self.base(request)):
-            return fallback
-        return target
+        base = self.base(request)
+        # "/ops/flowq/../../elsewhere" must not climb out of a mount point.
+        norm = posixpath.normpath(target) + ("/" if target.endswith("/") else "")
+        if norm == base.rstrip("/"):
+            norm = base
+        for candidate in (target, norm):
+            parts = urlsplit(candidate)
+            if (parts.scheme or parts.netloc or candidate.startswith("//")
+                    or not candidate.startswith(base)):
+                return fallback
+        return norm
 
     # -- guards ---------------------------------------------------------------------------
 
@@ -141,6 +176,8 @@ class _Dashboard:
         """A GET page: authenticated (a `?token=` logs in), errors as plain pages."""
 
         async def endpoint(request: Request) -> Response:
+            if not self.host_ok(request):
+                return self.wrong_host()
             token = request.query_params.get("token")
             if token is not None and self.guard.token is not None:
                 if not self.guard.token_ok(token):
@@ -160,6 +197,8 @@ class _Dashboard:
         """A POST: refused unless actions are on, authenticated, and CSRF-checked."""
 
         async def endpoint(request: Request) -> Response:
+            if not self.host_ok(request):
+                return self.wrong_host()
             if not self.allow_actions:
                 return self.error(request, 403, "This dashboard is read-only: start it with "
                                   "--allow-actions (and a --token or --basic-auth) to retry, "
@@ -177,6 +216,19 @@ class _Dashboard:
 
         return endpoint
 
+    def host_ok(self, request: Request) -> bool:
+        """With `allowed_hosts`, the Host header must name one of them: a dashboard on
+        127.0.0.1 answers only as localhost, so a page elsewhere cannot reach it through
+        DNS rebinding (its own name pointed at 127.0.0.1)."""
+        if self.allowed_hosts is None:
+            return True
+        host = urlsplit("//" + request.headers.get("host", "")).hostname
+        return host is not None and host.lower() in self.allowed_hosts
+
+    def wrong_host(self) -> Response:
+        return PlainTextResponse("This dashboard answers only at its own address (the Host "
+                                 "header names another).", status_code=421, headers=_HEADERS)
+
     async def guarded(self, request: Request, fn: Endpoint) -> Response:
         try:
             return await fn(request)
@@ -193,6 +245,17 @@ class _Dashboard:
         except sa.exc.OperationalError as exc:
             return self.error(request, 503, "cannot reach the database: "
                               f"{mask_secrets(first_line(exc.orig or exc))}")
+        except sa.exc.TimeoutError:
+            return self.error(request, 503, "no database connection is free (the dashboard's "
+                              "connection pool is exhausted): try again in a moment.")
+        except sa.exc.DBAPIError as exc:
+            code = getattr(exc.orig, "sqlstate", None)
+            if code in ("42P01", "3F000"):  # undefined table, invalid schema name
+                return self.error(request, 500, f"the database has no flowq schema "
+                                  f"{self.schema!r} (or it is not migrated): run "
+                                  "`flowq migrate`, or give the dashboard the right schema.")
+            return self.error(request, 500, "the database refused a query: "
+                              f"{mask_secrets(first_line(exc.orig or exc))}")
 
     def login(self, request: Request, problem: str | None, status_code: int) -> HTMLResponse:
         response = self.render(request, "login.html", status_code=status_code, problem=problem,
@@ -200,11 +263,12 @@ class _Dashboard:
                                next=request.url.path)
         if self.guard.basic_auth is not None:
             response.headers["WWW-Authenticate"] = 'Basic realm="flowq", charset="UTF-8"'
+        else:
+            response.headers["WWW-Authenticate"] = 'Bearer realm="flowq"'
         return response
 
     def set_session(self, request: Request, response: Response) -> None:
-        response.set_cookie(SESSION_COOKIE, self.guard.session_value(), path=self.base(request),
-                            httponly=True, samesite="strict")
+        self.cookie(request, response, SESSION_COOKIE, self.guard.session_value())
 
     def read(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Awaitable[Any]:
         return run_in_threadpool(fn, self.engine, *args, schema=self.schema, **kwargs)
@@ -219,9 +283,10 @@ def _before(request: Request) -> int | None:
     text = request.query_params.get("before")
     if not text:
         return None
-    if not text.isdigit() or len(text) > 19:
-        raise InvalidArgumentsError(f"before must be a run id, got {text!r}")
-    return int(text)
+    value = parse_run_id(text)
+    if value is None:
+        raise InvalidArgumentsError(f"before must be a run id, got {text[:40]!r}")
+    return value
 
 
 def _older(filters: dict[str, str | None], found: list[runs_api.RunSummary]) -> str | None:
@@ -244,14 +309,13 @@ def _routes(d: _Dashboard) -> list[Route]:
         f = _filters(request)
         find = (request.query_params.get("find") or "").strip()
         if find:
-            run_id: int | None = None
-            if find.isdigit() and len(find) < 19:
+            run_id = parse_run_id(find)
+            if run_id is not None:
                 try:
-                    await d.read(runs_api.get_run, int(find))
-                    run_id = int(find)
+                    await d.read(runs_api.get_run, run_id)
                 except RunNotFoundError:
-                    pass
-            if run_id is None:
+                    run_id = None
+            if run_id is None and "\x00" not in find:  # no key can hold a NUL
                 run_id = await d.read(runs_api.find_run, find)
             if run_id is None:
                 return d.render(request, "runs.html", page="runs", found=[], filters=f,
@@ -265,8 +329,11 @@ def _routes(d: _Dashboard) -> list[Route]:
                         older=older, problem=None)
 
     async def run(request: Request) -> Response:
-        info = await d.read(runs_api.get_run, request.path_params["run_id"])
-        return d.render(request, "run.html", page="runs", run=info)
+        info = await d.read(runs_api.get_run, _run_id_of(request))
+        rows = min(len(info.steps), MAX_STEP_ROWS)
+        cell = max(CELL_MIN_CHARS, min(SHOWN_CHARS, STEPS_BUDGET // max(1, 3 * rows)))
+        return d.render(request, "run.html", page="runs", run=info, max_rows=MAX_STEP_ROWS,
+                        cell=cell)
 
     async def dead(request: Request) -> Response:
         f = _filters(request)
@@ -278,6 +345,8 @@ def _routes(d: _Dashboard) -> list[Route]:
                         filters=f, older=older)
 
     async def login(request: Request) -> Response:
+        if not d.host_ok(request):
+            return d.wrong_host()
         if d.guard.token is None:
             return d.error(request, 404, "This dashboard has no token login.")
         form = await request.form(max_files=0, max_fields=10)
@@ -291,13 +360,13 @@ def _routes(d: _Dashboard) -> list[Route]:
     # -- actions --------------------------------------------------------------------------
 
     async def retry(request: Request) -> Response:
-        run_id = request.path_params["run_id"]
+        run_id = _run_id_of(request)
         result = await d.read(runs_api.retry_run, run_id)
         return d.redirect(request, d.back(request, request.state.form, request.url_for("run", run_id=run_id).path),
                           f"Run {run_id}: {len(result.job_ids)} dead step(s) retried.")
 
     async def cancel(request: Request) -> Response:
-        run_id = request.path_params["run_id"]
+        run_id = _run_id_of(request)
         result = await d.read(runs_api.cancel_run, run_id,
                               reason="cancelled from the flowq dashboard")
         what = ("cancelled" if result.changed else "was already cancelled")
@@ -328,9 +397,10 @@ def _routes(d: _Dashboard) -> list[Route]:
             return d.redirect(request, back, f"{n} dead run(s) retried.")
         ids = []
         for value in form.getlist("run_id"):
-            if not isinstance(value, str) or not value.isdigit() or len(value) > 19:
-                raise InvalidArgumentsError(f"run_id must be a run id, got {value!r}")
-            ids.append(int(value))
+            run_id = parse_run_id(value) if isinstance(value, str) else None
+            if run_id is None:
+                raise InvalidArgumentsError(f"run_id must be a run id, got {str(value)[:40]!r}")
+            ids.append(run_id)
         if not ids:
             return d.redirect(request, back, "No run selected: tick the runs to retry.")
         retried, skipped = 0, 0
@@ -349,11 +419,11 @@ def _routes(d: _Dashboard) -> list[Route]:
         Route("/", d.page(queues), name="queues"),
         Route("/workers", d.page(workers), name="workers"),
         Route("/runs", d.page(runs), name="runs"),
-        Route("/runs/{run_id:int}", d.page(run), name="run"),
+        Route("/runs/{run_id}", d.page(run), name="run"),
         Route("/dead", d.page(dead), name="dead"),
         Route("/login", login, methods=["POST"], name="login"),
-        Route("/runs/{run_id:int}/retry", d.action(retry), methods=["POST"], name="retry"),
-        Route("/runs/{run_id:int}/cancel", d.action(cancel), methods=["POST"], name="cancel"),
+        Route("/runs/{run_id}/retry", d.action(retry), methods=["POST"], name="retry"),
+        Route("/runs/{run_id}/cancel", d.action(cancel), methods=["POST"], name="cancel"),
         Route("/queues/{name}/pause", d.action(pause), methods=["POST"], name="pause"),
         Route("/queues/{name}/resume", d.action(resume), methods=["POST"], name="resume"),
         Route("/dead/retry", d.action(retry_dead), methods=["POST"], name="retry_dead"),
@@ -362,21 +432,26 @@ def _routes(d: _Dashboard) -> list[Route]:
 
 def create_app(database: sa.Engine | str, *, schema: str = DEFAULT_SCHEMA,
                allow_actions: bool = False, token: str | None = None,
-               basic_auth: tuple[str, str] | None = None, title: str = "flowq") -> Starlette:
+               basic_auth: tuple[str, str] | None = None, title: str = "flowq",
+               allowed_hosts: Sequence[str] | None = None) -> Starlette:
     """The dashboard as an ASGI app, to serve (`flowq dashboard`) or mount in your own::
 
         app.mount("/flowq", create_app(engine, allow_actions=True, token=secret))
 
     `database`: an Engine (yours: not disposed here) or a URL (an engine made and disposed
     with the app). Read-only unless `allow_actions`, which needs `token` or `basic_auth`
-    (`(user, password)`); either one also guards the pages themselves."""
+    (`(user, password)`); either one also guards the pages themselves. `allowed_hosts`:
+    the names the dashboard answers to (the Host header); others get 421. `flowq
+    dashboard` on a loopback address allows only localhost, 127.0.0.1 and ::1."""
     guard = Guard(token=token, basic_auth=basic_auth)
     if allow_actions and not guard.required:
         raise ConfigurationError("a dashboard with actions needs a token or basic auth: "
                                  "pass token=... or basic_auth=(user, password)")
     owned = isinstance(database, str)
     engine = create_engine(database) if isinstance(database, str) else database
-    d = _Dashboard(engine, schema, allow_actions, guard, title)
+    hosts = None if allowed_hosts is None else frozenset(h.lower().strip("[]")
+                                                         for h in allowed_hosts)
+    d = _Dashboard(engine, schema, allow_actions, guard, title, hosts)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:

@@ -54,8 +54,14 @@ class Guard:
     _key: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
 
     def __post_init__(self) -> None:
-        if self.token is not None and len(self.token) < 8:
+        if self.token is not None and (not isinstance(self.token, str) or len(self.token) < 8):
             raise ConfigurationError("a dashboard token must be at least 8 characters long")
+        if self.basic_auth is not None:
+            user, password = self.basic_auth
+            if not (isinstance(user, str) and isinstance(password, str) and user and password
+                    and ":" not in user):
+                raise ConfigurationError("basic auth needs a user name (without ':') and a "
+                                         "password, both non-empty")
 
     @property
     def required(self) -> bool:

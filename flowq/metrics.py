@@ -3,9 +3,9 @@
 `WorkerMetrics` owns one `prometheus_client.CollectorRegistry` per worker (no global state:
 two workers in one process export their own numbers) and serves it over HTTP in the
 Prometheus text format. The worker's parts report to it through two tiny hooks: the
-completer calls `observe_outcome` where it logs an outcome, the claim loop calls
-`observe_pickup` for each claimed job; the jobs in flight are read from the executor at
-scrape time.
+completer calls `observe_outcome` where it logs an outcome, the executor calls
+`observe_pickup` as each attempt starts; the jobs in flight (handlers running, not the jobs
+claimed ahead) are read from the executor at scrape time.
 
 The queue gauges (depth, oldest due age) describe the whole database, not one worker, so one
 worker at a time collects them: at a scrape, a worker queries them only while it holds a
@@ -141,8 +141,10 @@ class WorkerMetrics:
         if duration is not None and kind != "lost":
             self.duration.labels(job.task, job.queue).observe(max(0.0, duration))
 
-    def observe_pickup(self, job: ClaimedJob) -> None:
-        self.pickup.labels(job.task, job.queue).observe(max(0.0, job.pickup_delay))
+    def observe_pickup(self, job: ClaimedJob, waited: float = 0.0) -> None:
+        """Due time to start: to the claim by the database's clock, plus the seconds the job
+        then waited in the worker's claim-ahead."""
+        self.pickup.labels(job.task, job.queue).observe(max(0.0, job.pickup_delay + waited))
 
     # -- serving ----------------------------------------------------------------------------
 

@@ -682,9 +682,11 @@ class Queries:
 
     @cached_property
     def release_jobs(self) -> TextClause:
-        """Hand unfinished claims back at shutdown without burning the attempt (or end them
-        `cancelled` when their run was cancelled while they ran). Giving the attempt back is
-        safe: the fence is the lease, which the next claim renews."""
+        """Hand claims back without burning the attempt: unfinished ones at shutdown, and jobs
+        claimed ahead that did not start (or end them `cancelled` when their run was
+        cancelled meanwhile). Giving the attempt back is safe: the fence is the lease, which
+        the next claim renews. Notifies :channel with each queue, so other workers take them
+        at once (identical notifications of one transaction are delivered once)."""
         return self._t(f"""
             UPDATE {{s}}.jobs j
                SET status = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'pending' END,
@@ -692,7 +694,7 @@ class Queries:
                    attempts = greatest(j.attempts - 1, 0), run_at = now(), {_UNLOCK}
               FROM {_rows("c", _CLAIM_KEY, single=False)}
              WHERE {_FENCE}
-            RETURNING j.id""")
+            RETURNING j.id, pg_notify(:channel, j.queue)""")
 
     @cached_property
     def end_backend(self) -> TextClause:

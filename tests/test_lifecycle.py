@@ -218,7 +218,7 @@ def fenced_write(name: str, claim: Claim) -> tuple[sa.TextClause, dict[str, Any]
     notify = {"channel": CHANNEL}
     params: dict[str, dict[str, Any]] = {
         "heartbeat_jobs": bind(key, single=False),
-        "release_jobs": bind(key, single=False),
+        "release_jobs": {**bind(key, single=False), **notify},
         "complete_jobs": bind(done, single=False),
         "complete_job": bind(done, single=True),
         "complete_steps": {**bind(done, single=False),
@@ -440,8 +440,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.settled = False
         landing = self.landing(claims)
         with self.engine.begin() as conn:
-            got = conn.execute(Q.release_jobs, bind(
-                [{"id": c.id, "lease": c.lease} for c in claims], single=False)).all()
+            got = conn.execute(Q.release_jobs, {**bind(
+                [{"id": c.id, "lease": c.lease} for c in claims], single=False),
+                "channel": CHANNEL}).all()
         self.forget(worker, claims)
         assert sorted(r.id for r in got) == sorted(c.id for c in landing)  # (2)
         for r in got:

@@ -160,7 +160,7 @@ def _fenced_writes(job_id: int, lease: int) -> list[tuple[str, sa.TextClause, di
                                     "error": "boom"}),
         ("end_job", Q.end_job, {"id": job_id, "lease": lease, "status": "dead",
                                 "error": "boom"}),
-        ("release_jobs", Q.release_jobs, arrays),
+        ("release_jobs", Q.release_jobs, {**arrays, "channel": "flowq"}),
     ]
 
 
@@ -228,8 +228,8 @@ def test_complete_and_end_and_release_with_a_matching_claim(engine: sa.Engine) -
         [ended] = conn.execute(Q.end_job, {"id": b.id, "lease": b.lease, "status": "dead",
                                            "error": "E"}).all()
         assert ended.status == "dead"
-        [_released] = conn.execute(Q.release_jobs, {"ids": [c.id],
-                                                    "leases": [c.lease]}).all()
+        [_released] = conn.execute(Q.release_jobs, {"ids": [c.id], "leases": [c.lease],
+                                                    "channel": "flowq"}).all()
     ra, rb, rc = (row(engine, i) for i in (a.id, b.id, c.id))
     assert (ra.status, ra.result, ra.finished_at is not None) == ("succeeded", {"x": 1}, True)
     assert (rb.status, rb.last_error, rb.finished_at is not None) == ("dead", "E", True)
@@ -250,7 +250,8 @@ def test_release_ends_a_cancelled_runs_step_instead_of_requeueing_it(
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE flowq.jobs SET cancel_requested = true"))
         [released] = conn.execute(Q.release_jobs, {"ids": [claimed.id],
-                                                   "leases": [claimed.lease]}).all()
+                                                   "leases": [claimed.lease],
+                                                   "channel": "flowq"}).all()
     r = row(engine, claimed.id)
     assert released.id == claimed.id
     assert (r.status, r.attempts) == ("cancelled", 0)
@@ -291,7 +292,7 @@ def test_hot_statements_stay_index_lookups_on_a_table_analyzed_empty(engine: sa.
     params: dict[str, Any] = {
         "claim_jobs": {"queue": "default", "limit": 100, "worker": "w"},
         "heartbeat_jobs": {"ids": batch, "leases": leases},
-        "release_jobs": {"ids": batch, "leases": leases},
+        "release_jobs": {"ids": batch, "leases": leases, "channel": "flowq"},
         "complete_jobs": {"ids": batch, "leases": leases, "results": ["{}"] * 200},
         "complete_steps": {"ids": batch, "leases": leases, "results": ["{}"] * 200,
                            "next_ids": batch, "next_leases": leases,
@@ -339,7 +340,8 @@ def test_a_lease_never_repeats_so_an_old_claim_writes_nothing(engine: sa.Engine,
 
     old = claimed
     with engine.begin() as conn:
-        conn.execute(Q.release_jobs, {"ids": [old.id], "leases": [old.lease]})
+        conn.execute(Q.release_jobs, {"ids": [old.id], "leases": [old.lease],
+                                      "channel": "flowq"})
         [again] = claim(conn)
     assert again.attempts == old.attempts and again.lease > old.lease
     for _name, stmt, params in _fenced_writes(old.id, old.lease):

@@ -60,6 +60,9 @@ def _queues(value: str | None) -> list[str] | None:
 @click.option("--queues", default=None, help="Comma-separated queues (default: all the app's).")
 @click.option("--concurrency", "-c", default=10, show_default=True, type=click.IntRange(1, 1000),
               help="Handlers run at once per process.")
+@click.option("--claim-ahead", default=None, type=click.IntRange(0), metavar="N",
+              help="Claim at most N jobs beyond the free handlers (default: sized from the "
+              "rate handlers finish at, to what starts within 20 ms; 0: off).")
 @click.option("--processes", "-p", default=1, show_default=True, type=click.IntRange(1, 256),
               help="Worker processes to run under this command.")
 @click.option("--poll-interval", default=5.0, show_default=True, type=click.FloatRange(0.01),
@@ -98,7 +101,7 @@ def worker(app_spec: str, database_url: str | None, queues: str | None, concurre
            stale_after: float, heartbeat_interval: float, reap_interval: float,
            no_maintenance: bool, no_schedules: bool, log_format: str, log_level: str,
            job_log: bool, metrics_port: int | None, metrics_addr: str, pgbouncer: bool,
-           listen_url: str | None) -> None:
+           listen_url: str | None, claim_ahead: int | None) -> None:
     """Run the jobs of MODULE:APP until SIGTERM/SIGINT."""
     from flowq.worker import Worker, WorkerConfig
     from flowq.worker.logs import configure_logging
@@ -115,7 +118,7 @@ def worker(app_spec: str, database_url: str | None, queues: str | None, concurre
                           maintenance=not no_maintenance, schedules=not no_schedules,
                           job_log=job_log, metrics_port=metrics_port,
                           metrics_addr=metrics_addr, metrics_ports=_metrics_ports(processes),
-                          pgbouncer=pgbouncer, listen_url=listen_url)
+                          pgbouncer=pgbouncer, listen_url=listen_url, claim_ahead=claim_ahead)
     w = Worker(app, url, config)
     w.check_database()
     if processes > 1:

@@ -85,6 +85,17 @@ DB_BACKOFF_MAX: Final = 5.0
 LIMITED_RETRY: Final = 0.05
 # Retry wake-ups remembered at once; beyond that the poll picks retries up.
 MAX_WAKE_TIMES: Final = 10_000
+# Claim-ahead: a worker claims, beyond its free handlers, what it would start within this
+# many seconds at the rate its handlers have been finishing (measured every RATE_WINDOW,
+# smoothed), at most CLAIM_AHEAD_MAX_FACTOR x concurrency. Handlers of 1 s at -c 10 finish
+# 10 per second: nothing is claimed ahead, so an idle worker gets its share; no-op handlers
+# finishing 10,000 per second keep a buffer that makes claims large at any concurrency.
+CLAIM_AHEAD_HORIZON: Final = 0.02
+CLAIM_AHEAD_MAX_FACTOR: Final = 4
+RATE_WINDOW: Final = 0.2
+# A job claimed ahead that has not started after this long is handed back (the handlers
+# turned slow: the rate measured no longer holds), so that an idle worker can start it.
+CLAIM_AHEAD_MAX_WAIT: Final = 0.25
 
 
 @dataclass
@@ -115,12 +126,20 @@ class WorkerConfig:
     # cannot go through such a pooler (None: with pgbouncer, poll only).
     pgbouncer: bool = False
     listen_url: str | None = None
+    # Jobs claimed beyond the free handlers: None sizes it from the measured rate (see
+    # CLAIM_AHEAD_HORIZON), 0 turns it off, N caps it at N.
+    claim_ahead: int | None = None
     name: str = field(default_factory=lambda: (
         f"{socket.gethostname()[:24]}:{os.getpid()}:{uuid.uuid4().hex[:4]}"))
 
     def validate(self) -> None:
         if self.concurrency < 1:
             raise ConfigurationError("concurrency must be at least 1")
+        if self.claim_ahead is not None and (
+                isinstance(self.claim_ahead, bool) or not isinstance(self.claim_ahead, int)
+                or self.claim_ahead < 0):
+            raise ConfigurationError(f"claim_ahead must be None (automatic) or an integer of "
+                                     f"at least 0, got {self.claim_ahead!r}")
         for knob in ("poll_interval", "heartbeat_interval", "stale_after", "reap_interval",
                      "prune_interval"):
             value = getattr(self, knob)
@@ -196,12 +215,12 @@ class Worker:
 
             self.metrics = WorkerMetrics(
                 worker=c.name, concurrency=c.concurrency, queues=self.queues,
-                in_flight=lambda: self.executor.in_flight, queries=self.q,
+                in_flight=lambda: self.executor.active, queries=self.q,
                 conn=self._metrics_conn())
             self.completer.metrics = self.metrics
+            self.executor.on_start = self.metrics.observe_pickup
         self.claimer = Claimer(self.claim_conn, self.q, self.queues, c.name,
-                               self.executor.submit if self.metrics is None
-                               else self._submit_metered)
+                               self.executor.submit)
         self.heartbeat = m.Heartbeat(
             DedicatedConnection(self.url, f"flowq heartbeat {c.name}",
                                 options=heartbeat_options(c.heartbeat_interval),
@@ -221,6 +240,12 @@ class Worker:
                                      wake_in=self._wake_at)
         self._orphaned = False
         self._batch_threshold = max(1, self.config.concurrency // 2)
+        # Claim-ahead (see CLAIM_AHEAD_HORIZON): the jobs held beyond the handlers, resized
+        # from the finishing rate every RATE_WINDOW.
+        self._ahead = 0
+        self._rate = 0.0
+        self._rate_at = time.monotonic()
+        self._rate_finished = 0
         self._idle_horizon = 0.0
         self._housekeeper: threading.Thread | None = None
         # Periodic schedules: a thread and a connection of their own (see its module).
@@ -332,23 +357,42 @@ class Worker:
         with self.engines["maintain"].connect() as conn:
             conn.execute(self.q.end_backend, {"pid": pid})
 
-    def _submit_metered(self, job: ClaimedJob) -> None:
-        assert self.metrics is not None
-        self.metrics.observe_pickup(job)
-        self.executor.submit(job)
-
     def _on_slot_free(self, in_flight: int) -> None:
         # Wake the claim loop only when it would claim: a batch's worth of free slots, or
         # none busy. Waking it per finished job would cost a wake-up per job for nothing.
-        if in_flight == 0 or self.config.concurrency - in_flight >= self._batch_threshold:
+        if in_flight == 0 or (self.config.concurrency + self._ahead - in_flight
+                              >= self._batch_threshold):
             self._wake.set()
 
     def _free_slots(self) -> int:
-        """Slots a claim may fill. Outcomes the completer has not written yet are claims still
-        held: past a concurrency's worth of them they take slots too, so a slow database
-        throttles claiming instead of piling up `running` rows that all need heartbeats."""
+        """Slots a claim may fill: the handlers, plus the claim-ahead, less the claims held.
+        Outcomes the completer has not written yet are claims still held: past a
+        concurrency's worth of them they take slots too, so a slow database throttles
+        claiming instead of piling up `running` rows that all need heartbeats."""
         c = self.config.concurrency
-        return c - self.executor.in_flight - max(0, self.completer.queued - c)
+        return c + self._ahead - self.executor.in_flight - max(0, self.completer.queued - c)
+
+    def _size_claim_ahead(self, now: float) -> None:
+        """Resize the claim-ahead from the rate handlers finished at since the last window;
+        hand back what waited in it too long (and start measuring afresh)."""
+        if self.executor.oldest_ready_age() > CLAIM_AHEAD_MAX_WAIT:
+            stale = self.executor.take_ready(older_than=CLAIM_AHEAD_MAX_WAIT)
+            if stale:
+                self._release(stale, "handed back jobs claimed ahead that did not start in "
+                              f"{CLAIM_AHEAD_MAX_WAIT}s (handlers slowed down)", INFO)
+            self._rate, self._ahead = 0.0, 0
+            self._batch_threshold = max(1, self.config.concurrency // 2)
+        if now - self._rate_at < RATE_WINDOW:
+            return
+        finished = self.executor.finished
+        rate = (finished - self._rate_finished) / (now - self._rate_at)
+        self._rate = rate if rate > self._rate else 0.5 * (self._rate + rate)
+        self._rate_at, self._rate_finished = now, finished
+        c = self.config
+        cap = (c.concurrency * CLAIM_AHEAD_MAX_FACTOR if c.claim_ahead is None
+               else c.claim_ahead)
+        self._ahead = min(cap, int(self._rate * CLAIM_AHEAD_HORIZON))
+        self._batch_threshold = max(1, (c.concurrency + self._ahead) // 2)
 
     def _held_claims(self) -> list[Claim]:
         return self.executor.running_claims() + self.completer.pending_claims()
@@ -427,8 +471,10 @@ class Worker:
             if self._signalled is not None:
                 self._begin_shutdown(self._signalled)
                 break
-            free = self._free_slots()
             now = time.monotonic()
+            self._size_claim_ahead(now)
+            batch_threshold = self._batch_threshold
+            free = self._free_slots()
             notified, self._notified = self._notified, False
             retry_due, next_due = self._take_due(now)
             due_poll = now >= next_poll
@@ -570,6 +616,10 @@ class Worker:
         c = self.config
         self._stopping.set()  # also when run(until_idle=True) returns on its own
         deadline = time.monotonic() + c.shutdown_grace
+        ahead = self.executor.take_ready()  # claimed ahead, never started: hand them back
+        if ahead:
+            self._release(ahead, "released jobs claimed ahead, not started (attempt not "
+                                 "counted)", INFO)
         while self.executor.in_flight and time.monotonic() < deadline:
             self._wake.wait(0.05)
             self._wake.clear()
@@ -592,7 +642,7 @@ class Worker:
         if self.listener is not None:
             self.listener.stop()
         log_event(INFO, "worker stopped", worker=c.name, claimed=self.claimed,
-                  released=len(unfinished))
+                  released=len(unfinished) + len(ahead))
         if self.metrics is not None:
             self.metrics.close()
         for engine in self.engines.values():
@@ -600,12 +650,15 @@ class Worker:
         self.claim_conn.close()
         self.complete_conn.close()
 
-    def _release(self, claims: list[Claim]) -> None:
+    def _release(self, claims: list[Claim],
+                 note: str = "released unfinished jobs at shutdown (attempt not counted)",
+                 level: int = WARNING) -> None:
         try:
-            rows = self.complete_conn.execute(self.q.release_jobs, {
-                "ids": [i for i, _ in claims], "leases": [lease for _, lease in claims]})
-            log_event(WARNING, "released unfinished jobs at shutdown (attempt not counted)",
-                      job_ids=",".join(str(r[0]) for r in rows))
+            # The claim loop's connection: the loop (or the shutdown after it) is the caller.
+            rows = self.claim_conn.execute(self.q.release_jobs, {
+                "ids": [i for i, _ in claims], "leases": [lease for _, lease in claims],
+                "channel": self.channel})
+            log_event(level, note, job_ids=",".join(str(r[0]) for r in rows))
         except DB_ERRORS as exc:
             log_event(ERROR, "could not release unfinished jobs; the reaper will requeue them",
                       error=first_line(exc))

@@ -30,6 +30,7 @@ span, started at submit, current while the handler runs, ended with the outcome 
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import queue
 import threading
@@ -122,6 +123,7 @@ class _Running:
     cancelled: bool = False  # the run was cancelled while it ran (seen by the heartbeat)
     span: Any = None  # the attempt's CONSUMER span when tracing (flowq.tracing)
     error: BaseException | None = None  # what failed it, for the span (tracing only)
+    queued: float = 0.0  # when it was handed over (monotonic): its age in the claim-ahead
 
     @property
     def step(self) -> Step[Any, Any] | None:
@@ -140,7 +142,13 @@ class Executor:
         self.session_factory = session_factory
         self.on_slot_free = on_slot_free
         self._work: queue.SimpleQueue[_Running | None] = queue.SimpleQueue()
-        self._running: dict[Claim, _Running] = {}
+        self._running: dict[Claim, _Running] = {}  # every claim held: running or ready
+        self._ready: collections.deque[_Running] = collections.deque()  # claimed ahead
+        self._active = 0  # handlers started and not finished: at most `concurrency`
+        self.finished = 0  # attempts finished so far (the worker sizes its claim-ahead on it)
+        # Called as each attempt starts, with the seconds it waited claimed ahead (the
+        # metrics' pickup delay).
+        self.on_start: Callable[[ClaimedJob, float], None] | None = None
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._loop: _Loop | None = None
@@ -189,8 +197,21 @@ class Executor:
 
     @property
     def in_flight(self) -> int:
+        """Claims held: running handlers and jobs ready in the claim-ahead buffer."""
         with self._lock:
             return len(self._running)
+
+    @property
+    def active(self) -> int:
+        """Handlers running (at most `concurrency`)."""
+        with self._lock:
+            return self._active
+
+    @property
+    def ready(self) -> int:
+        """Jobs claimed ahead, waiting for a handler to finish."""
+        with self._lock:
+            return len(self._ready)
 
     def running_claims(self) -> list[Claim]:
         with self._lock:
@@ -220,15 +241,35 @@ class Executor:
     # -- dispatch ---------------------------------------------------------------------------
 
     def submit(self, job: ClaimedJob) -> None:
-        resolved = self._resolve(job)
+        """Start `job` now if fewer than `concurrency` handlers run, else keep it ready (the
+        claim-ahead buffer): it starts as soon as a handler finishes, on that handler's
+        thread's hand-off, without a round trip to the database."""
+        rec = _Running(job, 0.0, None, self._resolve(job), queued=time.monotonic())
+        with self._lock:
+            self._running[job.claim] = rec
+            start = self._active < self.concurrency
+            if start:
+                self._active += 1
+            else:
+                self._ready.append(rec)
+        if start and not self._start(rec):
+            self._finish_slot(rec)
+
+    def _start(self, rec: _Running) -> bool:
+        """Run `rec` (its slot is counted in `_active`): the attempt's clock starts here.
+        False if it could not start: the caller frees its slot."""
+        job, resolved = rec.job, rec.resolved
         timeout = resolved[1].timeout if isinstance(resolved, tuple) else None
-        now = time.monotonic()
-        rec = _Running(job, now, now + timeout if timeout else None, resolved)
+        rec.started = now = time.monotonic()
+        rec.deadline = now + timeout if timeout else None
+        if self.on_start is not None:
+            try:
+                self.on_start(job, now - rec.queued)
+            except Exception as exc:
+                log_event(ERROR, "start callback crashed", error=repr(exc))
         if tracing.ENABLED:
             rec.span = tracing.start_attempt(
                 job, resolved[1].name if isinstance(resolved, tuple) else job.step)
-        with self._lock:
-            self._running[job.claim] = rec
         coro = None
         try:
             if isinstance(resolved, tuple) and resolved[1].is_async:
@@ -237,16 +278,37 @@ class Executor:
                 rec.future = asyncio.run_coroutine_threadsafe(coro, rec.loop.loop)
             else:
                 self._work.put(rec)
-        except BaseException:
+        except BaseException as exc:
             # Not started: forget it, so that it is neither heartbeated nor holding a slot
             # (the claim runs out and the reaper requeues the job).
-            with self._lock:
-                self._running.pop(job.claim, None)
             if coro is not None:
                 coro.close()
             if rec.span is not None:
                 tracing.end_attempt(rec.span, None)
-            raise
+            # The claim runs out and the reaper requeues the job.
+            log_event(ERROR, "could not start a claimed job", job_id=job.id,
+                      error=first_line(describe(exc)))
+            rec.done = True
+            return False
+        return True
+
+    def take_ready(self, older_than: float | None = None) -> list[Claim]:
+        """Take jobs out of the claim-ahead buffer: all of them (at shutdown), or those
+        waiting longer than `older_than` seconds. They never start here; the caller hands
+        their claims back."""
+        cutoff = None if older_than is None else time.monotonic() - older_than
+        taken: list[_Running] = []
+        with self._lock:
+            while self._ready and (cutoff is None or self._ready[0].queued < cutoff):
+                rec = self._ready.popleft()
+                self._running.pop(rec.job.claim, None)
+                taken.append(rec)
+        return [rec.job.claim for rec in taken]
+
+    def oldest_ready_age(self) -> float:
+        """Seconds the oldest job claimed ahead has waited (0 when none)."""
+        with self._lock:
+            return time.monotonic() - self._ready[0].queued if self._ready else 0.0
 
     def _watch(self) -> None:
         while not self._stopping.wait(WATCH_INTERVAL):
@@ -339,8 +401,21 @@ class Executor:
                                       "EventLoopBlocked"))
 
     def _finish_slot(self, rec: _Running) -> None:
+        """Free `rec`'s slot, or pass it on to the next job claimed ahead (`_active` then
+        stays as it is)."""
         with self._lock:
             self._running.pop(rec.job.claim, None)
+            self.finished += 1
+        while True:
+            with self._lock:
+                following = self._ready.popleft() if self._ready else None
+                if following is None:
+                    self._active -= 1
+            if following is None or self._start(following):
+                break
+            with self._lock:  # could not start: forgotten, the reaper requeues it
+                self._running.pop(following.job.claim, None)
+        with self._lock:
             in_flight = len(self._running)
         try:
             self.on_slot_free(in_flight)

@@ -1,0 +1,259 @@
+"""Claim-ahead: a worker claims beyond its free handlers only what it would start within a few
+tens of milliseconds at the rate its handlers finish, never runs more than `concurrency` at
+once, hands back what waited too long (handlers turned slow) and what it holds at shutdown.
+Fairness with real worker processes: two workers of -c 10 share 20 one-second jobs evenly,
+and a worker whose fast jobs turn slow does not hoard them from an idle one. Every test
+checks a ledger: each job ran exactly once."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import ledger_app as la
+import pytest
+import sqlalchemy as sa
+
+import flowq
+from flowq.context import Context, StepSession
+from flowq.testing import job_rows, running_worker, wait_until
+from flowq.worker import Worker, WorkerConfig
+from flowq.worker.executor import Executor
+from flowq.worker.model import ClaimedJob, Outcome
+
+FAST_POLL = ("--poll-interval", "0.1")
+
+
+def scalar(engine: sa.Engine, sql: str, **params: Any) -> Any:
+    with engine.connect() as c:
+        return c.execute(sa.text(sql), params).scalar_one()
+
+
+def ledger(engine: sa.Engine) -> list[Any]:
+    with engine.connect() as c:
+        return list(c.execute(sa.text("SELECT job_id, pid FROM ledger")))
+
+
+def live_workers(engine: sa.Engine) -> int:
+    return int(scalar(engine, "SELECT count(*) FROM flowq.workers"))
+
+
+# -- the executor: at most `concurrency` running, the rest ready ------------------------------
+
+
+class _Outcomes:
+    def __init__(self) -> None:
+        self.got: dict[int, Outcome] = {}
+
+    def submit(self, job: ClaimedJob, outcome: Outcome, duration: float) -> None:
+        self.got[job.id] = outcome
+
+
+def test_the_executor_runs_at_most_concurrency_and_keeps_the_rest_ready(
+        app: flowq.FlowQ) -> None:
+    running, peak, gate = [0], [0], threading.Event()
+    lock = threading.Lock()
+
+    def counted(seconds: float) -> None:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        gate.wait(5)
+        time.sleep(seconds)
+        with lock:
+            running[0] -= 1
+
+    @app.task()
+    def hold(ctx: Context) -> None:
+        counted(0.05)
+
+    @app.task(timeout=0.5)
+    def quick(ctx: Context) -> None:
+        counted(0.3)
+
+    outcomes = _Outcomes()
+    executor = Executor(app, outcomes, concurrency=2,  # type: ignore[arg-type]
+                        session_factory=lambda: StepSession(), on_slot_free=lambda n: None)
+    started: list[int] = []
+    executor.on_start = lambda job, waited: started.append(job.id)
+    executor.start()
+
+    def submit(i: int, task: str) -> None:
+        executor.submit(ClaimedJob(i, i, i, task, task, 0, "default", 0, 1, 10, "{}", False,
+                                   0.0))
+
+    try:
+        for i in range(1, 7):
+            submit(i, "hold" if i <= 2 else "quick")
+        assert (executor.active, executor.ready, executor.in_flight) == (2, 4, 6)
+        assert started == [1, 2]
+        # Waiting ready does not count towards a step's timeout: the clock starts at the
+        # start. The quick ones wait 0.6 s here, then run 0.3 s of their 0.5 s.
+        time.sleep(0.6)
+        assert executor.take_ready(older_than=10.0) == []  # none waited that long
+        gate.set()
+        wait_until(lambda: len(outcomes.got) == 6, timeout=20, message="six outcomes")
+        assert peak[0] == 2 and started == [1, 2, 3, 4, 5, 6]
+        assert {type(o).__name__ for o in outcomes.got.values()} == {"Succeeded"}
+        assert (executor.active, executor.ready, executor.in_flight) == (0, 0, 0)
+        # Taking the ready ones: they never start, and their claims go to the caller.
+        gate.clear()
+        for i in range(7, 11):
+            submit(i, "hold")
+        assert executor.take_ready() == [(9, 9), (10, 10)]
+        gate.set()
+        wait_until(lambda: len(outcomes.got) == 8, timeout=20, message="the two running")
+        time.sleep(0.2)
+        assert sorted(outcomes.got) == [1, 2, 3, 4, 5, 6, 7, 8]
+        assert executor.in_flight == 0
+    finally:
+        gate.set()
+        executor.stop()
+
+
+# -- the worker: sized from the rate, handed back when stale or at shutdown -------------------
+
+
+def test_fast_jobs_are_claimed_ahead_and_each_runs_once(app: flowq.FlowQ, engine: sa.Engine,
+                                                        db_url: str) -> None:
+    seen: Counter[int] = Counter()
+    lock = threading.Lock()
+
+    @app.task()
+    def fast(ctx: Context, n: int) -> None:
+        with lock:
+            seen[n] += 1
+
+    with engine.begin() as conn:
+        flowq.enqueue_many(conn, fast, [{"n": i} for i in range(3000)])
+    with running_worker(app, db_url, concurrency=2) as worker:
+        wait_until(lambda: len(seen) == 3000, timeout=120, message="3,000 jobs")
+        ahead_seen = worker._ahead
+    assert set(seen.values()) == {1}
+    assert ahead_seen > 0  # the rate of no-op handlers earns a claim-ahead at -c 2
+    assert {r.status for r in job_rows(engine)} == {"succeeded"}
+    assert {r.attempts for r in job_rows(engine)} == {1}
+
+
+def test_claim_ahead_is_off_with_zero_and_refused_when_bad(app: flowq.FlowQ,
+                                                          db_url: str) -> None:
+    @app.task()
+    def fast(ctx: Context) -> None: ...
+
+    for bad in (-1, 1.5, True, "3"):
+        with pytest.raises(flowq.ConfigurationError, match="claim_ahead"):
+            Worker(app, db_url, WorkerConfig(claim_ahead=bad))  # type: ignore[arg-type]
+    w = Worker(app, db_url, WorkerConfig(claim_ahead=0, concurrency=4))
+    w.executor.finished = 100_000
+    w._rate_at -= 1.0
+    w._size_claim_ahead(time.monotonic())
+    assert w._ahead == 0 and w._free_slots() == 4
+
+
+def test_jobs_claimed_ahead_are_handed_back_at_shutdown_with_their_attempt(
+        app: flowq.FlowQ, engine: sa.Engine, db_url: str) -> None:
+    release = threading.Event()
+
+    @app.task()
+    def slow(ctx: Context, n: int) -> None:
+        release.wait(10)
+
+    with engine.begin() as conn:
+        ids = flowq.enqueue_many(conn, slow, [{"n": i} for i in range(10)])
+    w = Worker(app, db_url, WorkerConfig(concurrency=2, poll_interval=0.1, shutdown_grace=5))
+    w._ahead = 3  # as if fast handlers had earned it
+    w._rate_at = time.monotonic() + 3600  # and keep it: no re-measuring during the test
+    with w.running():
+        wait_until(lambda: w.executor.active == 2 and w.executor.ready == 3, timeout=10,
+                   message="2 running and 3 claimed ahead")
+        assert scalar(engine, "SELECT count(*) FROM flowq.jobs WHERE status = 'running'") == 5
+        w.stop()
+        # The shutdown takes the ready ones back before the running ones finish.
+        wait_until(lambda: w.executor.ready == 0, timeout=10, message="the ready ones taken")
+        release.set()
+    rows = {r.id: r for r in job_rows(engine)}
+    assert sorted(rows) == sorted(ids)
+    assert Counter(r.status for r in rows.values()) == {"succeeded": 2, "pending": 8}
+    # The three claimed ahead went back without using an attempt.
+    assert {r.attempts for r in rows.values() if r.status == "pending"} == {0}
+
+
+def test_jobs_claimed_ahead_that_wait_too_long_are_handed_back(
+        app: flowq.FlowQ, engine: sa.Engine, db_url: str) -> None:
+    release = threading.Event()
+
+    @app.task()
+    def slow(ctx: Context, n: int) -> None:
+        release.wait(10)
+
+    with engine.begin() as conn:
+        flowq.enqueue_many(conn, slow, [{"n": i} for i in range(6)])
+    w = Worker(app, db_url, WorkerConfig(concurrency=1, poll_interval=0.1, shutdown_grace=5,
+                                         claim_ahead=4))
+    w._ahead = 4
+    w._rate_at = time.monotonic() + 3600
+    try:
+        with w.running():
+            # Claimed ahead, then handed back after CLAIM_AHEAD_MAX_WAIT: the claim-ahead is
+            # reset to nothing, so the worker holds just its running job.
+            wait_until(lambda: w.executor.active == 1 and w.executor.ready == 0
+                       and w._ahead == 0, timeout=10, message="the stale ones handed back")
+            wait_until(lambda: scalar(engine, "SELECT count(*) FROM flowq.jobs "
+                                              "WHERE status = 'running'") == 1,
+                       timeout=10, message="one row running")
+            assert scalar(engine, "SELECT count(*) FROM flowq.jobs WHERE status = 'pending' "
+                                  "AND attempts = 0") == 5
+            release.set()
+            wait_until(lambda: {r.status for r in job_rows(engine)} == {"succeeded"},
+                       timeout=30, message="all six done")
+    finally:
+        release.set()
+    assert {r.attempts for r in job_rows(engine)} == {1}
+
+
+# -- fairness between real worker processes ----------------------------------------------------
+
+
+def test_two_workers_share_twenty_one_second_jobs_evenly(engine: sa.Engine, db_url: str,
+                                                         spawn_worker: Any) -> None:
+    with engine.begin() as conn:
+        conn.exec_driver_sql(la.LEDGER_DDL)
+    for _ in range(2):
+        spawn_worker("ledger_app:app", db_url, "-c", "10", "--no-job-log", *FAST_POLL)
+    wait_until(lambda: live_workers(engine) == 2, timeout=60, message="two workers")
+    with engine.begin() as conn:
+        ids = flowq.enqueue_many(conn, la.record, [{"n": i, "sleep": 1.0} for i in range(20)])
+    wait_until(lambda: len(ledger(engine)) == 20, timeout=60, message="20 jobs")
+    rows = ledger(engine)
+    assert sorted(r.job_id for r in rows) == sorted(ids)  # each exactly once
+    per_worker = Counter(r.pid for r in rows)
+    assert len(per_worker) == 2 and min(per_worker.values()) >= 8, per_worker
+
+
+def test_a_worker_whose_jobs_turn_slow_does_not_hoard_them(engine: sa.Engine, db_url: str,
+                                                           spawn_worker: Any) -> None:
+    """2,000 no-op jobs, then 12 of one second each, in one commit, to two workers of -c 2:
+    the no-op ones earn each worker a claim-ahead, so the slow ones are claimed ahead too;
+    what waits there is handed back, and the idle worker runs its share."""
+    with engine.begin() as conn:
+        conn.exec_driver_sql(la.LEDGER_DDL)
+    for _ in range(2):
+        spawn_worker("ledger_app:app", db_url, "-c", "2", "--no-job-log", *FAST_POLL)
+    wait_until(lambda: live_workers(engine) == 2, timeout=60, message="two workers")
+    with engine.begin() as conn:
+        fast = flowq.enqueue_many(conn, la.record, [{"n": i} for i in range(2000)])
+        slow = flowq.enqueue_many(conn, la.record, [{"n": i, "sleep": 1.0}
+                                                    for i in range(12)])
+    wait_until(lambda: len(ledger(engine)) == 2012, timeout=120, message="2,012 jobs")
+    rows = ledger(engine)
+    assert sorted(r.job_id for r in rows) == sorted(fast + slow)  # each exactly once
+    slow_per_worker = Counter(r.pid for r in rows if r.job_id in set(slow))
+    assert len(slow_per_worker) == 2 and min(slow_per_worker.values()) >= 4, slow_per_worker
+    with engine.connect() as c:
+        attempts = {r.attempts for r in c.execute(sa.text(
+            "SELECT attempts FROM flowq.jobs WHERE id = ANY(:ids)"), {"ids": slow})}
+    assert attempts == {1}  # a hand-back gives the attempt back
+    assert json.dumps(sorted(slow_per_worker.values()))  # (printed on failure above)

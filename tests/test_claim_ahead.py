@@ -153,8 +153,10 @@ def test_claim_ahead_is_off_with_zero_and_refused_when_bad(app: flowq.FlowQ,
     assert w._ahead == 0 and w._free_slots() == 4
 
 
-def test_jobs_claimed_ahead_are_handed_back_at_shutdown_with_their_attempt(
-        app: flowq.FlowQ, engine: sa.Engine, db_url: str) -> None:
+def held_worker(app: flowq.FlowQ, engine: sa.Engine, db_url: str, jobs: int, ahead: int,
+                **config: Any) -> tuple[Worker, threading.Event, list[int]]:
+    """A worker whose `jobs` handlers wait for the event it returns, given a claim-ahead of
+    `ahead` as if fast handlers had earned it (and kept: no re-measuring during the test)."""
     release = threading.Event()
 
     @app.task()
@@ -162,10 +164,16 @@ def test_jobs_claimed_ahead_are_handed_back_at_shutdown_with_their_attempt(
         release.wait(10)
 
     with engine.begin() as conn:
-        ids = flowq.enqueue_many(conn, slow, [{"n": i} for i in range(10)])
-    w = Worker(app, db_url, WorkerConfig(concurrency=2, poll_interval=0.1, shutdown_grace=5))
-    w._ahead = 3  # as if fast handlers had earned it
-    w._rate_at = time.monotonic() + 3600  # and keep it: no re-measuring during the test
+        ids = flowq.enqueue_many(conn, slow, [{"n": i} for i in range(jobs)])
+    w = Worker(app, db_url, WorkerConfig(poll_interval=0.1, shutdown_grace=5, **config))
+    w._ahead = ahead
+    w._rate_at = time.monotonic() + 3600
+    return w, release, ids
+
+
+def test_jobs_claimed_ahead_are_handed_back_at_shutdown_with_their_attempt(
+        app: flowq.FlowQ, engine: sa.Engine, db_url: str) -> None:
+    w, release, ids = held_worker(app, engine, db_url, 10, 3, concurrency=2)
     with w.running():
         wait_until(lambda: w.executor.active == 2 and w.executor.ready == 3, timeout=10,
                    message="2 running and 3 claimed ahead")
@@ -183,18 +191,7 @@ def test_jobs_claimed_ahead_are_handed_back_at_shutdown_with_their_attempt(
 
 def test_jobs_claimed_ahead_that_wait_too_long_are_handed_back(
         app: flowq.FlowQ, engine: sa.Engine, db_url: str) -> None:
-    release = threading.Event()
-
-    @app.task()
-    def slow(ctx: Context, n: int) -> None:
-        release.wait(10)
-
-    with engine.begin() as conn:
-        flowq.enqueue_many(conn, slow, [{"n": i} for i in range(6)])
-    w = Worker(app, db_url, WorkerConfig(concurrency=1, poll_interval=0.1, shutdown_grace=5,
-                                         claim_ahead=4))
-    w._ahead = 4
-    w._rate_at = time.monotonic() + 3600
+    w, release, _ = held_worker(app, engine, db_url, 6, 4, concurrency=1, claim_ahead=4)
     try:
         with w.running():
             # Claimed ahead, then handed back after CLAIM_AHEAD_MAX_WAIT: the claim-ahead is

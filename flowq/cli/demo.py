@@ -54,6 +54,8 @@ def demo(database_url: str | None, n_jobs: int) -> None:
 @click.option("--drain-c", "drain_c", default=None, metavar="C1,C2",
               help="drain: the concurrencies flowq runs at, each against the same references "
                    "[default: 16,128; -c alone: just that one].")
+@click.option("--retained", type=click.IntRange(0), default=None, metavar="N",
+              help="scale: finished rows retained beside the pending ones [default: 1,000,000].")
 @click.option("--repeat", type=click.IntRange(1), default=None,
               help="Runs per figure; the table shows median and min-max [default: 3].")
 @click.option("--duration", type=click.FloatRange(1.0), default=None,
@@ -64,7 +66,7 @@ def demo(database_url: str | None, n_jobs: int) -> None:
               help="Also write the JSON to this file.")
 def bench(database_url: str | None, scenarios: tuple[str, ...], n_jobs: int | None,
           processes: int | None, concurrency: int | None, drain_c: str | None,
-          repeat: int | None, duration: float | None, quick: bool, json_out: bool,
+          retained: int | None, repeat: int | None, duration: float | None, quick: bool, json_out: bool,
           json_file: str | None) -> None:
     """Benchmark flowq against raw-SQL references on --database-url or an embedded server.
 
@@ -85,6 +87,7 @@ def bench(database_url: str | None, scenarios: tuple[str, ...], n_jobs: int | No
     options = Options.quick() if quick else Options()
     for knob, value in (("jobs", n_jobs), ("processes", processes),
                         ("concurrency", concurrency), ("repeat", repeat),
+                        ("retained", retained),
                         ("duration", duration)):
         if value is not None:
             setattr(options, knob, value)

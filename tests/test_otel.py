@@ -337,3 +337,12 @@ with engine.connect() as conn:
 loaded = [m for m, v in sys.modules.items() if m.startswith("opentelemetry") and v is not None]
 assert not loaded, loaded
 """, db_url)
+
+
+def test_flowq_tracing_0_turns_tracing_off(db_url: str) -> None:
+    code = ("import flowq.tracing as t\n"
+            "assert not t.ENABLED\n")
+    env = {**os.environ, "FLOWQ_TRACING": "0"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr

@@ -45,12 +45,19 @@ def run_bench(url: str | None, names: Sequence[str], options: Options,
               server_settings: dict[str, str] | None = None) -> tuple[str, dict[str, Any]]:
     """Run the scenarios `names` on the server at `url` (None: a fresh embedded one); the
     printable table and the JSON document."""
+    from flowq import tracing
+
     registry = _registry()
     rows: list[Row] = []
-    with open_server(url, server_settings) as server:
-        machine = server.machine()
-        for name in names:
-            progress(f"running {name} …")
-            rows.extend(registry[name](server, options))
+    # Tracing off here too (enqueue scenarios), as in the workers (see `WorkerGroup`).
+    traced, tracing.ENABLED = tracing.ENABLED, False
+    try:
+        with open_server(url, server_settings) as server:
+            machine = server.machine()
+            for name in names:
+                progress(f"running {name} …")
+                rows.extend(registry[name](server, options))
+    finally:
+        tracing.ENABLED = traced
     return (render_table(machine, rows, options.repeat),
             to_json(machine, {**options.as_dict(), "scenarios": list(names)}, rows))

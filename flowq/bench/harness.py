@@ -214,7 +214,9 @@ class WorkerGroup:
                      "--concurrency", str(concurrency), "--queues", ",".join(queues),
                      "--no-job-log", "--log-level", "WARNING", *extra]
         # The bench app reads its queue limits from these (see flowq.bench.app).
-        self.env = {**os.environ, **env} if env else None
+        # Tracing off (FLOWQ_TRACING=0), as without the otel extra: the bench measures the
+        # runtime; what OpenTelemetry costs is measured on its own (docs/benchmarks.md).
+        self.env = {**os.environ, "FLOWQ_TRACING": "0", **(env or {})}
         self.log = Path(tempfile.mkstemp(prefix="flowq-bench-worker-", suffix=".log")[1])
         self.proc: subprocess.Popen[bytes] | None = None
 

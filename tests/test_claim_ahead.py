@@ -214,13 +214,20 @@ def test_jobs_claimed_ahead_that_wait_too_long_are_handed_back(
 # -- fairness between real worker processes ----------------------------------------------------
 
 
-def test_two_workers_share_twenty_one_second_jobs_evenly(engine: sa.Engine, db_url: str,
-                                                         spawn_worker: Any) -> None:
+def two_idle_workers(engine: sa.Engine, db_url: str, spawn_worker: Any, *,
+                     concurrency: int) -> None:
+    """Two `flowq worker ledger_app:app` processes, registered and idle; the ledger made."""
     with engine.begin() as conn:
         conn.exec_driver_sql(la.LEDGER_DDL)
     for _ in range(2):
-        spawn_worker("ledger_app:app", db_url, "-c", "10", "--no-job-log", *FAST_POLL)
+        spawn_worker("ledger_app:app", db_url, "-c", str(concurrency), "--no-job-log",
+                     *FAST_POLL)
     wait_until(lambda: live_workers(engine) == 2, timeout=60, message="two workers")
+
+
+def test_two_workers_share_twenty_one_second_jobs_evenly(engine: sa.Engine, db_url: str,
+                                                         spawn_worker: Any) -> None:
+    two_idle_workers(engine, db_url, spawn_worker, concurrency=10)
     with engine.begin() as conn:
         ids = flowq.enqueue_many(conn, la.record, [{"n": i, "sleep": 1.0} for i in range(20)])
     wait_until(lambda: len(ledger(engine)) == 20, timeout=60, message="20 jobs")
@@ -235,11 +242,7 @@ def test_a_worker_whose_jobs_turn_slow_does_not_hoard_them(engine: sa.Engine, db
     """2,000 no-op jobs, then 12 of one second each, in one commit, to two workers of -c 2:
     the no-op ones earn each worker a claim-ahead, so the slow ones are claimed ahead too;
     what waits there is handed back, and the idle worker runs its share."""
-    with engine.begin() as conn:
-        conn.exec_driver_sql(la.LEDGER_DDL)
-    for _ in range(2):
-        spawn_worker("ledger_app:app", db_url, "-c", "2", "--no-job-log", *FAST_POLL)
-    wait_until(lambda: live_workers(engine) == 2, timeout=60, message="two workers")
+    two_idle_workers(engine, db_url, spawn_worker, concurrency=2)
     with engine.begin() as conn:
         fast = flowq.enqueue_many(conn, la.record, [{"n": i} for i in range(2000)])
         slow = flowq.enqueue_many(conn, la.record, [{"n": i, "sleep": 1.0}

@@ -12,13 +12,13 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import dashboard_app as da
 import httpx
 import pytest
 import sqlalchemy as sa
+from dashboard_app import dead_run, reset_broken  # noqa: F401 (an autouse fixture)
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
@@ -34,21 +34,6 @@ from flowq.testing import drain, running_worker, wait_until
 
 TOKEN = "s3cret-token-for-tests"
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-
-
-@pytest.fixture(autouse=True)
-def _broken() -> Iterator[None]:
-    da.BROKEN["on"] = True
-    yield
-    da.BROKEN["on"] = True
-
-
-def dead_run(engine: sa.Engine, note: str = da.HOSTILE, key: str | None = None) -> int:
-    with engine.begin() as conn:
-        run_id = flowq.enqueue(conn, da.fragile, note=note, idempotency_key=key).id
-    drain(engine, da.app, raise_on_dead=False)
-    assert get_run(engine, run_id).status == "dead"
-    return run_id
 
 
 def client(engine: sa.Engine, **kwargs: Any) -> TestClient:

@@ -16,13 +16,13 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import dashboard_app as da
 import httpx
 import pytest
 import sqlalchemy as sa
+from dashboard_app import dead_run, reset_broken  # noqa: F401 (an autouse fixture)
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
@@ -41,21 +41,6 @@ BASE = "http://127.0.0.1:8080"
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 # Markup that must never appear unescaped on a page.
 HOSTILE_MARKUP = re.compile(r"<(?:script|img|b|i|s|u|svg)[\s>/]", re.I)
-
-
-@pytest.fixture(autouse=True)
-def _broken() -> Iterator[None]:
-    da.BROKEN["on"] = True
-    yield
-    da.BROKEN["on"] = True
-
-
-def dead_run(engine: sa.Engine, note: str = da.HOSTILE, key: str | None = None) -> int:
-    with engine.begin() as conn:
-        run_id = flowq.enqueue(conn, da.fragile, note=note, idempotency_key=key).id
-    drain(engine, da.app, raise_on_dead=False)
-    assert get_run(engine, run_id).status == "dead"
-    return run_id
 
 
 def client(engine: sa.Engine, **kwargs: Any) -> TestClient:
@@ -466,18 +451,24 @@ def test_huge_inputs_are_bounded(engine: sa.Engine) -> None:
         assert c.post(path, data={"csrf": csrf}).status_code == 404
 
 
-def test_a_run_with_10000_map_instances_is_capped(engine: sa.Engine) -> None:
+def big_run_page(engine: sa.Engine, steps_sql: str) -> tuple[Any, float]:
+    """The page of a dead run given many more steps by `steps_sql` (`:r`: the run), and the
+    seconds it took to serve."""
     run_id = dead_run(engine, note="n")
     with engine.begin() as conn:
-        conn.execute(sa.text(
-            "INSERT INTO flowq.jobs (run_id, task, step, step_index, queue, status, attempts,"
-            " max_attempts, args, result, map_index) "
-            "SELECT run_id, task, 'each', 1, queue, 'succeeded', 1, 1,"
-            " jsonb_build_object('item', g, 'pad', repeat('x', 100)), to_jsonb(g), g "
-            "FROM flowq.jobs, generate_series(0, 9999) g WHERE run_id = :r"), {"r": run_id})
+        conn.execute(sa.text(steps_sql), {"r": run_id})
     started = time.monotonic()
     r = client(engine).get(f"/runs/{run_id}")
-    took = time.monotonic() - started
+    return r, time.monotonic() - started
+
+
+def test_a_run_with_10000_map_instances_is_capped(engine: sa.Engine) -> None:
+    r, took = big_run_page(engine, (
+        "INSERT INTO flowq.jobs (run_id, task, step, step_index, queue, status, attempts,"
+        " max_attempts, args, result, map_index) "
+        "SELECT run_id, task, 'each', 1, queue, 'succeeded', 1, 1,"
+        " jsonb_build_object('item', g, 'pad', repeat('x', 100)), to_jsonb(g), g "
+        "FROM flowq.jobs, generate_series(0, 9999) g WHERE run_id = :r"))
     rows = r.text.count("<tr")
     print(f"\nrun of 10,001 steps: {r.status_code}, page {len(r.content):,} bytes, "
           f"{rows} table rows, {took:.2f} s")
@@ -494,18 +485,13 @@ def test_a_run_with_10000_map_instances_is_capped(engine: sa.Engine) -> None:
 # characters in the steps table, fewer rows, or a per-step page), and only select the rows
 # shown (get_run loads every step's args/result/error of a 10,000-step run into memory).
 def test_a_run_page_with_fat_steps_stays_bounded(engine: sa.Engine) -> None:
-    run_id = dead_run(engine, note="n")
-    with engine.begin() as conn:
-        conn.execute(sa.text(
-            "INSERT INTO flowq.jobs (run_id, task, step, step_index, queue, status, attempts,"
-            " max_attempts, args, result, last_error, map_index) "
-            "SELECT run_id, task, 'each', 1, queue, 'dead', 1, 1,"
-            " jsonb_build_object('s', repeat('<', 25000)), to_jsonb(repeat('\"', 25000)),"
-            " repeat('&', 25000), g "
-            "FROM flowq.jobs, generate_series(0, 199) g WHERE run_id = :r"), {"r": run_id})
-    started = time.monotonic()
-    r = client(engine).get(f"/runs/{run_id}")
-    took = time.monotonic() - started
+    r, took = big_run_page(engine, (
+        "INSERT INTO flowq.jobs (run_id, task, step, step_index, queue, status, attempts,"
+        " max_attempts, args, result, last_error, map_index) "
+        "SELECT run_id, task, 'each', 1, queue, 'dead', 1, 1,"
+        " jsonb_build_object('s', repeat('<', 25000)), to_jsonb(repeat('\"', 25000)),"
+        " repeat('&', 25000), g "
+        "FROM flowq.jobs, generate_series(0, 199) g WHERE run_id = :r"))
     print(f"\nrun of 200 steps with 25 kB values: {r.status_code}, "
           f"page {len(r.content):,} bytes, {took:.2f} s")
     assert r.status_code == 200

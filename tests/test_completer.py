@@ -126,3 +126,31 @@ def _item(job: ClaimedJob, outcome: Any) -> Any:
     from flowq.worker.completer import _Item
 
     return _Item(job, outcome, 0.1)
+
+
+def test_completions_and_heartbeats_lock_rows_in_id_order() -> None:
+    """Both statements lock the same rows (a beat covers the batch being written): sent in
+    one order, they cannot deadlock each other."""
+    from flowq.worker.maintenance import Heartbeat
+
+    sent: list[dict[str, Any]] = []
+
+    def run(statement: Any, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        sent.append(params)
+        return []
+
+    completer = Completer(DedicatedConnection(normalize_url("postgresql://unused/none"),
+                                              "unused"), Queries("flowq"))
+    jobs = [ClaimedJob(i, i, i, "t", "t", 0, "default", 0, 1, 3, "{}", False, 0.0)
+            for i in (7, 3, 9, 1)]
+    completer._write_successes(run, [_item(j, Succeeded("null")) for j in jobs])
+    assert sent[-1]["ids"] == [1, 3, 7, 9]
+
+    class Conn:
+        def execute(self, statement: Any, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+            sent.append(params)
+            return []
+
+    Heartbeat(Conn(), Queries("flowq"),  # type: ignore[arg-type]
+              lambda: [(7, 70), (3, 30), (9, 90)]).run_once()
+    assert sent[-1] == {"ids": [3, 7, 9], "leases": [30, 70, 90]}

@@ -300,6 +300,9 @@ class Completer:
     def _write_successes(self, run: _Run, items: Sequence[_Item]) -> set[int]:
         """Mark `items` succeeded and insert their successors, in one statement; the ids that
         were still ours."""
+        # In id order, as the heartbeat locks them: the same rows locked in one order by both
+        # statements cannot deadlock (seen once in a 1,000,000-job drain before the sort).
+        items = sorted(items, key=lambda i: i.job.id)
         claims = [{"id": i.job.id, "lease": i.job.lease, "result": _result(i.outcome)}
                   for i in items]
         spawns = [(i.job, sp) for i in items for sp in _spawn(i.outcome)]

@@ -653,6 +653,7 @@ class Worker:
     def _release(self, claims: list[Claim],
                  note: str = "released unfinished jobs at shutdown (attempt not counted)",
                  level: int = WARNING) -> None:
+        claims = sorted(claims)  # the lock order of heartbeats and completions
         try:
             # The claim loop's connection: the loop (or the shutdown after it) is the caller.
             rows = self.claim_conn.execute(self.q.release_jobs, {

@@ -70,7 +70,9 @@ class Heartbeat:
 
     def run_once(self) -> list[int]:
         """Beat once; returns the ids that are no longer ours (lost to the reaper)."""
-        held = self.claims()
+        # In id order, as the completer writes its batches: two statements that lock the
+        # same rows in one order cannot deadlock (a beat covers the batch being written).
+        held = sorted(self.claims())
         if not held:
             return []
         rows = self.conn.execute(self.q.heartbeat_jobs, {"ids": [c[0] for c in held],

@@ -322,3 +322,31 @@ def test_without_the_extra_it_says_what_to_install(db_url: str) -> None:
                           timeout=60)
     assert proc.returncode == 2 and "pip install 'flowq[dashboard]'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_token_login_expires_and_logs_out(engine: sa.Engine,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from flowq.dashboard import auth
+
+    c = logged_in(engine)
+    home = c.get("/")
+    assert home.status_code == 200 and 'id="logout"' in home.text
+    csrf = csrf_of(c)
+    assert c.post("/logout").status_code == 403  # a form without its CSRF token
+    r = c.post("/logout", data={"csrf": csrf}, follow_redirects=False)
+    assert r.status_code == 303 and 'flowq_session=""' in r.headers["set-cookie"]
+    c.cookies.delete("flowq_session")
+    assert c.get("/").status_code == 401
+    # Logged in again, then 12 hours later: the cookie is refused.
+    assert c.get(f"/?token={TOKEN}").status_code == 200
+    now = time.time()
+    monkeypatch.setattr(auth.time, "time", lambda: now + auth.SESSION_MAX_AGE + 1)
+    assert c.get("/").status_code == 401
+    # A cookie from the future, or one whose time was edited, is refused too.
+    monkeypatch.setattr(auth.time, "time", lambda: now)
+    value = c.cookies.get("flowq_session") or ""
+    assert c.get("/").status_code == 200  # the same cookie, now in time again
+    issued, _, mac = value.partition(".")
+    c.cookies.delete("flowq_session")
+    c.cookies.set("flowq_session", f"{int(issued) + 3600}.{mac}")
+    assert c.get("/").status_code == 401

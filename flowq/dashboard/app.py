@@ -32,7 +32,7 @@ from starlette.routing import Route
 from flowq import queues as queues_api
 from flowq import runs as runs_api
 from flowq.cli.common import age_cell, limits_cell
-from flowq.dashboard.auth import CSRF_COOKIE, SESSION_COOKIE, Guard
+from flowq.dashboard.auth import CSRF_COOKIE, SESSION_COOKIE, SESSION_MAX_AGE, Guard
 from flowq.db import create_engine, mask_secrets
 from flowq.errors import (
     ConfigurationError,
@@ -125,6 +125,7 @@ class _Dashboard:
         flash = request.cookies.get(FLASH_COOKIE)
         html = self.env.get_template(template).render(
             request=request, title=self.title, csrf=csrf, flash=flash,
+            logged_in=SESSION_COOKIE in request.cookies and self.guard.authenticated(request),
             actions=self.allow_actions, url=lambda route, **p: request.url_for(route, **p).path,
             **context)
         response = HTMLResponse(html, status_code=status_code, headers=_HEADERS)
@@ -134,11 +135,13 @@ class _Dashboard:
             response.delete_cookie(FLASH_COOKIE, path=self.base(request))
         return response
 
-    def cookie(self, request: Request, response: Response, name: str, value: str) -> None:
+    def cookie(self, request: Request, response: Response, name: str, value: str,
+               max_age: int | None = None) -> None:
         """Set one of the dashboard's cookies: HttpOnly, SameSite=Strict, on its own path,
         and Secure when the page was served over HTTPS."""
-        response.set_cookie(name, value, path=self.base(request), httponly=True,
-                            samesite="strict", secure=request.url.scheme == "https")
+        response.set_cookie(name, value, max_age=max_age, path=self.base(request),
+                            httponly=True, samesite="strict",
+                            secure=request.url.scheme == "https")
 
     @staticmethod
     def base(request: Request) -> str:
@@ -268,7 +271,8 @@ class _Dashboard:
         return response
 
     def set_session(self, request: Request, response: Response) -> None:
-        self.cookie(request, response, SESSION_COOKIE, self.guard.session_value())
+        self.cookie(request, response, SESSION_COOKIE, self.guard.session_value(),
+                    max_age=SESSION_MAX_AGE)
 
     def read(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Awaitable[Any]:
         return run_in_threadpool(fn, self.engine, *args, schema=self.schema, **kwargs)
@@ -357,6 +361,19 @@ def _routes(d: _Dashboard) -> list[Route]:
         d.set_session(request, response)
         return response
 
+    async def logout(request: Request) -> Response:
+        """End a token login (CSRF-checked like every form; a GET cannot log anyone out)."""
+        if not d.host_ok(request):
+            return d.wrong_host()
+        form = await request.form(max_files=0, max_fields=10)
+        submitted = form.get("csrf")
+        if not d.guard.csrf_ok(request, submitted if isinstance(submitted, str) else None):
+            return d.error(request, 403, "The form's CSRF token is missing or does not match: "
+                           "reload the page and try again.")
+        response = RedirectResponse(d.base(request), status_code=303, headers=_HEADERS)
+        response.delete_cookie(SESSION_COOKIE, path=d.base(request))
+        return response
+
     # -- actions --------------------------------------------------------------------------
 
     async def retry(request: Request) -> Response:
@@ -422,6 +439,7 @@ def _routes(d: _Dashboard) -> list[Route]:
         Route("/runs/{run_id}", d.page(run), name="run"),
         Route("/dead", d.page(dead), name="dead"),
         Route("/login", login, methods=["POST"], name="login"),
+        Route("/logout", logout, methods=["POST"], name="logout"),
         Route("/runs/{run_id}/retry", d.action(retry), methods=["POST"], name="retry"),
         Route("/runs/{run_id}/cancel", d.action(cancel), methods=["POST"], name="cancel"),
         Route("/queues/{name}/pause", d.action(pause), methods=["POST"], name="pause"),

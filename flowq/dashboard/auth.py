@@ -4,8 +4,8 @@
   basic auth is configured (with `allow_actions` one of them must be). A token is accepted
   as `Authorization: Bearer <token>`, or once through the login form (or `?token=` on any
   page, as the URL `flowq dashboard` prints), after which an HttpOnly, SameSite=Strict
-  session cookie carries an HMAC of it (a key drawn per process: a restart logs everyone
-  out). Basic auth is the browser's own prompt. Comparisons are constant-time.
+  session cookie carries its time of issue and an HMAC of both (a key drawn per process: a
+  restart logs everyone out); it expires after `SESSION_MAX_AGE`, and `POST /logout` ends it. Basic auth is the browser's own prompt. Comparisons are constant-time.
 - **CSRF** (`Guard.csrf_ok`): a double-submit token. Every page sets a random `flowq_csrf`
   cookie (SameSite=Strict) and puts the same value in each form; a POST must carry both,
   equal, and an `Origin` header, when the browser sends one, naming this host. A page on
@@ -19,6 +19,7 @@ import binascii
 import hashlib
 import hmac
 import secrets
+import time
 from dataclasses import dataclass, field
 from typing import Final
 from urllib.parse import urlsplit
@@ -30,6 +31,8 @@ from flowq.errors import ConfigurationError
 __all__ = ["CSRF_COOKIE", "SESSION_COOKIE", "Guard", "parse_basic_auth"]
 
 SESSION_COOKIE: Final = "flowq_session"
+# How long a token login lasts (seconds).
+SESSION_MAX_AGE: Final = 12 * 3600
 CSRF_COOKIE: Final = "flowq_csrf"
 
 
@@ -67,10 +70,22 @@ class Guard:
     def required(self) -> bool:
         return self.token is not None or self.basic_auth is not None
 
-    def session_value(self) -> str:
-        """What the session cookie holds after a token login."""
+    def session_value(self, issued: int | None = None) -> str:
+        """What the session cookie holds after a token login: `issued.HMAC(token, issued)`."""
         assert self.token is not None
-        return hmac.new(self._key, self.token.encode(), hashlib.sha256).hexdigest()
+        issued = int(time.time()) if issued is None else issued
+        mac = hmac.new(self._key, f"{self.token}\n{issued}".encode(), hashlib.sha256)
+        return f"{issued}.{mac.hexdigest()}"
+
+    def session_ok(self, cookie: str) -> bool:
+        """A session cookie this process issued, for the current token, not yet expired."""
+        issued_text, _, _ = cookie.partition(".")
+        if self.token is None or not (issued_text.isascii() and issued_text.isdigit()):
+            return False
+        issued = int(issued_text[:12])
+        if not 0 <= time.time() - issued < SESSION_MAX_AGE:
+            return False
+        return _equal(cookie, self.session_value(issued))
 
     def token_ok(self, candidate: str) -> bool:
         return self.token is not None and _equal(candidate, self.token)
@@ -91,8 +106,7 @@ class Guard:
             # Both compared, always: the time does not tell which one was wrong.
             return _equal(user, self.basic_auth[0]) & _equal(password, self.basic_auth[1])
         cookie = request.cookies.get(SESSION_COOKIE)
-        return self.token is not None and cookie is not None and _equal(
-            cookie, self.session_value())
+        return cookie is not None and self.session_ok(cookie)
 
     @staticmethod
     def csrf_ok(request: Request, submitted: str | None) -> bool:

@@ -33,6 +33,8 @@ def cli(*args: str) -> Result:
 
 
 def enqueue(engine: sa.Engine, task: str, **kwargs: Any) -> int:
+    # Task names no other test defines: an enqueue by name checks the arguments against a
+    # live definition of that name, and another module's app may still be alive.
     with engine.begin() as conn:
         return flowq.enqueue(conn, task, **kwargs).id
 
@@ -63,14 +65,14 @@ def fill_finished(engine: sa.Engine, n: int) -> None:
 
 
 def test_status_per_queue(engine: sa.Engine) -> None:
-    enqueue(engine, "a", queue="mail")
-    enqueue(engine, "a", queue="mail")
-    enqueue(engine, "a", queue="mail", delay=3600)
-    running = enqueue(engine, "b", queue="mail")
-    dead = enqueue(engine, "b", queue="mail")
-    ok_now = enqueue(engine, "a", queue="mail")
-    ok_earlier = enqueue(engine, "a", queue="mail")
-    ok_long_ago = enqueue(engine, "a", queue="other")
+    enqueue(engine, "st_a", queue="mail")
+    enqueue(engine, "st_a", queue="mail")
+    enqueue(engine, "st_a", queue="mail", delay=3600)
+    running = enqueue(engine, "st_b", queue="mail")
+    dead = enqueue(engine, "st_b", queue="mail")
+    ok_now = enqueue(engine, "st_a", queue="mail")
+    ok_earlier = enqueue(engine, "st_a", queue="mail")
+    ok_long_ago = enqueue(engine, "st_a", queue="other")
     execute(engine, "UPDATE flowq.jobs SET run_at = now() - interval '90 seconds' "
             "WHERE status = 'pending' AND run_at <= now()")
     execute(engine, "UPDATE flowq.jobs SET status = 'running', heartbeat_at = now() "
@@ -94,9 +96,9 @@ def test_status_per_queue(engine: sa.Engine) -> None:
     limited = by_name["limited"]
     assert (limited.pending, limited.concurrency, limited.rate_limit, limited.rate_period_s,
             limited.paused) == (0, 3, 10, 60.0, True)
-    assert [(d.task, d.jobs) for d in st.dead_by_task] == [("b", 1)]
+    assert [(d.task, d.jobs) for d in st.dead_by_task] == [("st_b", 1)]
     # No worker runs: the due jobs are unserved.
-    assert {(u.queue, u.task, u.jobs) for u in st.unserved} == {("mail", "a", 2)}
+    assert {(u.queue, u.task, u.jobs) for u in st.unserved} == {("mail", "st_a", 2)}
 
 
 def test_status_through_a_connection_and_another_schema(engine: sa.Engine) -> None:
@@ -131,11 +133,11 @@ def test_workers_are_listed_while_a_worker_runs(engine: sa.Engine, db_url: str) 
 
 
 def test_json_keys_are_stable(engine: sa.Engine, db_url: str) -> None:
-    enqueue(engine, "a", queue="q")
+    enqueue(engine, "st_a", queue="q")
     execute(engine, "INSERT INTO flowq.workers (name, host, pid, queues, tasks, concurrency, "
             "version) VALUES ('w', 'h', 1, '{q}', '{b}', 2, '0.1.0')")
     execute(engine, "UPDATE flowq.jobs SET status = 'dead', finished_at = now()")
-    enqueue(engine, "c", queue="q")
+    enqueue(engine, "st_c", queue="q")
     result = cli("status", "--database-url", db_url, "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
@@ -146,10 +148,10 @@ def test_json_keys_are_stable(engine: sa.Engine, db_url: str) -> None:
     [w] = data["workers"]
     assert set(w) == WORKER_KEYS
     assert (w["name"], w["queues"], w["concurrency"]) == ("w", ["q"], 2)
-    assert data["dead_by_task"] == [{"task": "a", "jobs": 1}]
+    assert data["dead_by_task"] == [{"task": "st_a", "jobs": 1}]
     [u] = data["unserved"]
     assert set(u) == {"queue", "task", "jobs", "oldest_due_s"}
-    assert (u["queue"], u["task"], u["jobs"]) == ("q", "c", 1)
+    assert (u["queue"], u["task"], u["jobs"]) == ("q", "st_c", 1)
 
 
 def test_text_output(engine: sa.Engine, db_url: str) -> None:
@@ -157,7 +159,7 @@ def test_text_output(engine: sa.Engine, db_url: str) -> None:
     assert result.exit_code == 0, result.output
     assert "queues (0):" in result.output
     assert "due jobs no live worker serves: none." in result.output
-    enqueue(engine, "a", queue="q")
+    enqueue(engine, "st_a", queue="q")
     result = cli("status", "--database-url", db_url)
     assert "q " in result.output and "due jobs no live worker serves:\n" in result.output
 

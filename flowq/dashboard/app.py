@@ -209,15 +209,21 @@ class _Dashboard:
             if not self.guard.authenticated(request):
                 return self.login(request, "log in to act.", 401)
             form = await request.form(max_files=0, max_fields=PAGE_SIZE * 20 + 10)
-            submitted = form.get("csrf")
-            if not self.guard.csrf_ok(request, submitted if isinstance(submitted, str)
-                                      else None):
-                return self.error(request, 403, "The form's CSRF token is missing or does not "
-                                  "match: reload the page and try again.")
+            refused = self.csrf_refusal(request, form)
+            if refused is not None:
+                return refused
             request.state.form = form
             return await self.guarded(request, fn)
 
         return endpoint
+
+    def csrf_refusal(self, request: Request, form: Any) -> Response | None:
+        """The 403 page for a form whose CSRF token is missing or wrong, else None."""
+        submitted = form.get("csrf")
+        if self.guard.csrf_ok(request, submitted if isinstance(submitted, str) else None):
+            return None
+        return self.error(request, 403, "The form's CSRF token is missing or does not match: "
+                          "reload the page and try again.")
 
     def host_ok(self, request: Request) -> bool:
         """With `allowed_hosts`, the Host header must name one of them: a dashboard on
@@ -365,11 +371,9 @@ def _routes(d: _Dashboard) -> list[Route]:
         """End a token login (CSRF-checked like every form; a GET cannot log anyone out)."""
         if not d.host_ok(request):
             return d.wrong_host()
-        form = await request.form(max_files=0, max_fields=10)
-        submitted = form.get("csrf")
-        if not d.guard.csrf_ok(request, submitted if isinstance(submitted, str) else None):
-            return d.error(request, 403, "The form's CSRF token is missing or does not match: "
-                           "reload the page and try again.")
+        refused = d.csrf_refusal(request, await request.form(max_files=0, max_fields=10))
+        if refused is not None:
+            return refused
         response = RedirectResponse(d.base(request), status_code=303, headers=_HEADERS)
         response.delete_cookie(SESSION_COOKIE, path=d.base(request))
         return response

@@ -1,9 +1,12 @@
 # The two commands of the README: `make demo` and `make test`. Each creates .venv and
 # installs flowq with its dev extras first, so a fresh machine needs only python3 and make.
+# `make test` and `make bench` also install the benchmark (bench/, the flowq-bench
+# distribution, kept out of the flowq wheel) into the same .venv: tests/test_bench.py runs it.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.flowq-installed
+BENCH_STAMP := $(VENV)/.flowq-bench-installed
 
 .PHONY: demo test lint bench clean
 
@@ -13,17 +16,22 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
 	touch $(STAMP)
 
+# No build isolation: hatchling comes with the dev extras, so this works offline.
+$(BENCH_STAMP): $(STAMP) bench/pyproject.toml
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-build-isolation -e ./bench
+	touch $(BENCH_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/flowq demo
 
-test: $(STAMP)
+test: $(BENCH_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check flowq tests examples alembic
+	$(BIN)/ruff check flowq bench tests examples alembic
 	$(BIN)/mypy
 
-bench: $(STAMP)
+bench: $(BENCH_STAMP)
 	$(BIN)/flowq bench
 
 clean:

@@ -34,7 +34,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
 import flowq
-import flowq.embedded
+import flowq.local.postgres
 from flowq.context import Context
 from flowq.db import create_engine
 from flowq.runs import get_run, retry_run, wait_run
@@ -154,7 +154,7 @@ def poll(check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
 
 
 def main(url: str | None) -> int:
-    with flowq.embedded.database(url) as db_url:
+    with flowq.local.postgres.database(url) as db_url:
         engine = create_engine(db_url)
         flowq.migrate(engine)
         Base.metadata.create_all(engine)

@@ -27,7 +27,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 from tenacity import stop_after_attempt, wait_fixed
 
 import flowq
-import flowq.embedded
+import flowq.local.postgres
 from flowq.context import Context
 from flowq.db import create_engine
 from flowq.runs import get_run
@@ -120,7 +120,7 @@ def send_welcome(ctx: Context, account_id: int, charge_id: str) -> dict[str, Any
 
 
 def main(url: str | None) -> int:
-    with flowq.embedded.database(url) as db_url:
+    with flowq.local.postgres.database(url) as db_url:
         engine = create_engine(db_url)
         flowq.migrate(engine)
         Base.metadata.create_all(engine)

@@ -24,7 +24,7 @@ from sqlalchemy.engine import make_url
 
 import flowq
 from flowq.db import normalize_url
-from flowq.embedded import FAST_SETTINGS, LocalPostgres
+from flowq.local.postgres import FAST_SETTINGS, LocalPostgres
 
 # hypothesis is imported here, before any test starts a thread: its pytest plugin otherwise
 # imports it at the terminal summary, through pytest's assertion rewriter, and CPython 3.11's

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from flowq.bench import DEFAULT_SCENARIOS, SCENARIOS
+from flowq_bench import DEFAULT_SCENARIOS, SCENARIOS
 
 
 def test_quick_bench_reports_every_default_scenario_beside_a_reference(server_url: str) -> None:

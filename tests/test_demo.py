@@ -22,7 +22,7 @@ import pytest
 import sqlalchemy as sa
 
 import flowq
-from flowq.bench.harness import Server, reset
+from flowq_bench.harness import Server, reset
 
 PASSWORD = "S3cr3tPassw0rd"
 ENV_VARS = ("FLOWQ_DATABASE_URL", "DATABASE_URL")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from flowq.embedded import FAST_SETTINGS, LocalPostgres, embedded_bindir
+from flowq.local.postgres import FAST_SETTINGS, LocalPostgres, embedded_bindir
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the unprivileged-user path is root's")
 

@@ -31,7 +31,7 @@ import pytest
 import sqlalchemy as sa
 
 import flowq
-from flowq.embedded import LocalPostgres
+from flowq.local.postgres import LocalPostgres
 from flowq.queries import Queries
 from flowq.schema import DEFAULT_SCHEMA
 from flowq.testing import job_rows, wait_until

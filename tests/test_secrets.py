@@ -22,7 +22,7 @@ import flowq.db
 from flowq.errors import FlowqError
 
 PASSWORD = "S3cr3tPassw0rd"
-APP = "flowq.bench.app:app"  # importable wherever flowq is installed
+APP = "flowq_bench.app:app"  # importable wherever flowq-bench is installed (make test does)
 PARALLEL = 2
 
 

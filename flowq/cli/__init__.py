@@ -1,10 +1,17 @@
 """The `flowq` command: migrate, worker, reap, prune, runs, queues, schedules, demo, bench,
 status, doctor, dashboard.
 
-One module per group of commands: `migrate`, `worker`, `maintenance` (reap, prune), `runs`
-and `demo` (demo, bench), each importing only `common` (options, the error handler,
-helpers). Imports go one way: this package imports the command modules and assembles
-`main` (the `flowq` entry point and `python -m flowq`); nothing imports it back.
+One module per group of commands: `migrate`, `worker`, `maintenance` (reap, prune), `runs`,
+`queues`, `schedules`, `status`, `doctor`, `dashboard`, `demo`, and `bench` (which runs the
+separate flowq-bench distribution, or says how to get it), each importing `common` (options,
+helpers) and `group` (the error handler). Imports go one way: this package names the
+command modules and assembles `main` (the `flowq` entry point and `python -m flowq`); nothing
+imports it back.
+
+`COMMANDS` names each command's module and its one-line help; `FlowqGroup` imports a
+command's module only when that command runs or shows its own help, so `flowq --version` and
+`flowq --help` import neither SQLAlchemy nor psycopg (tests/test_cli_startup.py checks both,
+and that each line of help here is the command's own).
 
 Every command takes `--database-url` (else FLOWQ_DATABASE_URL, else DATABASE_URL), except
 `demo` and `bench`, which use only the option, else an embedded server. Errors a user can fix
@@ -14,24 +21,50 @@ carries a password.
 
 from __future__ import annotations
 
+from typing import Final
+
 import click
 
-from flowq.cli import dashboard as dashboard_cli
-from flowq.cli import demo, maintenance, migrate, queues, runs, schedules, worker
-from flowq.cli import doctor as doctor_cli
-from flowq.cli import status as status_cli
-from flowq.cli.common import FlowqGroup
+from flowq import __version__
+from flowq.cli.group import FlowqGroup
 
-__all__ = ["main"]
+__all__ = ["COMMANDS", "main"]
+
+# name -> ("module:attr", the command's short help as `flowq --help` lists it).
+COMMANDS: Final[dict[str, tuple[str, str]]] = {
+    "bench": ("flowq.cli.bench:bench",
+              "Benchmark flowq against raw-SQL references on --database-url or an embedded "
+              "server."),
+    "dashboard": ("flowq.cli.dashboard:dashboard",
+                  "Serve the web dashboard: queues, workers, runs, dead letters (read-only by "
+                  "default)."),
+    "demo": ("flowq.cli.demo:demo",
+             "Show transactional enqueue and a worker on an embedded PostgreSQL (or "
+             "--database-url)."),
+    "doctor": ("flowq.cli.doctor:doctor",
+               "Check schema version, table health, long transactions, autovacuum, LISTEN, "
+               "pooler and clock skew; say what to do about each finding."),
+    "migrate": ("flowq.cli.migrate:migrate", "Create or upgrade flowq's tables (idempotent)."),
+    "prune": ("flowq.cli.maintenance:prune",
+              "Delete runs that finished longer ago than the retention; one pass."),
+    "queues": ("flowq.cli.queues:queues",
+               "List queues (depth, running, limits, paused); pause or resume one."),
+    "reap": ("flowq.cli.maintenance:reap",
+             "Requeue (or bury) running jobs whose worker stopped heartbeating; one pass."),
+    "runs": ("flowq.cli.runs:runs",
+             "Inspect and control runs (a run is a task's or pipeline's chain of steps)."),
+    "schedules": ("flowq.cli.schedules:schedules",
+                  "List periodic schedules: spec, time zone, next tick, last run."),
+    "status": ("flowq.cli.status:status_command",
+               "Show queues, live workers, dead jobs by task and due jobs no worker serves."),
+    "worker": ("flowq.cli.worker:worker", "Run the jobs of MODULE:APP until SIGTERM/SIGINT."),
+}
 
 
-@click.group(cls=FlowqGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="flowq")
+@click.group(cls=FlowqGroup, lazy_commands=COMMANDS,
+             context_settings={"help_option_names": ["-h", "--help"]})
+# flowq.__version__ rather than the installed metadata: importlib.metadata costs a third of
+# a light start-up, and tests/test_cli_startup.py checks the two agree.
+@click.version_option(__version__, package_name="flowq")
 def main() -> None:
     """flowq: durable jobs and pipelines on PostgreSQL."""
-
-
-for _command in (migrate.migrate, worker.worker, maintenance.reap, maintenance.prune,
-                 runs.runs, queues.queues, schedules.schedules, demo.demo, demo.bench,
-                 status_cli.status_command, doctor_cli.doctor, dashboard_cli.dashboard):
-    main.add_command(_command)

@@ -1,98 +1,42 @@
-"""What every `flowq` command shares: the options, the error handler, and the small helpers.
+"""What the `flowq` commands share: the options, finding the database and the app, tables.
 
 - `url_option`, `schema_option`: `--database-url` (default: FLOWQ_DATABASE_URL, then
   DATABASE_URL, via `require_url`) and `--schema` (default "flowq").
-- The error handler (`user_errors`, run around every command by `FlowqGroup`, the class of
-  the root command): a flowq error or a failed connection becomes `UserError`, one sentence
-  on stderr with exit code 2 and no traceback. Every message click prints goes through
-  `flowq.db.mask_secrets`, so none carries a password: not ours, not a driver's passed
-  through, not click's own usage errors (which echo a misplaced value, a URL say).
 - `load_app("module:attr")`, `open_engine(url, schema)`.
+- `table`, `age_cell`, `limits_cell`: tables for people (every command also has --json).
 
-Command modules import this one; it imports none of them.
+The error handler (`user_errors`, `UserError`) lives in `flowq.cli.group`, with the root
+group that runs it around every command. Command modules import this one; it imports none of
+them, and it imports `flowq.app` (the whole API) only when `load_app` runs, so that a read
+command such as `flowq status` imports what it reads with and no more.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import io
 import os
 import sys
-from collections.abc import Iterator
-from typing import IO, Any, Final
+from typing import TYPE_CHECKING
 
 import click
-import sqlalchemy as sa
 
-from flowq.app import FlowQ
-from flowq.db import create_engine, ensure_schema, mask_secrets, resolve_url
+from flowq.db import create_engine, ensure_schema, resolve_url
 from flowq.errors import ConfigurationError, FlowqError
 from flowq.schema import DEFAULT_SCHEMA
-from flowq.storable import first_line
 
-__all__ = ["FlowqGroup", "UserError", "load_app", "open_engine", "require_url",
-           "schema_option", "url_option", "user_errors"]
+if TYPE_CHECKING:
+    import sqlalchemy as sa
 
-USER_ERROR_EXIT: Final = 2
+    from flowq.app import FlowQ
+
+__all__ = ["age_cell", "limits_cell", "load_app", "open_engine", "require_url",
+           "schema_option", "table", "url_option"]
 
 url_option = click.option(
     "--database-url", "database_url", metavar="URL", default=None,
     help="PostgreSQL URL (default: $FLOWQ_DATABASE_URL, then $DATABASE_URL).")
 schema_option = click.option("--schema", default=DEFAULT_SCHEMA, show_default=True,
                              help="PostgreSQL schema holding flowq's tables.")
-
-
-class UserError(click.ClickException):
-    """An error the user can fix: one sentence on stderr, passwords hidden, exit code 2."""
-
-    exit_code = USER_ERROR_EXIT
-
-    def __init__(self, message: str) -> None:
-        super().__init__(mask_secrets(message))
-
-
-class _RenderedError(UserError):
-    """A click error as click would print it (usage line and hint too), passwords hidden."""
-
-    def show(self, file: IO[Any] | None = None) -> None:
-        click.echo(self.message, file=file, err=file is None, nl=False)
-
-
-@contextlib.contextmanager
-def user_errors() -> Iterator[None]:
-    """Turn flowq errors and failed connections into `UserError`; mask every click message."""
-    try:
-        yield
-    except click.ClickException as exc:
-        # click's usage errors quote the offending value: a URL given as an argument, say.
-        rendered = io.StringIO()
-        exc.show(file=rendered)
-        if mask_secrets(rendered.getvalue()) == rendered.getvalue():
-            raise
-        raise _RenderedError(rendered.getvalue()) from None
-    except FlowqError as exc:
-        raise UserError(str(exc)) from None
-    except sa.exc.DBAPIError as exc:
-        # Any operational failure, and whatever the driver refused before a statement was
-        # sent (a bad connection option in the URL); a failing statement keeps its traceback.
-        if exc.statement is not None and not isinstance(exc, sa.exc.OperationalError):
-            raise
-        raise UserError(f"cannot reach the database: {first_line(exc.orig or exc)}. Check --database-url and that "
-                        "PostgreSQL is running.") from None
-
-
-class FlowqGroup(click.Group):
-    """A click group whose parsing and commands (subcommands included) run in `user_errors`."""
-
-    def make_context(self, info_name: str | None, args: list[str],
-                     parent: click.Context | None = None, **extra: Any) -> click.Context:
-        with user_errors():
-            return super().make_context(info_name, args, parent, **extra)
-
-    def invoke(self, ctx: click.Context) -> Any:
-        with user_errors():
-            return super().invoke(ctx)
 
 
 def require_url(database_url: str | None) -> str:
@@ -117,6 +61,8 @@ def open_engine(database_url: str | None, schema: str) -> sa.Engine:
 
 def load_app(spec: str) -> FlowQ:
     """Import `module:attribute` (the cwd on sys.path) and return the FlowQ app it names."""
+    from flowq.app import FlowQ
+
     module_name, _, attr = spec.partition(":")
     if not module_name:
         raise ConfigurationError(f"expected MODULE:APP (e.g. myapp.jobs:app), got {spec!r}")

@@ -14,7 +14,8 @@ import socket
 
 import click
 
-from flowq.cli.common import UserError, load_app, open_engine, schema_option, url_option
+from flowq.cli.common import load_app, open_engine, schema_option, url_option
+from flowq.cli.group import UserError
 from flowq.errors import ConfigurationError
 
 __all__ = ["dashboard"]

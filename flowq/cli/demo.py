@@ -1,10 +1,9 @@
-"""`flowq demo` and `flowq bench`: the two commands that bring their own database.
+"""`flowq demo`: one of the two commands that bring their own database (`flowq bench` the other).
 
-Neither reads FLOWQ_DATABASE_URL or DATABASE_URL: a variable set for an application must not
-aim a demo or a benchmark at that application's data. Without `--database-url` both start an
-embedded PostgreSQL; with it, the demo works in a schema it creates and drops (`flowq.demo`)
-and the bench in databases it creates and drops (`flowq.bench.harness`). Neither drops or
-truncates anything it did not create.
+It never reads FLOWQ_DATABASE_URL or DATABASE_URL: a variable set for an application must not
+aim a demo at that application's data. Without `--database-url` it starts an embedded
+PostgreSQL; with it, the demo works in a schema it creates and drops (`flowq.local.demo`),
+and drops or truncates nothing it did not create.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import click
 
 from flowq.db import normalize_url
 
-__all__ = ["bench", "demo"]
+__all__ = ["demo"]
 
 
 @click.command()
@@ -24,85 +23,8 @@ __all__ = ["bench", "demo"]
 @click.option("--jobs", "n_jobs", default=2000, show_default=True, type=click.IntRange(10))
 def demo(database_url: str | None, n_jobs: int) -> None:
     """Show transactional enqueue and a worker on an embedded PostgreSQL (or --database-url)."""
-    from flowq.demo import run_demo
+    from flowq.local.demo import run_demo
 
     if database_url is not None:
         normalize_url(database_url)  # a bad URL is one sentence before anything starts
     run_demo(database_url, n_jobs=n_jobs)
-
-
-@click.command()
-@click.option("--database-url", "database_url", metavar="URL", default=None,
-              help="PostgreSQL server to create the bench's databases on; the role needs "
-              "CREATEDB (default: a fresh embedded server; FLOWQ_DATABASE_URL and "
-              "DATABASE_URL are ignored).")
-@click.option("--scenario", "scenarios", multiple=True, metavar="NAME",
-              help="Run only this scenario (repeatable): drain, drain-session, pipeline, "
-              "dag (diamond runs with a join; --jobs counts steps), map (one run mapping "
-              "10,000 items, then a join; --jobs sets the items, at most 100,000), limit "
-              "(the drain on a queue with concurrency=50 beside the same drain unlimited, "
-              "and the most jobs seen running at once), rate (a queue with Rate(200, per=1s) "
-              "drained for 10 s: achieved start rate and burst), enqueue, latency, scale, "
-              "soak, memory. Default: all but limit, rate, soak and memory.")
-@click.option("--jobs", "n_jobs", type=click.IntRange(1), default=None,
-              help="Jobs per drain (pipeline: steps; memory: the whole drain) "
-              "[default: 50000, memory 1000000; --quick: 300].")
-@click.option("--processes", "-p", type=click.IntRange(1, 64), default=None,
-              help="Worker processes (and raw loop processes) [default: 2].")
-@click.option("--concurrency", "-c", type=click.IntRange(1, 1000), default=None,
-              help="Handlers per worker process [default: 128, drain-session 8; --quick: 8].")
-@click.option("--drain-c", "drain_c", default=None, metavar="C1,C2",
-              help="drain: the concurrencies flowq runs at, each against the same references "
-                   "[default: 16,128; -c alone: just that one].")
-@click.option("--retained", type=click.IntRange(0), default=None, metavar="N",
-              help="scale: finished rows retained beside the pending ones [default: 1,000,000].")
-@click.option("--repeat", type=click.IntRange(1), default=None,
-              help="Runs per figure; the table shows median and min-max [default: 3].")
-@click.option("--duration", type=click.FloatRange(1.0), default=None,
-              help="Seconds the soak runs [default: 600].")
-@click.option("--quick", is_flag=True, help="Tiny sizes and one run: checks it works.")
-@click.option("--json", "json_out", is_flag=True, help="Print JSON instead of the table.")
-@click.option("--json-file", type=click.Path(dir_okay=False), default=None,
-              help="Also write the JSON to this file.")
-def bench(database_url: str | None, scenarios: tuple[str, ...], n_jobs: int | None,
-          processes: int | None, concurrency: int | None, drain_c: str | None,
-          retained: int | None, repeat: int | None, duration: float | None, quick: bool, json_out: bool,
-          json_file: str | None) -> None:
-    """Benchmark flowq against raw-SQL references on --database-url or an embedded server.
-
-    Every figure is measured beside its reference in the same run, on the same database;
-    the embedded server (the default) is durable (fsync on). Creates and drops one database
-    per scenario, so the role needs CREATEDB.
-    """
-    import json
-
-    from flowq.bench import DEFAULT_SCENARIOS, SCENARIOS, Options, run_bench
-
-    unknown = [s for s in scenarios if s not in SCENARIOS]
-    if unknown:
-        raise click.UsageError(f"unknown scenario {unknown[0]!r}; choose from "
-                               f"{', '.join(SCENARIOS)}")
-    if database_url is not None:
-        normalize_url(database_url)
-    options = Options.quick() if quick else Options()
-    for knob, value in (("jobs", n_jobs), ("processes", processes),
-                        ("concurrency", concurrency), ("repeat", repeat),
-                        ("retained", retained),
-                        ("duration", duration)):
-        if value is not None:
-            setattr(options, knob, value)
-    if drain_c is not None:
-        try:
-            cs = tuple(int(x) for x in drain_c.split(",") if x.strip())
-        except ValueError:
-            cs = ()
-        if not cs or not all(1 <= c <= 1000 for c in cs):
-            raise click.BadParameter("a comma-separated list of concurrencies (1-1000), "
-                                     f"e.g. 16,128; got {drain_c!r}", param_hint="--drain-c")
-        options.set_drain_concurrency(cs)
-    table, doc = run_bench(database_url, scenarios or DEFAULT_SCENARIOS, options,
-                           progress=lambda m: click.echo(m, err=True))
-    if json_file:
-        with open(json_file, "w") as f:
-            json.dump(doc, f, indent=2)
-    click.echo(json.dumps(doc, indent=2) if json_out else table)

@@ -18,14 +18,8 @@ from typing import Any, Final, cast
 
 import click
 
-from flowq.cli.common import (
-    UserError,
-    load_app,
-    open_engine,
-    schema_option,
-    table,
-    url_option,
-)
+from flowq.cli.common import load_app, open_engine, schema_option, table, url_option
+from flowq.cli.group import UserError
 from flowq.errors import InvalidArgumentsError
 from flowq.runs import (
     DEFAULT_RETRY_BATCH,

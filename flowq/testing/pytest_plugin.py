@@ -44,7 +44,7 @@ def _server() -> Iterator[str]:
     if url:
         yield normalize_url(url).render_as_string(hide_password=False)
         return
-    from flowq.embedded import FAST_SETTINGS, LocalPostgres
+    from flowq.local.postgres import FAST_SETTINGS, LocalPostgres
 
     with LocalPostgres(settings=FAST_SETTINGS) as pg:
         yield pg.url

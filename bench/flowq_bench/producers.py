@@ -22,12 +22,12 @@ import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
 import flowq
-from flowq.bench import baselines
-from flowq.bench.app import noop, stamp
-from flowq.bench.drains import engine_for
-from flowq.bench.harness import Server, WorkerGroup, conninfo, reset, wait_for
-from flowq.bench.options import Options
-from flowq.bench.report import Figure, Row, percentile
+from flowq_bench import baselines
+from flowq_bench.app import noop, stamp
+from flowq_bench.drains import engine_for
+from flowq_bench.harness import Server, WorkerGroup, conninfo, reset, wait_for
+from flowq_bench.options import Options
+from flowq_bench.report import Figure, Row, percentile
 
 __all__ = ["enqueue", "latency", "soak"]
 
@@ -194,7 +194,7 @@ def soak(server: Server, o: Options) -> list[Row]:
             extra = ("--retention", str(retention),
                      "--prune-interval", str(max(1.0, retention / 6)))
             with WorkerGroup(url, processes=1, concurrency=o.concurrency, extra=extra,
-                             module=("flowq.bench.worker",)) as workers:
+                             module=("flowq_bench.worker",)) as workers:
                 workers.wait_ready(engine)
                 stop = threading.Event()
                 shared: dict[int, float] = {}

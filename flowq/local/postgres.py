@@ -15,7 +15,7 @@ binaries and the data. No permission outside flowq's own directories changes sil
   creates. For a data directory you give whose ancestors `nobody` cannot traverse, flowq
   adds `o+x` to those ancestors and prints (on stderr) exactly which ones it changed.
 
-`python -m flowq.embedded --bindir DIR --datadir DIR` starts one and prints its URL (CI uses
+`python -m flowq.local.postgres --bindir DIR --datadir DIR` starts one and prints its URL (CI uses
 this for PostgreSQL 15); `--stop` stops it.
 """
 
@@ -136,7 +136,7 @@ class LocalPostgres:
             for p in blocked:
                 p.chmod(p.stat().st_mode | stat.S_IXOTH)
             if blocked:
-                print(f"flowq.embedded: added o+x to {', '.join(map(str, blocked))} so that "
+                print(f"flowq.local.postgres: added o+x to {', '.join(map(str, blocked))} so that "
                       f"the unprivileged user {self.user!r} running PostgreSQL can reach "
                       f"{self.datadir}", file=sys.stderr)
         self.datadir.chmod(0o700)
@@ -232,7 +232,7 @@ def database(url: str | None) -> Iterator[str]:
 
 
 def _main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flowq.embedded", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m flowq.local.postgres", description=__doc__)
     parser.add_argument("--bindir", help="PostgreSQL bin/ (default: the embedded wheel's)")
     parser.add_argument("--datadir", required=True)
     parser.add_argument("--port", type=int)

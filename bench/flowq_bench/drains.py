@@ -28,9 +28,9 @@ import sqlalchemy as sa
 from sqlalchemy.orm import sessionmaker
 
 import flowq
-from flowq.bench import baselines
-from flowq.bench.app import app as bench_app
-from flowq.bench.harness import WorkerGroup, conninfo, own_database, reset, reset_table, wait_for
+from flowq_bench import baselines
+from flowq_bench.app import app as bench_app
+from flowq_bench.harness import WorkerGroup, conninfo, own_database, reset, reset_table, wait_for
 
 __all__ = ["Check", "DrainCost", "db_clock", "enqueue_run", "enqueue_runs", "flowq_drain",
            "flowq_drains", "minimal_drains", "raw_drain", "raw_drains", "wait_drained"]

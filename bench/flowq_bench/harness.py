@@ -7,7 +7,7 @@
   … TEMPLATE), dropped afterwards, so one scenario never sees another's rows or dead tuples.
 - `reset(engine)`: TRUNCATE the jobs, workflow and bench tables between repeats of one
   scenario.
-- `WorkerGroup`: real `python -m flowq worker flowq.bench.app:app --processes P` processes,
+- `WorkerGroup`: real `python -m flowq worker flowq_bench.app:app --processes P` processes,
   started and ready (their LISTEN connections seen in pg_stat_activity) before timing starts.
   They serve `--queues bench` unless told otherwise (the bench app also declares the limited
   queues of the `limit` and `rate` scenarios, which the other scenarios must not visit).
@@ -41,7 +41,7 @@ from flowq.db import normalize_url
 __all__ = ["BENCH_QUEUE", "Server", "WorkerGroup", "conninfo", "open_server", "own_database",
            "reset", "reset_table", "wait_for"]
 
-BENCH_APP: Final = "flowq.bench.app:app"
+BENCH_APP: Final = "flowq_bench.app:app"
 BENCH_QUEUE: Final = "bench"  # the queue of every scenario's tasks but limit's and rate's
 READY_TIMEOUT: Final = 60.0
 STOP_TIMEOUT: Final = 40.0
@@ -156,7 +156,7 @@ def open_server(url: str | None, settings: Mapping[str, str] | None = None
     """The server at `url`, or a fresh embedded one with durable defaults (plus `settings`)."""
     embedded = None
     if url is None:
-        from flowq.embedded import LocalPostgres
+        from flowq.local.postgres import LocalPostgres
 
         embedded = LocalPostgres(settings=settings).start()
         url = embedded.url
@@ -200,7 +200,7 @@ def reset_table(engine: sa.Engine, table: str) -> None:
 
 
 class WorkerGroup:
-    """`flowq worker flowq.bench.app:app` with P processes of concurrency C, as a user runs it."""
+    """`flowq worker flowq_bench.app:app` with P processes of concurrency C, as a user runs it."""
 
     def __init__(self, url: str, *, processes: int, concurrency: int,
                  extra: tuple[str, ...] = (), module: tuple[str, ...] | None = None,
@@ -213,7 +213,7 @@ class WorkerGroup:
                      "--database-url", url, "--processes", str(processes),
                      "--concurrency", str(concurrency), "--queues", ",".join(queues),
                      "--no-job-log", "--log-level", "WARNING", *extra]
-        # The bench app reads its queue limits from these (see flowq.bench.app).
+        # The bench app reads its queue limits from these (see flowq_bench.app).
         # Tracing off (FLOWQ_TRACING=0), as without the otel extra: the bench measures the
         # runtime; what OpenTelemetry costs is measured on its own (docs/benchmarks.md).
         self.env = {**os.environ, "FLOWQ_TRACING": "0", **(env or {})}

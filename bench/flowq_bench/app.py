@@ -1,4 +1,4 @@
-"""The app `flowq bench` runs its workers on: `flowq worker flowq.bench.app:app`.
+"""The app `flowq bench` runs its workers on: `flowq worker flowq_bench.app:app`.
 
 Every handler is as cheap as a handler can be, so what is measured is flowq itself:
 - `noop`: does nothing (the batched-completion path);
@@ -21,7 +21,7 @@ write them to `flowq.queues` when they start, as any deployment does. Every othe
 runs its workers with `--queues bench`, so the two limited queues cost them nothing.
 
 The tables the handlers write to are created in the bench's template database
-(`flowq.bench.harness`).
+(`flowq_bench.harness`).
 """
 
 from __future__ import annotations

@@ -24,9 +24,9 @@ from typing import Final
 
 import sqlalchemy as sa
 
-from flowq.bench import baselines
-from flowq.bench.app import app as bench_app
-from flowq.bench.drains import (
+from flowq_bench import baselines
+from flowq_bench.app import app as bench_app
+from flowq_bench.drains import (
     DrainCost,
     db_clock,
     engine_for,
@@ -38,9 +38,9 @@ from flowq.bench.drains import (
     raw_drains,
     wait_drained,
 )
-from flowq.bench.harness import BENCH_QUEUE, Server, WorkerGroup, conninfo, reset
-from flowq.bench.options import Options
-from flowq.bench.report import Figure, Row, percentile
+from flowq_bench.harness import BENCH_QUEUE, Server, WorkerGroup, conninfo, reset
+from flowq_bench.options import Options
+from flowq_bench.report import Figure, Row, percentile
 
 __all__ = ["dag", "drain", "drain_session", "map_run", "pipeline", "scale"]
 

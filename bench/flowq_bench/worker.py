@@ -1,7 +1,7 @@
-"""`python -m flowq.bench.worker`: one bench worker whose pruner retention can be set (soak).
+"""`python -m flowq_bench.worker`: one bench worker whose pruner retention can be set (soak).
 
 `flowq worker` does not expose the pruner's retention (days, by default), so the soak runs
-this instead: the same `Worker` class `flowq worker` runs, on `flowq.bench.app:app`, with
+this instead: the same `Worker` class `flowq worker` runs, on `flowq_bench.app:app`, with
 `--retention` and `--prune-interval`. It accepts the options `WorkerGroup` passes
 (`--queues` included).
 """
@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import argparse
 
-from flowq.bench.app import app
 from flowq.worker import Worker, WorkerConfig
 from flowq.worker.logs import configure_logging
+from flowq_bench.app import app
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m flowq.bench.worker")
+    parser = argparse.ArgumentParser(prog="python -m flowq_bench.worker")
     parser.add_argument("--database-url", required=True)
     parser.add_argument("--processes", type=int, default=1, choices=[1])
     parser.add_argument("--concurrency", type=int, default=10)

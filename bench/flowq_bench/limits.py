@@ -25,7 +25,7 @@ Both run the workers as deployed (`--poll-interval` 5 s), then again at `DIAGNOS
 a claim that returned fewer jobs than it had free slots only on a NOTIFY or at its next poll,
 so the difference between the two is what that wait costs a limited queue.
 
-The limits reach the worker processes through the environment (`flowq.bench.app` reads it
+The limits reach the worker processes through the environment (`flowq_bench.app` reads it
 at import), and the workers declare them in `flowq.queues` as any deployment does; the bench
 checks the declared row before timing.
 """
@@ -43,11 +43,11 @@ from typing import Any, Final
 import psycopg
 import sqlalchemy as sa
 
-from flowq.bench.app import LIMIT_ENV, LIMITED_QUEUE, RATE_ENV, RATE_QUEUE
-from flowq.bench.drains import db_clock, engine_for, enqueue_runs, wait_drained
-from flowq.bench.harness import BENCH_QUEUE, Server, WorkerGroup, conninfo, reset, wait_for
-from flowq.bench.options import Options
-from flowq.bench.report import Figure, Row
+from flowq_bench.app import LIMIT_ENV, LIMITED_QUEUE, RATE_ENV, RATE_QUEUE
+from flowq_bench.drains import db_clock, engine_for, enqueue_runs, wait_drained
+from flowq_bench.harness import BENCH_QUEUE, Server, WorkerGroup, conninfo, reset, wait_for
+from flowq_bench.options import Options
+from flowq_bench.report import Figure, Row
 
 __all__ = ["LimitExceeded", "RunningSampler", "limit", "rate"]
 

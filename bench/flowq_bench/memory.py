@@ -20,11 +20,11 @@ import sqlalchemy as sa
 from sqlalchemy.orm import sessionmaker
 
 import flowq
-from flowq.bench.app import noop
-from flowq.bench.drains import engine_for, wait_drained
-from flowq.bench.harness import Server, WorkerGroup
-from flowq.bench.options import Options
-from flowq.bench.report import Figure, Row
+from flowq_bench.app import noop
+from flowq_bench.drains import engine_for, wait_drained
+from flowq_bench.harness import Server, WorkerGroup
+from flowq_bench.options import Options
+from flowq_bench.report import Figure, Row
 
 __all__ = ["memory", "rss_mb"]
 

@@ -35,6 +35,7 @@ import flowq.db
 from flowq.app import Task
 from flowq.context import Context
 from flowq.errors import FlowqError
+from flowq.local.postgres import LocalPostgres
 from flowq.storable import first_line
 from flowq.worker import Worker, WorkerConfig
 from flowq.worker.logs import configure_logging
@@ -95,8 +96,6 @@ def build_demo(schema: str) -> Demo:
 
 def run_demo(url: str | None, *, n_jobs: int = 2000) -> None:
     """Run the demo against `url`, or an embedded PostgreSQL when it is None."""
-    from flowq.embedded import LocalPostgres
-
     server = None
     if url is None:
         click.echo("Starting a temporary embedded PostgreSQL (the demo never reads "

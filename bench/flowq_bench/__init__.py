@@ -9,7 +9,7 @@ soak (it runs for `--duration`) and memory (worker RSS over a 1M-job drain).
 Each runs in a fresh database on one server: the one at `--database-url`, or a fresh
 embedded PostgreSQL with durable defaults (fsync on); FLOWQ_DATABASE_URL and DATABASE_URL are
 never read. The bench drops only the databases it created (see `harness`).
-flowq's side always goes through real `flowq worker` processes running `flowq.bench.app:app`;
+flowq's side always goes through real `flowq worker` processes running `flowq_bench.app:app`;
 the references are hand-written psycopg loops on the same table, same process count, measured
 in the same run, because absolute numbers drift from machine to machine and ratios do not.
 
@@ -23,15 +23,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from flowq.bench.harness import Server, open_server
-from flowq.bench.options import DEFAULT_SCENARIOS, SCENARIOS, Options
-from flowq.bench.report import Row, render_table, to_json
+from flowq_bench.harness import Server, open_server
+from flowq_bench.options import DEFAULT_SCENARIOS, SCENARIOS, Options
+from flowq_bench.report import Row, render_table, to_json
 
 __all__ = ["DEFAULT_SCENARIOS", "SCENARIOS", "Options", "run_bench"]
 
 
 def _registry() -> dict[str, Callable[[Server, Options], list[Row]]]:
-    from flowq.bench import limits, memory, producers, scenarios
+    from flowq_bench import limits, memory, producers, scenarios
 
     return {"drain": scenarios.drain, "drain-session": scenarios.drain_session,
             "pipeline": scenarios.pipeline, "dag": scenarios.dag, "map": scenarios.map_run,

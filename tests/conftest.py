@@ -31,6 +31,7 @@ from flowq.local.postgres import FAST_SETTINGS, LocalPostgres
 # ast.parse can fail with "AST constructor recursion depth mismatch" while other threads run
 # (seen after the executor tests, whose abandoned handler threads outlive them).
 
+REPO = Path(__file__).resolve().parent.parent
 APPS_DIR = Path(__file__).parent / "apps"
 # The test apps (tests/apps/*.py) import as top-level modules, here and in worker subprocesses
 # (`spawn_worker` puts the same directory on their PYTHONPATH).
@@ -47,6 +48,18 @@ def _restore_flowq_logger() -> Iterator[None]:
     saved = (log.handlers[:], log.level, log.propagate)
     yield
     log.handlers[:], log.level, log.propagate = saved[0], saved[1], saved[2]
+
+
+@pytest.fixture(scope="session")
+def flowq_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """flowq's wheel, built from this checkout once per test session (about a minute on a
+    busy machine) for every test that inspects or installs it. No build isolation: hatchling
+    comes with the dev extras, so the build works offline."""
+    dist = tmp_path_factory.mktemp("dist")
+    subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation",
+                    "--outdir", str(dist), str(REPO)], check=True, capture_output=True)
+    [wheel] = dist.glob("flowq-*.whl")
+    return wheel
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,6 @@ from flowq.migrations import (
 )
 from flowq.schema import DEFAULT_SCHEMA, metadata
 
-REPO = Path(__file__).resolve().parent.parent
 HEAD = "0007"
 
 
@@ -193,18 +192,16 @@ def test_invalid_schema_name_is_refused(engine: sa.Engine) -> None:
 
 
 @pytest.mark.slow
-def test_wheel_ships_the_migrations(tmp_path: Path, empty_db_url: str) -> None:
-    """Build the wheel, install it into a fresh venv, migrate from outside the repository.
+def test_wheel_ships_the_migrations(tmp_path: Path, empty_db_url: str,
+                                    flowq_wheel: Path) -> None:
+    """Install the wheel (built once per session, conftest's `flowq_wheel`) into a fresh
+    venv, migrate from outside the repository.
 
     The venv gets flowq from the wheel only; its dependencies are borrowed from the current
     environment through a path entry (no network, seconds instead of minutes). A path entry
     does not run that environment's .pth files, so the repository's editable flowq stays out.
     """
-    dist = tmp_path / "dist"
-    subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation",
-                    "--outdir", str(dist), str(REPO)], check=True, capture_output=True)
-    [wheel] = dist.glob("flowq-*.whl")
-
+    wheel = flowq_wheel
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     bindir = venv / ("Scripts" if os.name == "nt" else "bin")

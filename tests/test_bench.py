@@ -1,8 +1,13 @@
 """`flowq bench --quick` end to end against the test server, so the command never rots.
 
-Real `flowq worker` processes and raw loops run every default scenario at tiny sizes. The
-test checks the shape of the JSON (every scenario, every figure beside a reference figure),
-never a timing: timings belong to `make bench`, not to CI.
+Real `flowq worker` processes and raw loops run every scenario but the soak (the default
+ones and the opt-in limit, rate and memory) at tiny sizes, in ONE invocation that the tests
+below share (`quick_run`): each scenario runs in a database of its own either way, and one
+run instead of one per test is what makes this file take about a minute and a half rather
+than seven. The tests check the shape of the JSON and the table (every scenario, every
+figure beside a reference figure, the sizes the options asked for), never a timing: timings
+belong to `make bench`, not to CI. Which scenarios run by default is the CLI's choice,
+checked without running them.
 """
 
 from __future__ import annotations
@@ -12,20 +17,47 @@ import math
 import re
 import subprocess
 import sys
-from pathlib import Path
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
+import pytest
+from click.testing import CliRunner
+
+import flowq_bench.cli
+from flowq.cli import main
 from flowq_bench import DEFAULT_SCENARIOS, SCENARIOS
 
+# Every scenario but the soak (it runs for --duration), opt-in ones included, in this order.
+RUN_SCENARIOS = [s for s in SCENARIOS if s != "soak"]
+JOBS = 60  # --jobs: drains of 60 jobs, 15 diamond runs, a map of 60 items, memory of 60 jobs
+RUN_TIMEOUT = 500  # seconds; the run takes about 90 on 2 busy cores
 
-def test_quick_bench_reports_every_default_scenario_beside_a_reference(server_url: str) -> None:
+pytestmark = pytest.mark.timeout(RUN_TIMEOUT + 100)  # the first test waits for the run
+
+
+@dataclass(frozen=True)
+class QuickRun:
+    table: str  # stdout: the table people read
+    doc: dict[str, Any]  # --json-file: the same run as JSON
+
+
+@pytest.fixture(scope="module")
+def quick_run(server_url: str, tmp_path_factory: pytest.TempPathFactory) -> QuickRun:
+    out = tmp_path_factory.mktemp("bench") / "bench.json"
+    scenarios = [arg for name in RUN_SCENARIOS for arg in ("--scenario", name)]
     done = subprocess.run(
-        [sys.executable, "-m", "flowq", "bench", "--quick", "--json", "--jobs", "120",
-         "--database-url", server_url],
-        capture_output=True, text=True, timeout=280, check=False)
+        [sys.executable, "-m", "flowq", "bench", "--quick", "--jobs", str(JOBS), *scenarios,
+         "--json-file", str(out), "--database-url", server_url],
+        capture_output=True, text=True, timeout=RUN_TIMEOUT, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
-    doc = json.loads(done.stdout)
-    assert set(doc["scenarios"]) == set(DEFAULT_SCENARIOS)
-    assert "soak" not in doc["scenarios"]
+    return QuickRun(done.stdout, json.loads(out.read_text()))
+
+
+def test_quick_bench_reports_every_scenario_beside_a_reference(quick_run: QuickRun) -> None:
+    doc = quick_run.doc
+    assert set(doc["scenarios"]) == set(SCENARIOS) - {"soak"}
+    assert set(DEFAULT_SCENARIOS) <= set(doc["scenarios"])
     assert doc["machine"]["cores"] >= 1 and doc["machine"]["postgresql"]
     for name, rows in doc["scenarios"].items():
         assert rows, name
@@ -37,26 +69,43 @@ def test_quick_bench_reports_every_default_scenario_beside_a_reference(server_ur
                 assert math.isfinite(ref["ratio"]), row
 
 
+def _selected(args: Sequence[str], monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The scenarios `flowq bench *args` would run (run_bench replaced: nothing runs)."""
+    seen: list[str] = []
+
+    def run_bench(url: str | None, names: Sequence[str], options: Any,
+                  **_: Any) -> tuple[str, dict[str, Any]]:
+        seen.extend(names)
+        return "", {}
+
+    monkeypatch.setattr(flowq_bench.cli, "run_bench", run_bench)
+    result = CliRunner().invoke(main, ["bench", "--quick", *args])
+    assert result.exit_code == 0, result.output
+    return seen
+
+
+def test_without_a_scenario_the_bench_runs_the_defaults(monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    assert _selected([], monkeypatch) == list(DEFAULT_SCENARIOS)
+    assert not {"limit", "rate", "soak", "memory"} & set(DEFAULT_SCENARIOS)  # opt-in
+    assert _selected(["--scenario", "memory", "--scenario", "drain"], monkeypatch) == [
+        "memory", "drain"]
+
+
 def test_unknown_scenario_is_a_usage_error() -> None:
-    done = subprocess.run([sys.executable, "-m", "flowq", "bench", "--scenario", "nope"],
-                          capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 2
-    assert "unknown scenario 'nope'" in done.stderr
+    result = CliRunner().invoke(main, ["bench", "--scenario", "nope"])
+    assert result.exit_code == 2
+    assert "unknown scenario 'nope'" in result.stderr
     assert set(SCENARIOS) >= set(DEFAULT_SCENARIOS)
 
 
-def test_named_scenarios_run_alone_including_opt_in_memory(server_url: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "flowq", "bench", "--quick", "--json", "--jobs", "60",
-         "--scenario", "drain", "--scenario", "memory", "--database-url", server_url],
-        capture_output=True, text=True, timeout=200, check=False)
-    assert done.returncode == 0, done.stderr[-4000:]
-    doc = json.loads(done.stdout)
-    assert list(doc["scenarios"]) == ["drain", "memory"]
+def test_named_scenarios_run_in_order_including_opt_in_memory(quick_run: QuickRun) -> None:
+    doc = quick_run.doc
+    assert list(doc["scenarios"]) == RUN_SCENARIOS  # those named, in the order named
     assert "memory" not in DEFAULT_SCENARIOS
     end, peak = doc["scenarios"]["memory"]
     extra = end["extra"]
-    assert extra["jobs"] == 60  # --jobs overrides the million
+    assert extra["jobs"] == JOBS  # --jobs overrides the million
     assert len(extra["processes"]) == 2  # --quick: P=2, one RSS series per worker process
     for row in (end, peak):
         assert row["flowq"]["values"][0] > 0, row  # MB, never a timing
@@ -73,24 +122,17 @@ def _figure(table: str, scenario: str, unit: str) -> float:
     raise AssertionError(f"no {unit} figure for {scenario} in:\n{table}")
 
 
-def test_dag_and_map_scenarios_print_positive_figures(server_url: str, tmp_path: Path) -> None:
-    out = tmp_path / "bench.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "flowq", "bench", "--quick", "--jobs", "40", "--scenario", "dag",
-         "--scenario", "map", "--json-file", str(out), "--database-url", server_url],
-        capture_output=True, text=True, timeout=200, check=False)
-    assert done.returncode == 0, done.stderr[-4000:]
+def test_dag_and_map_scenarios_print_positive_figures(quick_run: QuickRun) -> None:
     assert {"dag", "map"} <= set(DEFAULT_SCENARIOS)  # they run in seconds at default size
-    table = done.stdout
+    table = quick_run.table
     assert _figure(table, "dag", "steps/s") > 0
     assert _figure(table, "dag", "runs/s") > 0
     assert _figure(table, "map", "items/s") > 0
-    doc = json.loads(out.read_text())
-    assert list(doc["scenarios"]) == ["dag", "map"]
+    doc = quick_run.doc
     steps, runs = doc["scenarios"]["dag"]
-    assert "10 runs" in steps["flowq"]["name"]  # --jobs 40: 40 steps = 10 diamonds
+    assert f"{JOBS // 4} runs" in steps["flowq"]["name"]  # --jobs 60: 60 steps = 15 diamonds
     (mapped,) = doc["scenarios"]["map"]
-    assert mapped["extra"]["items"] == 40  # --jobs overrides the 10,000 items
+    assert mapped["extra"]["items"] == JOBS  # --jobs overrides the 10,000 items
     for row in (steps, runs, mapped):
         for figure in (row["flowq"], *row["references"]):
             assert figure["values"] and all(v > 0 for v in figure["values"]), row
@@ -100,22 +142,15 @@ def test_dag_and_map_scenarios_print_positive_figures(server_url: str, tmp_path:
         assert len(phases) == 4 and all(p >= 0 for p in phases), phases
 
 
-def test_limit_and_rate_scenarios_report_limits_kept(server_url: str, tmp_path: Path) -> None:
+def test_limit_and_rate_scenarios_report_limits_kept(quick_run: QuickRun) -> None:
     """The opt-in queue-limit scenarios at --quick sizes (a concurrency limit of 4 under P=2 x
     C=8, Rate(50, per=1s) for 3 s): the figures are printed, the limited queue never had more
     than 4 running, and the starts never beat the bucket. Bounds only, never a speed."""
-    out = tmp_path / "bench.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "flowq", "bench", "--quick", "--jobs", "60", "--scenario",
-         "limit", "--scenario", "rate", "--json-file", str(out), "--database-url", server_url],
-        capture_output=True, text=True, timeout=240, check=False)
-    assert done.returncode == 0, done.stderr[-4000:]
     assert {"limit", "rate"} <= set(SCENARIOS) - set(DEFAULT_SCENARIOS)  # opt-in
-    table = done.stdout
+    table = quick_run.table
     assert _figure(table, "limit", "jobs/s") > 0
     assert "max running at once" in table and "starts/s" in table
-    doc = json.loads(out.read_text())
-    assert list(doc["scenarios"]) == ["limit", "rate"]
+    doc = quick_run.doc
 
     drain, peak = doc["scenarios"]["limit"]
     assert drain["extra"]["limit"] == 4
@@ -143,20 +178,13 @@ def test_limit_and_rate_scenarios_report_limits_kept(server_url: str, tmp_path: 
     assert max(extra["busiest_1s"] + extra["busiest_1s_fast_poll"]) <= 2 * r, extra
 
 
-def test_drain_reports_two_concurrencies_a_minimal_table_and_wal(server_url: str,
-                                                                 tmp_path: Path) -> None:
+def test_drain_reports_two_concurrencies_a_minimal_table_and_wal(quick_run: QuickRun) -> None:
     """The drain at tiny size: flowq at each of --quick's two concurrencies beside the same
     three references (the third on a minimal table of its own), and a WAL bytes/job row for
     each, with updates per job and HOT share in the JSON. Figures > 0 only, never a speed."""
-    out = tmp_path / "bench.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "flowq", "bench", "--quick", "--jobs", "150", "--scenario",
-         "drain", "--json-file", str(out), "--database-url", server_url],
-        capture_output=True, text=True, timeout=200, check=False)
-    assert done.returncode == 0, done.stderr[-4000:]
-    assert _figure(done.stdout, "drain", "jobs/s") > 0
-    assert _figure(done.stdout, "drain", "B/job") > 0
-    doc = json.loads(out.read_text())
+    assert _figure(quick_run.table, "drain", "jobs/s") > 0
+    assert _figure(quick_run.table, "drain", "B/job") > 0
+    doc = quick_run.doc
     assert doc["options"]["drain_cs"] == [4, 8]  # --quick's; the default is 16 and 128
     rates_4, rates_8, wal_4, wal_8 = doc["scenarios"]["drain"]
     refs = ["raw 1/tx P=2", "raw batched-100 P=2", "raw batched-100, minimal table P=2"]

@@ -1,0 +1,140 @@
+"""The dashboard's pages (GET) and its login forms: what each page reads and how much it shows.
+
+Pages: queues (`/`), workers, runs (filters, find by id or idempotency key, `PAGE_SIZE` a
+page, older pages by `?before=`), a run with its steps, and the dead letters. Each reads
+through the same public functions as the CLI (`flowq.status.status`, `flowq.runs`). A run
+page shows at most `MAX_STEP_ROWS` steps, and its arguments, result and error cells share
+`STEPS_BUDGET` characters (each between `CELL_MIN_CHARS` and `SHOWN_CHARS`), so that a run of
+huge values still renders a page a browser can hold. `login` and `logout` are POST forms of
+their own: `login` takes the token, `logout` ends a token login, CSRF-checked.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+from urllib.parse import urlencode
+
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Route
+
+from flowq import runs as runs_api
+from flowq.dashboard.auth import SESSION_COOKIE
+from flowq.dashboard.site import HEADERS, PAGE_SIZE, SHOWN_CHARS, Dashboard, parse_run_id, run_id_of
+from flowq.errors import InvalidArgumentsError, RunNotFoundError
+from flowq.status import status as read_status
+
+__all__ = ["page_routes"]
+
+# What a run page's steps table may show in all (characters before escaping): each of the
+# arguments, result and error cells gets its share, between CELL_MIN_CHARS and SHOWN_CHARS.
+STEPS_BUDGET: Final = 1_500_000
+CELL_MIN_CHARS: Final = 500
+MAX_STEP_ROWS: Final = 500
+
+
+def _filters(request: Request) -> dict[str, str | None]:
+    return {k: (request.query_params.get(k) or "").strip() or None
+            for k in ("status", "task", "queue")}
+
+
+def _before(request: Request) -> int | None:
+    text = request.query_params.get("before")
+    if not text:
+        return None
+    value = parse_run_id(text)
+    if value is None:
+        raise InvalidArgumentsError(f"before must be a run id, got {text[:40]!r}")
+    return value
+
+
+def _older(filters: dict[str, str | None], found: list[runs_api.RunSummary]) -> str | None:
+    """The query string of the next (older) page, if this one is full."""
+    if len(found) < PAGE_SIZE:
+        return None
+    return urlencode({**{k: v for k, v in filters.items() if v}, "before": found[-1].run_id})
+
+
+def page_routes(d: Dashboard) -> list[Route]:
+    """The pages and the login and logout forms, on `d`."""
+
+    async def queues(request: Request) -> Response:
+        st = await d.read(read_status)
+        return d.render(request, "queues.html", page="queues", st=st)
+
+    async def workers(request: Request) -> Response:
+        st = await d.read(read_status)
+        return d.render(request, "workers.html", page="workers", st=st)
+
+    async def runs(request: Request) -> Response:
+        f = _filters(request)
+        find = (request.query_params.get("find") or "").strip()
+        if find:
+            run_id = parse_run_id(find)
+            if run_id is not None:
+                try:
+                    await d.read(runs_api.get_run, run_id)
+                except RunNotFoundError:
+                    run_id = None
+            if run_id is None and "\x00" not in find:  # no key can hold a NUL
+                run_id = await d.read(runs_api.find_run, find)
+            if run_id is None:
+                return d.render(request, "runs.html", page="runs", found=[], filters=f,
+                                find=find, older=None,
+                                problem="No run has that id or idempotency key.")
+            return RedirectResponse(request.url_for("run", run_id=run_id).path, status_code=303)
+        found = await d.read(runs_api.list_runs, status=f["status"], task=f["task"],
+                             queue=f["queue"], before=_before(request), limit=PAGE_SIZE)
+        older = _older(f, found)
+        return d.render(request, "runs.html", page="runs", found=found, filters=f, find="",
+                        older=older, problem=None)
+
+    async def run(request: Request) -> Response:
+        info = await d.read(runs_api.get_run, run_id_of(request))
+        rows = min(len(info.steps), MAX_STEP_ROWS)
+        cell = max(CELL_MIN_CHARS, min(SHOWN_CHARS, STEPS_BUDGET // max(1, 3 * rows)))
+        return d.render(request, "run.html", page="runs", run=info, max_rows=MAX_STEP_ROWS,
+                        cell=cell)
+
+    async def dead(request: Request) -> Response:
+        f = _filters(request)
+        found = await d.read(runs_api.list_runs, status="dead", task=f["task"],
+                             queue=f["queue"], before=_before(request), limit=PAGE_SIZE)
+        errors = await d.read(runs_api.dead_steps, [r.run_id for r in found])
+        older = _older(f, found)
+        return d.render(request, "dead.html", page="dead", found=found, errors=errors,
+                        filters=f, older=older)
+
+    async def login(request: Request) -> Response:
+        if not d.host_ok(request):
+            return d.wrong_host()
+        if d.guard.token is None:
+            return d.error(request, 404, "This dashboard has no token login.")
+        form = await request.form(max_files=0, max_fields=10)
+        token = form.get("token")
+        if not isinstance(token, str) or not d.guard.token_ok(token):
+            return d.login(request, "wrong token.", 401)
+        response = RedirectResponse(d.back(request, form, d.base(request)), status_code=303)
+        d.set_session(request, response)
+        return response
+
+    async def logout(request: Request) -> Response:
+        """End a token login (CSRF-checked like every form; a GET cannot log anyone out)."""
+        if not d.host_ok(request):
+            return d.wrong_host()
+        refused = d.csrf_refusal(request, await request.form(max_files=0, max_fields=10))
+        if refused is not None:
+            return refused
+        response = RedirectResponse(d.base(request), status_code=303, headers=HEADERS)
+        response.delete_cookie(SESSION_COOKIE, path=d.base(request))
+        return response
+
+    return [
+        Route("/", d.page(queues), name="queues"),
+        Route("/workers", d.page(workers), name="workers"),
+        Route("/runs", d.page(runs), name="runs"),
+        Route("/runs/{run_id}", d.page(run), name="run"),
+        Route("/dead", d.page(dead), name="dead"),
+        Route("/login", login, methods=["POST"], name="login"),
+        Route("/logout", logout, methods=["POST"], name="logout"),
+    ]

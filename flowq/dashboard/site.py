@@ -1,0 +1,279 @@
+"""The dashboard's plumbing behind every route: templates, cookies, guards and error pages.
+
+`Dashboard` holds the engine, the schema, the `Guard` and the Jinja environment, and wraps
+each endpoint: `page` (a GET: authenticated, a `?token=` logs in), `action` (a POST: refused
+unless actions are on, authenticated and CSRF-checked, its form in `request.state.form`),
+both answering only at an allowed Host and turning flowq and database errors into plain
+pages (404, 409, 400, 503, 500) with passwords hidden. `read` runs a public read or write
+function of flowq in a thread, so the event loop never waits on PostgreSQL.
+
+Every value shown comes from users (arguments, results, error texts, task and queue names)
+and is escaped by Jinja's autoescape; `HEADERS`' Content-Security-Policy forbids scripts
+altogether, so even a missed escape could not run one. Long values are cut for display
+(`SHOWN_CHARS`).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+from urllib.parse import urlencode, urlsplit
+
+import jinja2
+import sqlalchemy as sa
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+
+from flowq.cli.common import age_cell, limits_cell
+from flowq.dashboard.auth import CSRF_COOKIE, SESSION_COOKIE, SESSION_MAX_AGE, Guard
+from flowq.db import mask_secrets
+from flowq.errors import (
+    ConfigurationError,
+    DatabaseUnavailableError,
+    FlowqError,
+    InvalidArgumentsError,
+    InvalidQueueError,
+    RunNotFoundError,
+    RunStateError,
+)
+from flowq.schema import STATUSES
+from flowq.storable import first_line
+
+__all__ = ["HEADERS", "PAGE_SIZE", "SHOWN_CHARS", "Dashboard", "Endpoint", "parse_run_id",
+           "run_id_of"]
+
+PAGE_SIZE: Final = 50
+# A value longer than this is cut on the page (the JSON of `flowq runs show --json` has it all).
+SHOWN_CHARS: Final = 20_000
+MAX_RUN_ID: Final = 2**63 - 1
+FLASH_COOKIE: Final = "flowq_flash"
+HEADERS: Final = {
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; "
+                               "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def _shown(value: Any, limit: int = SHOWN_CHARS) -> str:
+    """A JSON value as indented text for a <pre>, cut to `limit` characters."""
+    text = value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False,
+                                                            default=str)
+    if len(text) > limit:
+        return f"{text[:limit]}\n… ({len(text) - limit:,} more characters)"
+    return text
+
+
+def parse_run_id(text: str) -> int | None:
+    """`text` as a run id (ASCII digits, within bigint), else None."""
+    if not (text.isascii() and text.isdigit()) or len(text) > 19:
+        return None
+    value = int(text)
+    return value if 0 < value <= MAX_RUN_ID else None
+
+
+def run_id_of(request: Request) -> int:
+    """The route's `{run_id}`, or RunNotFoundError (a 404 page) when it is not a run id."""
+    run_id = parse_run_id(request.path_params["run_id"])
+    if run_id is None:
+        raise RunNotFoundError(f"no run {request.path_params['run_id'][:40]!r} exists (run ids "
+                               "are positive 64-bit integers)")
+    return run_id
+
+
+def _when(value: Any) -> str:
+    return "-" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
+
+
+class Dashboard:
+    """The state behind the routes: the engine, the schema, the guard and the templates."""
+
+    def __init__(self, engine: sa.Engine, schema: str, allow_actions: bool, guard: Guard,
+                 title: str, allowed_hosts: frozenset[str] | None) -> None:
+        self.engine = engine
+        self.allowed_hosts = allowed_hosts
+        self.schema = schema
+        self.allow_actions = allow_actions
+        self.guard = guard
+        self.title = title
+        self.env = jinja2.Environment(
+            loader=jinja2.PackageLoader("flowq.dashboard", "templates"),
+            autoescape=True, undefined=jinja2.StrictUndefined)
+        self.env.filters.update(shown=_shown, when=_when, age=age_cell,
+                                first_line=lambda text: first_line(text)[:300])
+        self.env.globals.update(limits=limits_cell, statuses=STATUSES)
+
+    # -- rendering ------------------------------------------------------------------------
+
+    def render(self, request: Request, template: str, status_code: int = 200,
+               **context: Any) -> HTMLResponse:
+        csrf = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(32)
+        flash = request.cookies.get(FLASH_COOKIE)
+        html = self.env.get_template(template).render(
+            request=request, title=self.title, csrf=csrf, flash=flash,
+            logged_in=SESSION_COOKIE in request.cookies and self.guard.authenticated(request),
+            actions=self.allow_actions, url=lambda route, **p: request.url_for(route, **p).path,
+            **context)
+        response = HTMLResponse(html, status_code=status_code, headers=HEADERS)
+        if request.cookies.get(CSRF_COOKIE) != csrf:
+            self.cookie(request, response, CSRF_COOKIE, csrf)
+        if flash is not None:
+            response.delete_cookie(FLASH_COOKIE, path=self.base(request))
+        return response
+
+    def cookie(self, request: Request, response: Response, name: str, value: str,
+               max_age: int | None = None) -> None:
+        """Set one of the dashboard's cookies: HttpOnly, SameSite=Strict, on its own path,
+        and Secure when the page was served over HTTPS."""
+        response.set_cookie(name, value, max_age=max_age, path=self.base(request),
+                            httponly=True, samesite="strict",
+                            secure=request.url.scheme == "https")
+
+    @staticmethod
+    def base(request: Request) -> str:
+        return request.url_for("queues").path
+
+    def error(self, request: Request, status_code: int, message: str) -> HTMLResponse:
+        return self.render(request, "error.html", status_code=status_code, message=message)
+
+    def redirect(self, request: Request, to: str, flash: str) -> RedirectResponse:
+        response = RedirectResponse(to, status_code=303, headers=HEADERS)
+        self.cookie(request, response, FLASH_COOKIE, flash[:500])
+        return response
+
+    def back(self, request: Request, form: Any, fallback: str) -> str:
+        """Where a form goes after its action: its `next` field when it is a path of this
+        dashboard (never another site), else `fallback`."""
+        target = form.get("next")
+        if not isinstance(target, str) or not target.startswith("/"):
+            return fallback
+        base = self.base(request)
+        # "/ops/flowq/../../elsewhere" must not climb out of a mount point.
+        norm = posixpath.normpath(target) + ("/" if target.endswith("/") else "")
+        if norm == base.rstrip("/"):
+            norm = base
+        for candidate in (target, norm):
+            parts = urlsplit(candidate)
+            if (parts.scheme or parts.netloc or candidate.startswith("//")
+                    or not candidate.startswith(base)):
+                return fallback
+        return norm
+
+    # -- guards ---------------------------------------------------------------------------
+
+    def page(self, fn: Endpoint) -> Endpoint:
+        """A GET page: authenticated (a `?token=` logs in), errors as plain pages."""
+
+        async def endpoint(request: Request) -> Response:
+            if not self.host_ok(request):
+                return self.wrong_host()
+            token = request.query_params.get("token")
+            if token is not None and self.guard.token is not None:
+                if not self.guard.token_ok(token):
+                    return self.login(request, "wrong token.", 401)
+                rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
+                response = RedirectResponse(
+                    request.url.path + ("?" + urlencode(rest) if rest else ""), status_code=303)
+                self.set_session(request, response)
+                return response
+            if not self.guard.authenticated(request):
+                return self.login(request, None, 401)
+            return await self.guarded(request, fn)
+
+        return endpoint
+
+    def action(self, fn: Endpoint) -> Endpoint:
+        """A POST: refused unless actions are on, authenticated, and CSRF-checked."""
+
+        async def endpoint(request: Request) -> Response:
+            if not self.host_ok(request):
+                return self.wrong_host()
+            if not self.allow_actions:
+                return self.error(request, 403, "This dashboard is read-only: start it with "
+                                  "--allow-actions (and a --token or --basic-auth) to retry, "
+                                  "cancel, pause or resume.")
+            if not self.guard.authenticated(request):
+                return self.login(request, "log in to act.", 401)
+            form = await request.form(max_files=0, max_fields=PAGE_SIZE * 20 + 10)
+            refused = self.csrf_refusal(request, form)
+            if refused is not None:
+                return refused
+            request.state.form = form
+            return await self.guarded(request, fn)
+
+        return endpoint
+
+    def csrf_refusal(self, request: Request, form: Any) -> Response | None:
+        """The 403 page for a form whose CSRF token is missing or wrong, else None."""
+        submitted = form.get("csrf")
+        if self.guard.csrf_ok(request, submitted if isinstance(submitted, str) else None):
+            return None
+        return self.error(request, 403, "The form's CSRF token is missing or does not match: "
+                          "reload the page and try again.")
+
+    def host_ok(self, request: Request) -> bool:
+        """With `allowed_hosts`, the Host header must name one of them: a dashboard on
+        127.0.0.1 answers only as localhost, so a page elsewhere cannot reach it through
+        DNS rebinding (its own name pointed at 127.0.0.1)."""
+        if self.allowed_hosts is None:
+            return True
+        host = urlsplit("//" + request.headers.get("host", "")).hostname
+        return host is not None and host.lower() in self.allowed_hosts
+
+    def wrong_host(self) -> Response:
+        return PlainTextResponse("This dashboard answers only at its own address (the Host "
+                                 "header names another).", status_code=421, headers=HEADERS)
+
+    async def guarded(self, request: Request, fn: Endpoint) -> Response:
+        try:
+            return await fn(request)
+        except RunNotFoundError as exc:
+            return self.error(request, 404, str(exc))
+        except RunStateError as exc:
+            return self.error(request, 409, str(exc))
+        except (InvalidArgumentsError, InvalidQueueError, ConfigurationError) as exc:
+            return self.error(request, 400, str(exc))
+        except DatabaseUnavailableError as exc:
+            return self.error(request, 503, str(exc))
+        except FlowqError as exc:
+            return self.error(request, 500, str(exc))
+        except sa.exc.OperationalError as exc:
+            return self.error(request, 503, "cannot reach the database: "
+                              f"{mask_secrets(first_line(exc.orig or exc))}")
+        except sa.exc.TimeoutError:
+            return self.error(request, 503, "no database connection is free (the dashboard's "
+                              "connection pool is exhausted): try again in a moment.")
+        except sa.exc.DBAPIError as exc:
+            code = getattr(exc.orig, "sqlstate", None)
+            if code in ("42P01", "3F000"):  # undefined table, invalid schema name
+                return self.error(request, 500, f"the database has no flowq schema "
+                                  f"{self.schema!r} (or it is not migrated): run "
+                                  "`flowq migrate`, or give the dashboard the right schema.")
+            return self.error(request, 500, "the database refused a query: "
+                              f"{mask_secrets(first_line(exc.orig or exc))}")
+
+    def login(self, request: Request, problem: str | None, status_code: int) -> HTMLResponse:
+        response = self.render(request, "login.html", status_code=status_code, problem=problem,
+                               token_login=self.guard.token is not None,
+                               next=request.url.path)
+        if self.guard.basic_auth is not None:
+            response.headers["WWW-Authenticate"] = 'Basic realm="flowq", charset="UTF-8"'
+        else:
+            response.headers["WWW-Authenticate"] = 'Bearer realm="flowq"'
+        return response
+
+    def set_session(self, request: Request, response: Response) -> None:
+        self.cookie(request, response, SESSION_COOKIE, self.guard.session_value(),
+                    max_age=SESSION_MAX_AGE)
+
+    def read(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Awaitable[Any]:
+        return run_in_threadpool(fn, self.engine, *args, schema=self.schema, **kwargs)
+
+

@@ -1,5 +1,8 @@
 """`flowq bench`: flowq's throughput and latency beside raw-SQL references, in one invocation.
 
+The flowq-bench distribution (the repository's `bench/` folder), kept out of the flowq wheel;
+`make bench` installs it beside flowq, whose `flowq bench` command then runs `cli.bench`.
+
 Scenarios (see `options.SCENARIOS`): drain (flowq at C=16 and C=128 beside raw 1/tx, raw
 batched-100 and raw batched-100 on a minimal table of its own, with WAL bytes per job),
 drain-session, pipeline, dag (diamond runs with a join), map (one run mapping N items, then a join), limit (a drain under a queue's global
@@ -15,7 +18,8 @@ in the same run, because absolute numbers drift from machine to machine and rati
 
 Modules: `options` (sizes and defaults), `harness` (server, databases, worker processes),
 `baselines` (raw loops), `drains` (timing a drain), `scenarios`, `limits`, `producers` and
-`memory` (the scenarios), `report` (table and JSON), `app` (the bench's handlers), `worker` (soak worker).
+`memory` (the scenarios), `report` (table and JSON), `app` (the bench's handlers), `worker` (soak worker),
+`cli` (the command's options).
 """
 
 from __future__ import annotations

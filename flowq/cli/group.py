@@ -11,9 +11,10 @@
   `flowq.db.mask_secrets`, so none carries a password: not ours, not a driver's passed
   through, not click's own usage errors (which echo a misplaced value, a URL say).
 
-This module imports only click and the standard library at import time: `flowq.db`
-(SQLAlchemy) is imported when there is an error to print, and a database error can only have
-been raised once a command has imported SQLAlchemy itself.
+At import time this module needs only click, the standard library and `flowq.errors`:
+`flowq.db` (SQLAlchemy) is imported when there is a message to mask (a usage error too, so a
+bare `flowq`, whose help click prints as one, pays for it), and a database error can only
+have been raised once a command has imported SQLAlchemy itself.
 """
 
 from __future__ import annotations

@@ -7,5 +7,6 @@
 
 Named for where it runs rather than for what it is: both modules are conveniences for a
 laptop, a test run or CI, never part of a deployment, and nothing in flowq's runtime imports
-this package (only the CLI's `demo` command, flowq's pytest plugin and the examples do).
+this package (the `flowq demo` command and flowq's pytest plugin do, as do the bench, the
+examples and the tests).
 """

@@ -17,7 +17,7 @@ the references are hand-written psycopg loops on the same table, same process co
 in the same run, because absolute numbers drift from machine to machine and ratios do not.
 
 Modules: `options` (sizes and defaults), `harness` (server, databases, worker processes),
-`baselines` (raw loops), `drains` (timing a drain), `scenarios`, `limits`, `producers` and
+`baselines` (raw loops), `drains` (timing a drain), `scenarios`, `limits`, `rate`, `producers` and
 `memory` (the scenarios), `report` (table and JSON), `app` (the bench's handlers), `worker` (soak worker),
 `cli` (the command's options).
 """
@@ -35,11 +35,11 @@ __all__ = ["DEFAULT_SCENARIOS", "SCENARIOS", "Options", "run_bench"]
 
 
 def _registry() -> dict[str, Callable[[Server, Options], list[Row]]]:
-    from flowq_bench import limits, memory, producers, scenarios
+    from flowq_bench import limits, memory, producers, rate, scenarios
 
     return {"drain": scenarios.drain, "drain-session": scenarios.drain_session,
             "pipeline": scenarios.pipeline, "dag": scenarios.dag, "map": scenarios.map_run,
-            "limit": limits.limit, "rate": limits.rate, "enqueue": producers.enqueue,
+            "limit": limits.limit, "rate": rate.rate, "enqueue": producers.enqueue,
             "latency": producers.latency, "scale": scenarios.scale, "soak": producers.soak,
             "memory": memory.memory}
 

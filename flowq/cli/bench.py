@@ -23,8 +23,8 @@ INSTALL_HINT: Final = ("flowq bench needs the flowq-bench package, which is not 
                        "`pip install ./bench` into this environment.")
 
 
-@click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-               add_help_option=False)
+@click.command("bench", add_help_option=False,
+               context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def missing(args: tuple[str, ...]) -> None:
     """Benchmark flowq (needs the flowq-bench package: `make bench` from a clone)."""

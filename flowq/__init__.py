@@ -7,8 +7,12 @@ steps whose outputs are persisted.
 
 from __future__ import annotations
 
-from flowq.app import FlowQ, Pipeline, Step, Task
 from flowq.context import Context
+from flowq.define.app import FlowQ, Pipeline, Step, Task
+from flowq.define.queues import Rate
+from flowq.define.retry import Retry
+from flowq.define.workflows import Each, Signalled, each
+from flowq.enqueue.sync import Enqueued, Session, SessionMixin, enqueue, enqueue_many, signal
 from flowq.errors import (
     CancelRun,
     ConfigurationError,
@@ -27,12 +31,8 @@ from flowq.errors import (
     WorkflowError,
 )
 from flowq.migrations import migrate
-from flowq.queues import Rate
-from flowq.retry import Retry
-from flowq.session import Enqueued, Session, SessionMixin, enqueue, enqueue_many, signal
 from flowq.worker import Worker, WorkerConfig
 from flowq.worker.logs import configure_logging
-from flowq.workflows import Each, Signalled, each
 
 __all__ = [
     "CancelRun",

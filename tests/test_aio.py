@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
 import flowq
-from flowq.aio import AsyncSession, enqueue, enqueue_many
+from flowq.enqueue.aio import AsyncSession, enqueue, enqueue_many
 
 T = TypeVar("T")
 

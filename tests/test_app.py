@@ -9,7 +9,7 @@ import sqlalchemy as sa
 import tenacity
 
 import flowq
-from flowq.app import RESERVED_OPTIONS, find_definition
+from flowq.define.app import RESERVED_OPTIONS, find_definition
 
 
 def test_task_is_named_after_its_function_unless_named(app: flowq.FlowQ) -> None:

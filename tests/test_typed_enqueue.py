@@ -152,7 +152,7 @@ def _run_async(db_url: str, fn: Callable[[AsyncEngine], Awaitable[T]]) -> T:
 
 
 def test_the_async_twin(app: flowq.FlowQ, db_url: str, engine: sa.Engine) -> None:
-    from flowq.aio import AsyncSession
+    from flowq.enqueue.aio import AsyncSession
 
     add = _define(app, _add)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
-from flowq.workflows import MAX_MAP_ITEMS
+from flowq.define.workflows import MAX_MAP_ITEMS
 
 __all__ = ["DEFAULT_SCENARIOS", "OPT_IN", "SCENARIOS", "Options"]
 

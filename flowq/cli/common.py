@@ -25,8 +25,8 @@ from typing import IO, Any, Final
 import click
 import sqlalchemy as sa
 
-from flowq.app import FlowQ
 from flowq.db import create_engine, ensure_schema, mask_secrets, resolve_url
+from flowq.define.app import FlowQ
 from flowq.errors import ConfigurationError, FlowqError
 from flowq.schema import DEFAULT_SCHEMA
 from flowq.storable import first_line

@@ -27,7 +27,7 @@ from flowq.cli.common import (
     url_option,
 )
 from flowq.errors import InvalidArgumentsError
-from flowq.runs import (
+from flowq.ops.runs import (
     DEFAULT_RETRY_BATCH,
     RunInfo,
     cancel_run,
@@ -51,7 +51,7 @@ json_option = click.option("--json", "as_json", is_flag=True,
 
 def _parse_when(ctx: click.Context, param: click.Parameter,
                 value: str | None) -> datetime | timedelta | None:
-    """`--since`/`--until`: an ISO 8601 time or a duration ago (`flowq.runs.parse_when`)."""
+    """`--since`/`--until`: an ISO 8601 time or a duration ago (`flowq.ops.runs.parse_when`)."""
     if value is None:
         return None
     try:

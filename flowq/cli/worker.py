@@ -23,8 +23,8 @@ from typing import Final
 
 import click
 
-from flowq.app import validate_queue
 from flowq.cli.common import UserError, load_app, require_url, url_option
+from flowq.define.app import validate_queue
 from flowq.errors import InvalidQueueError
 
 __all__ = ["worker"]

@@ -2,7 +2,7 @@
 
 Pages: queues (`/`), workers, runs (filters, find by id or idempotency key), a run with its
 steps, and the dead letters. Every read goes through the same public functions as the CLI
-(`flowq.status.status`, `flowq.runs`, `flowq.queues`), in a thread so the event loop never
+(`flowq.ops.status.status`, `flowq.runs`, `flowq.queues`), in a thread so the event loop never
 waits on PostgreSQL. Actions (retry, cancel, pause, resume, bulk retry) are POST forms, only
 when `allow_actions` is set, authenticated and CSRF-checked (`flowq.dashboard.auth`).
 
@@ -29,11 +29,10 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from flowq import queues as queues_api
-from flowq import runs as runs_api
 from flowq.cli.common import age_cell, limits_cell
 from flowq.dashboard.auth import CSRF_COOKIE, SESSION_COOKIE, SESSION_MAX_AGE, Guard
 from flowq.db import create_engine, mask_secrets
+from flowq.define import queues as queues_api
 from flowq.errors import (
     ConfigurationError,
     DatabaseUnavailableError,
@@ -43,8 +42,9 @@ from flowq.errors import (
     RunNotFoundError,
     RunStateError,
 )
+from flowq.ops import runs as runs_api
+from flowq.ops.status import status as read_status
 from flowq.schema import DEFAULT_SCHEMA, STATUSES
-from flowq.status import status as read_status
 from flowq.storable import first_line
 
 __all__ = ["create_app"]

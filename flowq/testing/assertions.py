@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Final, Union
 import sqlalchemy as sa
 from sqlalchemy import orm
 
-from flowq.app import Pipeline
+from flowq.define.app import Pipeline
 from flowq.queries import queries
 from flowq.schema import DEFAULT_SCHEMA
 

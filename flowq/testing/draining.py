@@ -47,11 +47,11 @@ from typing import TYPE_CHECKING, Any, Final, Union
 import sqlalchemy as sa
 from sqlalchemy import orm
 
-from flowq.app import FlowQ, validate_queue
 from flowq.context import StepSession
+from flowq.define.app import FlowQ, validate_queue
+from flowq.enqueue.sync import Enqueued
 from flowq.errors import InvalidArgumentsError, SignalTimeout
 from flowq.queries import queries
-from flowq.session import Enqueued
 from flowq.testing._worker import judge, record, runner, writer
 from flowq.worker.completer import _Item
 from flowq.worker.executor import Executor, _Running

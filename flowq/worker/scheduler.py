@@ -28,10 +28,10 @@ from typing import Final
 
 import sqlalchemy as sa
 
-from flowq.app import FlowQ
+from flowq.define.app import FlowQ
+from flowq.define.schedules import Schedule
+from flowq.enqueue.sync import execute, prepare_enqueue
 from flowq.queries import Queries
-from flowq.schedules import Schedule
-from flowq.session import execute, prepare_enqueue
 from flowq.storable import first_line
 from flowq.worker.connection import DB_ERRORS
 from flowq.worker.logs import ERROR, INFO, WARNING, log_event

@@ -54,7 +54,7 @@ from typing import Any, Final, TypeVar, cast
 
 import sqlalchemy as sa
 
-from flowq.app import _validate_name, find_definition, validate_queue
+from flowq.define.app import _validate_name, find_definition, validate_queue
 from flowq.errors import (
     ConfigurationError,
     InvalidArgumentsError,
@@ -558,7 +558,7 @@ def _lock(conn: sa.Connection, q: Queries, run_id: int) -> RunInfo:
 
 
 def cancel_run(bind: Bind, run_id: int, schema: str = DEFAULT_SCHEMA, *,
-               reason: str = "cancelled by flowq.runs.cancel_run") -> CancelResult:
+               reason: str = "cancelled by flowq.ops.runs.cancel_run") -> CancelResult:
     """Cancel the run: pending steps become `cancelled` (with `reason` as their last_error),
     a running step is flagged so that it creates no successor when it finishes.
 

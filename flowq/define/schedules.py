@@ -44,7 +44,7 @@ from flowq.queries import queries
 from flowq.schema import DEFAULT_SCHEMA
 
 if TYPE_CHECKING:
-    from flowq.app import FlowQ, Pipeline
+    from flowq.define.app import FlowQ, Pipeline
 
 __all__ = ["KEY_PREFIX", "LATE_GRACE", "MAX_TICKS_PER_PASS", "MIN_EVERY", "Schedule",
            "ScheduleInfo", "list_schedules", "make_schedule"]
@@ -180,7 +180,7 @@ class Schedule:
     def check(self) -> None:
         """Raise ConfigurationError unless the arguments fit the definition's first step(s)
         (for a pipeline, once it has steps)."""
-        from flowq.session import prepare_enqueue
+        from flowq.enqueue.sync import prepare_enqueue
 
         if not self.definition.steps:
             raise ConfigurationError(
@@ -253,7 +253,7 @@ def make_schedule(definition: Pipeline, *, cron: str | None, every: timedelta | 
                   name: str | None, args: Mapping[str, Any] | None, timezone: str,
                   catch_up: bool) -> Schedule:
     """Validate a schedule's options (not its arguments: `Schedule.check`)."""
-    from flowq.app import _validate_name
+    from flowq.define.app import _validate_name
 
     schedule = _validate_name("schedule", definition.name if name is None else name)
     if (cron is None) == (every is None):
@@ -313,7 +313,7 @@ def list_schedules(bind: Bind, app: FlowQ | None = None, *, schema: str | None =
     """Every schedule of `app` and every other one recorded in its schema (`schema`, default
     the app's, else "flowq"), by name. Without the app, the next ticks are unknown. `now`
     (default: the database's clock) is when the next tick is counted from."""
-    from flowq.runs import get_run
+    from flowq.ops.runs import get_run
 
     schema = schema or (app.schema if app is not None else DEFAULT_SCHEMA)
     q = queries(schema)

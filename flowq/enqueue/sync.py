@@ -47,9 +47,17 @@ from psycopg.pq import TransactionStatus
 from sqlalchemy import orm
 
 from flowq import tracing
-from flowq.app import DEFAULT_QUEUE, Pipeline, _validate_name, find_definition, validate_queue
 from flowq.db import is_missing_schema_error, raw_sql
 from flowq.db import schema_missing as schema_missing  # re-exported for flowq.aio
+from flowq.define.app import (
+    DEFAULT_QUEUE,
+    Pipeline,
+    _validate_name,
+    find_definition,
+    validate_queue,
+)
+from flowq.define.retry import DEFAULT_MAX_ATTEMPTS
+from flowq.define.workflows import PreparedSignal, Signalled, prepare_signal
 from flowq.direct import fetch_rows
 from flowq.errors import (
     ConfigurationError,
@@ -59,9 +67,7 @@ from flowq.errors import (
 )
 from flowq.jsonargs import JSONError, dumps_checked
 from flowq.queries import queries
-from flowq.retry import DEFAULT_MAX_ATTEMPTS
 from flowq.schema import DEFAULT_SCHEMA, notify_channel
-from flowq.workflows import PreparedSignal, Signalled, prepare_signal
 
 __all__ = ["Enqueued", "Session", "SessionMixin", "enqueue", "enqueue_many", "signal"]
 
@@ -436,7 +442,7 @@ def _connection(target: Target, call: PreparedCall[Any] | PreparedSignal) -> sa.
         return target.connection(bind_arguments={"clause": call.statement})
     raise TypeError(
         f"flowq.enqueue needs a SQLAlchemy Session or Connection, got {type(target).__name__}"
-        " (for an AsyncSession use flowq.aio.enqueue)"
+        " (for an AsyncSession use flowq.enqueue.aio.enqueue)"
     )
 
 

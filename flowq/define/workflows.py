@@ -12,7 +12,7 @@ decided at run time lives here:
   `target` (a Session or Connection): it is delivered if and only if that transaction
   commits. Sent before the step is reached, it is kept and handed over when it is. Sent
   twice: an identical payload is ignored (`created=False`), another one is refused with
-  `SignalError`. The async twin is `flowq.aio.signal`; `flowq.Session` has `.signal(...)`.
+  `SignalError`. The async twin is `flowq.enqueue.aio.signal`; `flowq.Session` has `.signal(...)`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from flowq.app import find_definition
+from flowq.define.app import find_definition
 from flowq.errors import RunNotFoundError, RunStateError, SignalError, WorkflowError
 from flowq.jsonargs import JSONError, dumps_checked
 from flowq.queries import queries
@@ -148,9 +148,9 @@ class PreparedSignal:
 def prepare_signal(run_id: int, name: str, payload: Any = None, *,
                    schema: str | None = None) -> PreparedSignal:
     """Validate a signal completely, without touching the database."""
-    from flowq.app import _validate_name
+    from flowq.define.app import _validate_name
     from flowq.errors import ConfigurationError
-    from flowq.runs import _check_id
+    from flowq.ops.runs import _check_id
 
     run_id = _check_id(run_id)
     try:

@@ -111,7 +111,7 @@ class QueueInfo:
 
 
 def _name(name: object) -> str:
-    from flowq.app import validate_queue  # flowq.app imports this module
+    from flowq.define.app import validate_queue  # flowq.app imports this module
 
     return validate_queue(name)
 

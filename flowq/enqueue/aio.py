@@ -22,9 +22,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, async_scoped_session
 from sqlalchemy.ext.asyncio import AsyncSession as _SAAsyncSession
 
 from flowq import tracing
-from flowq.app import Pipeline
-from flowq.queries import queries
-from flowq.session import (
+from flowq.define.app import Pipeline
+from flowq.define.workflows import PreparedSignal, Signalled, prepare_signal
+from flowq.enqueue.sync import (
     Enqueued,
     PreparedCall,
     migrated_schemas,
@@ -33,7 +33,7 @@ from flowq.session import (
     schema_missing,
     translate_error,
 )
-from flowq.workflows import PreparedSignal, Signalled, prepare_signal
+from flowq.queries import queries
 
 __all__ = ["AsyncSession", "AsyncSessionMixin", "Enqueued", "enqueue", "enqueue_many",
            "signal"]
@@ -48,13 +48,13 @@ async def _connection(target: AsyncTarget, call: PreparedCall[Any] | PreparedSig
     if isinstance(target, _SAAsyncSession | async_scoped_session):
         return await target.connection(bind_arguments={"clause": call.statement})
     raise TypeError(
-        f"flowq.aio.enqueue needs an AsyncSession or AsyncConnection, got "
+        f"flowq.enqueue.aio.enqueue needs an AsyncSession or AsyncConnection, got "
         f"{type(target).__name__} (for a sync Session use flowq.enqueue)"
     )
 
 
 async def execute(target: AsyncTarget, call: PreparedCall[T] | PreparedSignal) -> T:
-    """Run a prepared enqueue in `target`'s transaction (see `flowq.session.execute`)."""
+    """Run a prepared enqueue in `target`'s transaction (see `flowq.enqueue.sync.execute`)."""
     if tracing.ENABLED and isinstance(call, PreparedCall):
         with tracing.publish(call.params) as publication:  # current in this task only
             if publication is None:
@@ -127,11 +127,11 @@ class AsyncSessionMixin:
 
     async def signal(self, run_id: int, name: str, payload: Any = None, /, *,
                      schema: str | None = None) -> Signalled:
-        """Send a signal to a run in this session's transaction; see `flowq.aio.signal`."""
+        """Send a signal to a run in this session's transaction; see `flowq.enqueue.aio.signal`."""
         return await signal(cast(_SAAsyncSession, self), run_id, name, payload, schema=schema)
 
     async def enqueue(self, task: Pipeline | str, /, **options_and_args: Any) -> Enqueued:
-        """Enqueue `task` in this session's transaction; see `flowq.aio.enqueue`."""
+        """Enqueue `task` in this session's transaction; see `flowq.enqueue.aio.enqueue`."""
         return await enqueue(cast(_SAAsyncSession, self), task, **options_and_args)
 
     async def enqueue_many(self, task: Pipeline | str, args_list: Iterable[Mapping[str, Any]],

@@ -29,19 +29,19 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, Final, Generic, ParamSpec, TypeVar, overload
 
+from flowq.define.queues import QueueConfig, Rate
+from flowq.define.retry import Retry
 from flowq.errors import ConfigurationError, InvalidArgumentsError, InvalidQueueError
-from flowq.queues import QueueConfig, Rate
-from flowq.retry import Retry
 from flowq.schema import DEFAULT_SCHEMA, validate_schema_name
 from flowq.storable import MAX_DELAY
 
 if TYPE_CHECKING:
     # flowq.session and flowq.context import this module; flowq.aio must stay unimported
     # until it is used (see `EnqueueOptions`).
-    from flowq.aio import AsyncTarget
     from flowq.context import Context
-    from flowq.schedules import Schedule
-    from flowq.session import Enqueued, PreparedCall, Target
+    from flowq.define.schedules import Schedule
+    from flowq.enqueue.aio import AsyncTarget
+    from flowq.enqueue.sync import Enqueued, PreparedCall, Target
 
 __all__ = [
     "DEFAULT_QUEUE",
@@ -250,7 +250,7 @@ class EnqueueOptions(Generic[P]):
 
     def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> PreparedCall[Enqueued]:
         # Imported here: flowq.session imports this module.
-        from flowq.session import prepare_enqueue
+        from flowq.enqueue.sync import prepare_enqueue
 
         return prepare_enqueue(self.definition, _as_keywords(self.definition, args, kwargs),
                                idempotency_key=self.idempotency_key, queue=self.queue,
@@ -261,7 +261,7 @@ class EnqueueOptions(Generic[P]):
     def enqueue(self, target: Target, /, *args: P.args, **kwargs: P.kwargs) -> Enqueued:
         """Enqueue a run in the transaction of `target` (a Session or Connection); see
         `flowq.enqueue`. Positional arguments are named after the handler's parameters."""
-        from flowq.session import execute
+        from flowq.enqueue.sync import execute
 
         return execute(target, self._prepare(args, kwargs))
 
@@ -271,7 +271,7 @@ class EnqueueOptions(Generic[P]):
         call = self._prepare(args, kwargs)
         # Imported on first use: `import flowq` must not import SQLAlchemy's asyncio
         # extension (SQLAlchemy 2.1 no longer installs the greenlet it needs).
-        from flowq.aio import execute
+        from flowq.enqueue.aio import execute
 
         return await execute(target, call)
 
@@ -614,7 +614,7 @@ class FlowQ:
         """
 
         def register(definition: D) -> D:
-            from flowq.schedules import make_schedule
+            from flowq.define.schedules import make_schedule
 
             if not isinstance(definition, Pipeline):
                 raise ConfigurationError(

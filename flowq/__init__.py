@@ -8,11 +8,15 @@ steps whose outputs are persisted.
 from __future__ import annotations
 
 from flowq.context import Context
-from flowq.define.app import FlowQ, Pipeline, Step, Task
+from flowq.define.app import FlowQ
+from flowq.define.pipeline import Pipeline, Task
 from flowq.define.queues import Rate
 from flowq.define.retry import Retry
-from flowq.define.workflows import Each, Signalled, each
-from flowq.enqueue.sync import Enqueued, Session, SessionMixin, enqueue, enqueue_many, signal
+from flowq.define.step import Step
+from flowq.define.workflows import Each, each
+from flowq.enqueue.prepare import Enqueued
+from flowq.enqueue.signals import Signalled
+from flowq.enqueue.sync import Session, SessionMixin, enqueue, enqueue_many, signal
 from flowq.errors import (
     CancelRun,
     ConfigurationError,

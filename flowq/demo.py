@@ -33,7 +33,7 @@ from tenacity import stop_after_attempt, wait_fixed
 import flowq
 import flowq.db
 from flowq.context import Context
-from flowq.define.app import Task
+from flowq.define.pipeline import Task
 from flowq.errors import FlowqError
 from flowq.storable import first_line
 from flowq.worker import Worker, WorkerConfig

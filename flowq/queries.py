@@ -19,7 +19,7 @@ from functools import cache, cached_property
 import sqlalchemy as sa
 from sqlalchemy.sql.elements import TextClause
 
-from flowq.schema import validate_schema_name
+from flowq.names import validate_schema_name
 
 __all__ = ["Queries", "queries"]
 

@@ -37,7 +37,7 @@ def _rows(engine: sa.Engine) -> list[sa.Row[Any]]:
 
 
 def test_flowq_does_not_import_the_async_module() -> None:
-    code = "import sys, flowq; assert 'flowq.aio' not in sys.modules, 'eager'; " \
+    code = "import sys, flowq; assert 'flowq.enqueue.aio' not in sys.modules, 'eager'; " \
            "assert 'sqlalchemy.ext.asyncio' not in sys.modules, 'asyncio ext'"
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -9,7 +9,8 @@ import sqlalchemy as sa
 import tenacity
 
 import flowq
-from flowq.define.app import RESERVED_OPTIONS, find_definition
+from flowq.define.app import find_definition
+from flowq.define.options import RESERVED_OPTIONS
 
 
 def test_task_is_named_after_its_function_unless_named(app: flowq.FlowQ) -> None:

@@ -16,7 +16,7 @@ import queues_app as qa
 import sqlalchemy as sa
 
 import flowq
-from flowq.define.queues import list_queues, pause, resume
+from flowq.ops.queues import list_queues, pause, resume
 from flowq.ops.runs import cancel_run, get_run
 from flowq.queries import Queries
 from flowq.testing import wait_until

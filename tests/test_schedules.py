@@ -20,7 +20,8 @@ from click.testing import CliRunner
 
 import flowq
 from flowq.cli import main
-from flowq.define.schedules import LATE_GRACE, MAX_TICKS_PER_PASS, Schedule, list_schedules
+from flowq.define.schedules import LATE_GRACE, MAX_TICKS_PER_PASS, Schedule
+from flowq.ops.schedules import list_schedules
 from flowq.testing import drain, wait_until
 from flowq.worker import Worker, WorkerConfig
 from flowq.worker.scheduler import Scheduler

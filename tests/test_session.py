@@ -14,7 +14,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, scoped_session, sessionmaker
 
 import flowq
-from flowq.enqueue.sync import MAX_RUN_AT, MIN_RUN_AT
+from flowq.enqueue.prepare import MAX_RUN_AT, MIN_RUN_AT
 
 MARKER = "__test_marker__"
 
@@ -485,7 +485,7 @@ def test_invalid_task_is_refused(Session: sessionmaker[flowq.Session], engine: s
 
 
 def test_non_session_target_is_a_type_error() -> None:
-    with pytest.raises(TypeError, match=r"flowq\.aio"):
+    with pytest.raises(TypeError, match=r"flowq\.enqueue\.aio"):
         flowq.enqueue(object(), "t", queue="default")  # type: ignore[arg-type]
 
 

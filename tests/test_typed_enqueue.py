@@ -189,7 +189,7 @@ def test_typed_enqueue_does_not_import_the_async_module() -> None:
             t.options(queue="q").enqueue(object(), x=1)
         except TypeError:
             pass
-        assert "flowq.aio" not in sys.modules and "sqlalchemy.ext.asyncio" not in sys.modules
+        assert "flowq.enqueue.aio" not in sys.modules and "sqlalchemy.ext.asyncio" not in sys.modules
     """)
     # Run where the flowq this test imports comes first on sys.path.
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60, cwd=FLOWQ_ROOT)

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 from sqlalchemy.orm import sessionmaker
 
 import flowq
-from flowq.define.app import RESERVED_OPTIONS
+from flowq.define.options import RESERVED_OPTIONS
 from flowq.enqueue.aio import AsyncSession
 from flowq.enqueue.aio import enqueue as aenqueue
 from flowq.queries import Queries

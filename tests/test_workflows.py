@@ -494,7 +494,7 @@ def test_async_signal_in_an_async_session(wf: Any, db_url: str) -> None:
     async def send() -> flowq.Signalled:
         aengine = create_async_engine(db_url.replace("postgresql://", "postgresql+psycopg://"))
         try:
-            async with async_sessionmaker(aengine, class_=flowq.aio.AsyncSession)() as s:
+            async with async_sessionmaker(aengine, class_=flowq.enqueue.aio.AsyncSession)() as s:
                 sent = await s.signal(run.id, "approved", {"by": "async"})
                 await s.commit()
                 return sent

@@ -28,7 +28,7 @@ import sqlalchemy as sa
 from flowq.db import create_engine, ensure_schema, mask_secrets, resolve_url
 from flowq.define.app import FlowQ
 from flowq.errors import ConfigurationError, FlowqError
-from flowq.schema import DEFAULT_SCHEMA
+from flowq.names import DEFAULT_SCHEMA
 from flowq.storable import first_line
 
 __all__ = ["FlowqGroup", "UserError", "load_app", "open_engine", "require_url",

@@ -24,8 +24,8 @@ from typing import Final
 import click
 
 from flowq.cli.common import UserError, load_app, require_url, url_option
-from flowq.define.app import validate_queue
 from flowq.errors import InvalidQueueError
+from flowq.names import validate_queue
 
 __all__ = ["worker"]
 

@@ -32,7 +32,6 @@ from starlette.routing import Route
 from flowq.cli.common import age_cell, limits_cell
 from flowq.dashboard.auth import CSRF_COOKIE, SESSION_COOKIE, SESSION_MAX_AGE, Guard
 from flowq.db import create_engine, mask_secrets
-from flowq.define import queues as queues_api
 from flowq.errors import (
     ConfigurationError,
     DatabaseUnavailableError,
@@ -42,9 +41,11 @@ from flowq.errors import (
     RunNotFoundError,
     RunStateError,
 )
+from flowq.names import DEFAULT_SCHEMA
+from flowq.ops import queues as queues_api
 from flowq.ops import runs as runs_api
 from flowq.ops.status import status as read_status
-from flowq.schema import DEFAULT_SCHEMA, STATUSES
+from flowq.schema import STATUSES
 from flowq.storable import first_line
 
 __all__ = ["create_app"]

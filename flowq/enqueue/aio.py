@@ -1,9 +1,9 @@
 """Transactional enqueue for asyncio: `await enqueue(async_session_or_connection, task, ...)`.
 
-The async twin of `flowq.session`, with the same statements, validation and guarantees: the
-job is one INSERT in the caller's `AsyncSession`/`AsyncConnection` transaction, and exists
-only if it commits. Only the execution differs, so the preparation, and the sequence of
-statements a keyed enqueue may need (`PreparedCall.statements`), are imported from there.
+The async twin of `flowq.enqueue.sync`, with the same statements, validation and guarantees:
+the job is one INSERT in the caller's `AsyncSession`/`AsyncConnection` transaction, and exists
+only if it commits. Only the execution differs: the preparation, and the sequence of
+statements a keyed enqueue may need (`PreparedCall.statements`), are `flowq.enqueue.prepare`'s.
 
 This module is not imported by `flowq` itself: SQLAlchemy 2.1 no longer depends on greenlet,
 which its asyncio extension needs (`pip install 'flowq[asyncio]'`). Use a psycopg URL with
@@ -22,17 +22,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection, async_scoped_session
 from sqlalchemy.ext.asyncio import AsyncSession as _SAAsyncSession
 
 from flowq import tracing
-from flowq.define.app import Pipeline
-from flowq.define.workflows import PreparedSignal, Signalled, prepare_signal
-from flowq.enqueue.sync import (
-    Enqueued,
-    PreparedCall,
-    migrated_schemas,
-    prepare_enqueue,
-    prepare_enqueue_many,
-    schema_missing,
-    translate_error,
-)
+from flowq.db import schema_missing
+from flowq.define.pipeline import Pipeline
+from flowq.enqueue.prepare import Enqueued, PreparedCall, prepare_enqueue, prepare_enqueue_many
+from flowq.enqueue.signals import PreparedSignal, Signalled, prepare_signal
+from flowq.enqueue.sync import migrated_schemas, translate_error
 from flowq.queries import queries
 
 __all__ = ["AsyncSession", "AsyncSessionMixin", "Enqueued", "enqueue", "enqueue_many",

@@ -54,15 +54,16 @@ from typing import Any, Final, TypeVar, cast
 
 import sqlalchemy as sa
 
-from flowq.define.app import _validate_name, find_definition, validate_queue
+from flowq.define.app import find_definition
 from flowq.errors import (
     ConfigurationError,
     InvalidArgumentsError,
     RunNotFoundError,
     RunStateError,
 )
+from flowq.names import DEFAULT_SCHEMA, check_id, validate_name, validate_queue
 from flowq.queries import Queries
-from flowq.schema import DEFAULT_SCHEMA, STATUSES, Status, notify_channel
+from flowq.schema import STATUSES, Status, notify_channel
 
 __all__ = [
     "CancelResult",
@@ -325,14 +326,6 @@ def _select(conn: sa.Connection, q: Queries, run_id: int) -> RunInfo:
     return _run_of(run_id, list(conn.execute(q.select_run_jobs, {"run_id": run_id})), q.schema)
 
 
-def _check_id(run_id: object) -> int:
-    if isinstance(run_id, bool) or not isinstance(run_id, int):
-        raise RunNotFoundError(f"a run id is an integer, got {run_id!r}")
-    if not 0 < run_id < 2**63:  # a bigint: anything else would be a database error
-        raise RunNotFoundError(f"no run {run_id} exists (run ids are positive 64-bit integers)")
-    return run_id
-
-
 @contextmanager
 def _transaction(bind: Bind) -> Iterator[sa.Connection]:
     if isinstance(bind, sa.Engine):
@@ -356,7 +349,7 @@ def _read(bind: Bind, fn: Callable[[sa.Connection], T]) -> T:
 def get_run(bind: Bind, run_id: int, schema: str = DEFAULT_SCHEMA) -> RunInfo:
     """The run `run_id` with all its steps; RunNotFoundError if no row of it exists."""
     q = Queries(schema)
-    run_id = _check_id(run_id)
+    run_id = check_id(run_id)
     return _read(bind, lambda conn: _select(conn, q, run_id))
 
 
@@ -387,7 +380,7 @@ def dead_steps(bind: Bind, run_ids: Sequence[int],
                schema: str = DEFAULT_SCHEMA) -> dict[int, DeadStep]:
     """For each of `run_ids` that has a dead step, its first one (the dead-letter view)."""
     q = Queries(schema)
-    ids = [_check_id(i) for i in run_ids]
+    ids = [check_id(i) for i in run_ids]
     if not ids:
         return {}
     return _read(bind, lambda conn: {
@@ -473,7 +466,7 @@ def _filters(task: str | None, queue: str | None, since: When | None,
              until: When | None) -> _Filters:
     if task is not None:
         try:
-            _validate_name("task", task)
+            validate_name("task", task)
         except ConfigurationError as exc:
             raise InvalidArgumentsError(str(exc)) from None
     return _Filters(task=task, queue=None if queue is None else validate_queue(queue),
@@ -566,7 +559,7 @@ def cancel_run(bind: Bind, run_id: int, schema: str = DEFAULT_SCHEMA, *,
     RunStateError.
     """
     q = Queries(schema)
-    run_id = _check_id(run_id)
+    run_id = check_id(run_id)
     with _transaction(bind) as conn:
         run = _lock(conn, q, run_id)
         if run.status in ("succeeded", "dead"):
@@ -586,7 +579,7 @@ def retry_run(bind: Bind, run_id: int, schema: str = DEFAULT_SCHEMA) -> RetryRes
     fresh attempt budget; what succeeded is kept and never re-run. RunStateError unless the
     run is dead."""
     q = Queries(schema)
-    run_id = _check_id(run_id)
+    run_id = check_id(run_id)
     with _transaction(bind) as conn:
         run = _lock(conn, q, run_id)
         if run.status != "dead":
@@ -679,7 +672,7 @@ async def await_run(bind: Any, run_id: int, *, timeout: float | None = None,
     """`wait_run` for asyncio: `bind` is an AsyncEngine (or an Engine, read in a thread)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     pause = _WAIT_POLL[0]
-    run_id = _check_id(run_id)
+    run_id = check_id(run_id)
     while True:
         if isinstance(bind, sa.Engine):
             run = await asyncio.to_thread(get_run, bind, run_id, schema)

@@ -48,9 +48,10 @@ import sqlalchemy as sa
 from sqlalchemy import orm
 
 from flowq.context import StepSession
-from flowq.define.app import FlowQ, validate_queue
-from flowq.enqueue.sync import Enqueued
+from flowq.define.app import FlowQ
+from flowq.enqueue.prepare import Enqueued
 from flowq.errors import InvalidArgumentsError, SignalTimeout
+from flowq.names import validate_queue
 from flowq.queries import queries
 from flowq.testing._worker import judge, record, runner, writer
 from flowq.worker.completer import _Item

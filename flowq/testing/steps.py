@@ -21,7 +21,8 @@ from typing import Any, Final, cast
 from sqlalchemy import orm
 
 from flowq.context import Context, StepSession
-from flowq.define.app import Pipeline, Step
+from flowq.define.pipeline import Pipeline
+from flowq.define.step import Step
 from flowq.define.workflows import Each
 from flowq.jsonargs import JSONError, dumps_checked
 from flowq.testing._worker import judge, record

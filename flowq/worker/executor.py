@@ -42,8 +42,10 @@ from typing import Any, Final
 
 from flowq import tracing
 from flowq.context import Context, StepSession
-from flowq.define.app import FlowQ, Pipeline, Step
+from flowq.define.app import FlowQ
+from flowq.define.pipeline import Pipeline
 from flowq.define.retry import Retry
+from flowq.define.step import Step
 from flowq.define.workflows import Each
 from flowq.errors import (
     CancelRun,

@@ -14,9 +14,9 @@ from flowq.define.queues import Rate
 from flowq.define.retry import Retry
 from flowq.define.step import Step
 from flowq.define.workflows import Each, each
-from flowq.enqueue.prepare import Enqueued
-from flowq.enqueue.signals import Signalled
-from flowq.enqueue.sync import Session, SessionMixin, enqueue, enqueue_many, signal
+from flowq.enqueueing.prepare import Enqueued
+from flowq.enqueueing.signals import Signalled
+from flowq.enqueueing.sync import Session, SessionMixin, enqueue, enqueue_many, signal
 from flowq.errors import (
     CancelRun,
     ConfigurationError,
@@ -77,3 +77,24 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+# Modules users reach as attributes of the package (`flowq.runs.get_run(engine, run_id)`,
+# `flowq.aio.AsyncSession`): their old public paths, now modules of define/, enqueueing/ and
+# ops/, imported on first use (flowq.aio must stay unimported until then: greenlet).
+_MODULES = {
+    "aio": "flowq.enqueueing.aio",
+    "doctor": "flowq.ops.doctor",
+    "queues": "flowq.ops.queues",
+    "runs": "flowq.ops.runs",
+    "schedules": "flowq.ops.schedules",
+    "status": "flowq.ops.status",
+    "workflows": "flowq.define.workflows",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name in _MODULES:
+        import importlib
+
+        return importlib.import_module(_MODULES[name])
+    raise AttributeError(f"module 'flowq' has no attribute {name!r}")

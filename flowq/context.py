@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import Connection, event
 
-from flowq.enqueue.sync import Session
+from flowq.enqueueing.sync import Session
 from flowq.errors import CancelRun, FlowqError
 
 __all__ = ["Context", "StepSession"]

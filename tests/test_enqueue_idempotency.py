@@ -22,8 +22,8 @@ from sqlalchemy.orm import sessionmaker
 
 import flowq
 from flowq.db import raw_sql
-from flowq.enqueue.aio import AsyncSession
-from flowq.enqueue.prepare import KEY_RACE_ATTEMPTS, prepare_enqueue
+from flowq.enqueueing.aio import AsyncSession
+from flowq.enqueueing.prepare import KEY_RACE_ATTEMPTS, prepare_enqueue
 from flowq.testing import job_rows, wait_until
 
 T = TypeVar("T")

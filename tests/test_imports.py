@@ -31,17 +31,17 @@ ALLOWED_CYCLES: dict[frozenset[str], str] = {
     # enqueue layer, which imports the definitions: the one documented upward import.
     # The enqueue modules import the definitions (`Pipeline`, and `find_definition` to check
     # an enqueue by name), so the component holds flowq.define.app as well.
-    frozenset({"flowq.define.app", "flowq.define.pipeline", "flowq.enqueue.prepare",
-               "flowq.enqueue.sync", "flowq.enqueue.aio", "flowq.enqueue.signals"}):
+    frozenset({"flowq.define.app", "flowq.define.pipeline", "flowq.enqueueing.prepare",
+               "flowq.enqueueing.sync", "flowq.enqueueing.aio", "flowq.enqueueing.signals"}):
         "Task.enqueue",
 }
 # The run-time imports out of flowq/define/ into a layer above, as (importer, imported).
 ALLOWED_UPWARD: frozenset[tuple[str, str]] = frozenset({
-    ("flowq.define.pipeline", "flowq.enqueue.prepare"),
-    ("flowq.define.pipeline", "flowq.enqueue.sync"),
-    ("flowq.define.pipeline", "flowq.enqueue.aio"),
+    ("flowq.define.pipeline", "flowq.enqueueing.prepare"),
+    ("flowq.define.pipeline", "flowq.enqueueing.sync"),
+    ("flowq.define.pipeline", "flowq.enqueueing.aio"),
 })
-ABOVE_DEFINE = ("flowq.enqueue", "flowq.db", "flowq.worker", "flowq.ops", "flowq.cli",
+ABOVE_DEFINE = ("flowq.enqueueing", "flowq.db", "flowq.worker", "flowq.ops", "flowq.cli",
                 "flowq.dashboard", "flowq.queries", "flowq.schema", "flowq.direct",
                 "flowq.migrations", "flowq.testing", "flowq.bench", "sqlalchemy", "psycopg")
 # (importer, module, name) of the `_private` imports across modules still left.

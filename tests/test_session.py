@@ -14,7 +14,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, scoped_session, sessionmaker
 
 import flowq
-from flowq.enqueue.prepare import MAX_RUN_AT, MIN_RUN_AT
+from flowq.enqueueing.prepare import MAX_RUN_AT, MIN_RUN_AT
 
 MARKER = "__test_marker__"
 

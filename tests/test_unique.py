@@ -18,8 +18,8 @@ from sqlalchemy.orm import sessionmaker
 
 import flowq
 from flowq.define.options import RESERVED_OPTIONS
-from flowq.enqueue.aio import AsyncSession
-from flowq.enqueue.aio import enqueue as aenqueue
+from flowq.enqueueing.aio import AsyncSession
+from flowq.enqueueing.aio import enqueue as aenqueue
 from flowq.queries import Queries
 from flowq.testing import drain, job_rows, wait_until
 

@@ -485,7 +485,7 @@ def test_async_signal_in_an_async_session(wf: Any, db_url: str) -> None:
 
     from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 
-    import flowq.enqueue.aio
+    import flowq.enqueueing.aio
 
     app, _, engine = wf
     with engine.begin() as conn:
@@ -494,7 +494,7 @@ def test_async_signal_in_an_async_session(wf: Any, db_url: str) -> None:
     async def send() -> flowq.Signalled:
         aengine = create_async_engine(db_url.replace("postgresql://", "postgresql+psycopg://"))
         try:
-            async with async_sessionmaker(aengine, class_=flowq.enqueue.aio.AsyncSession)() as s:
+            async with async_sessionmaker(aengine, class_=flowq.enqueueing.aio.AsyncSession)() as s:
                 sent = await s.signal(run.id, "approved", {"by": "async"})
                 await s.commit()
                 return sent

@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 
 import flowq
 from flowq.db import normalize_url
-from flowq.enqueue.aio import AsyncSession  # an AsyncSession with `await session.enqueue(...)`
+from flowq.enqueueing.aio import AsyncSession  # an AsyncSession with `await session.enqueue(...)`
 
 from . import jobs
 from .models import Account, Base, User

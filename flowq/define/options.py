@@ -2,8 +2,8 @@
 
 `EnqueueOptions` is a TypedDict, so a function taking `**options: Unpack[EnqueueOptions]` is
 checked by a type checker like one spelling the eight keywords out (`Task.options`,
-`Pipeline.options`, `flowq.enqueue.prepare.prepare_enqueue`). What each option means, and how
-it is checked, is `flowq.enqueue`'s (see `flowq.enqueue.sync.enqueue`); every one is
+`Pipeline.options`, `flowq.enqueueing.prepare.prepare_enqueue`). What each option means, and how
+it is checked, is `flowq.enqueue`'s (see `flowq.enqueueing.sync.enqueue`); every one is
 optional, and one left out means its default:
 
 - `idempotency_key` (None): names the run; a second enqueue with it returns the first run;

@@ -34,9 +34,9 @@ if TYPE_CHECKING:
 
     from flowq.context import Context
     from flowq.define.app import FlowQ
-    from flowq.enqueue.aio import AsyncTarget
-    from flowq.enqueue.prepare import Enqueued, PreparedCall
-    from flowq.enqueue.sync import Target
+    from flowq.enqueueing.aio import AsyncTarget
+    from flowq.enqueueing.prepare import Enqueued, PreparedCall
+    from flowq.enqueueing.sync import Target
 
 __all__ = ["DEFAULT_WAIT_TIMEOUT", "Pipeline", "Task", "WithOptions", "as_keywords"]
 
@@ -91,7 +91,7 @@ class WithOptions(Generic[P]):
     def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> PreparedCall[Enqueued]:
         # Imported here, the one run-time import of the definitions from the layer above
         # (tests/test_imports.py allows exactly it): enqueue imports the definitions.
-        from flowq.enqueue.prepare import prepare_enqueue
+        from flowq.enqueueing.prepare import prepare_enqueue
 
         return prepare_enqueue(self.definition, as_keywords(self.definition, args, kwargs),
                                **self.options)
@@ -99,7 +99,7 @@ class WithOptions(Generic[P]):
     def enqueue(self, target: Target, /, *args: P.args, **kwargs: P.kwargs) -> Enqueued:
         """Enqueue a run in the transaction of `target` (a Session or Connection); see
         `flowq.enqueue`. Positional arguments are named after the handler's parameters."""
-        from flowq.enqueue.sync import execute
+        from flowq.enqueueing.sync import execute
 
         return execute(target, self._prepare(args, kwargs))
 
@@ -109,7 +109,7 @@ class WithOptions(Generic[P]):
         call = self._prepare(args, kwargs)
         # Imported on first use: `import flowq` must not import SQLAlchemy's asyncio
         # extension (SQLAlchemy 2.1 no longer installs the greenlet it needs).
-        from flowq.enqueue.aio import execute
+        from flowq.enqueueing.aio import execute
 
         return await execute(target, call)
 

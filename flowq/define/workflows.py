@@ -12,7 +12,7 @@ A pipeline is a DAG of steps (`@pipeline.step(parents=[...])`, see
   `target` (a Session or Connection): it is delivered if and only if that transaction
   commits. Sent before the step is reached, it is kept and handed over when it is. Sent
   twice: an identical payload is ignored (`created=False`), another one is refused with
-  `SignalError`. The async twin is `flowq.enqueue.aio.signal`; `flowq.Session` has `.signal(...)`.
+  `SignalError`. The async twin is `flowq.enqueueing.aio.signal`; `flowq.Session` has `.signal(...)`.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ from sqlalchemy import orm
 
 from flowq.context import StepSession
 from flowq.define.app import FlowQ
-from flowq.enqueue.prepare import Enqueued
+from flowq.enqueueing.prepare import Enqueued
 from flowq.errors import InvalidArgumentsError, SignalTimeout
 from flowq.names import validate_queue
 from flowq.queries import queries

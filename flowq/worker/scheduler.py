@@ -30,8 +30,8 @@ import sqlalchemy as sa
 
 from flowq.define.app import FlowQ
 from flowq.define.schedules import Schedule
-from flowq.enqueue.prepare import prepare_enqueue
-from flowq.enqueue.sync import execute
+from flowq.enqueueing.prepare import prepare_enqueue
+from flowq.enqueueing.sync import execute
 from flowq.queries import Queries
 from flowq.storable import first_line
 from flowq.worker.connection import DB_ERRORS

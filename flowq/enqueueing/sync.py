@@ -7,8 +7,8 @@ statement calls `pg_notify(<schema>, <queue>)`; PostgreSQL delivers a notificati
 its transaction commits, so workers wake exactly for committed jobs. No job data travels in
 the notification.
 
-What is checked, and the statements, come from `flowq.enqueue.prepare` (shared with the
-async twin, `flowq.enqueue.aio`): this module executes them, after checking once per engine
+What is checked, and the statements, come from `flowq.enqueueing.prepare` (shared with the
+async twin, `flowq.enqueueing.aio`): this module executes them, after checking once per engine
 that flowq's schema exists. `Session` (for `sessionmaker(engine, class_=flowq.Session)`) and
 `SessionMixin` add `.enqueue()`, `.enqueue_many()` and `.signal()`.
 
@@ -40,8 +40,8 @@ from flowq import tracing
 from flowq.db import is_missing_schema_error, raw_sql, schema_missing
 from flowq.define.pipeline import Pipeline
 from flowq.direct import fetch_rows
-from flowq.enqueue.prepare import Enqueued, PreparedCall, prepare_enqueue, prepare_enqueue_many
-from flowq.enqueue.signals import PreparedSignal, Signalled, prepare_signal
+from flowq.enqueueing.prepare import Enqueued, PreparedCall, prepare_enqueue, prepare_enqueue_many
+from flowq.enqueueing.signals import PreparedSignal, Signalled, prepare_signal
 from flowq.queries import queries
 
 __all__ = ["Enqueued", "Session", "SessionMixin", "Target", "enqueue", "enqueue_many",
@@ -97,7 +97,7 @@ def _connection(target: Target, call: PreparedCall[Any] | PreparedSignal) -> sa.
         return target.connection(bind_arguments={"clause": call.statement})
     raise TypeError(
         f"flowq.enqueue needs a SQLAlchemy Session or Connection, got {type(target).__name__}"
-        " (for an AsyncSession use flowq.enqueue.aio.enqueue)"
+        " (for an AsyncSession use flowq.enqueueing.aio.enqueue)"
     )
 
 

@@ -8,8 +8,8 @@ with when the definition is known, `Pipeline.check_start_arguments`), and return
 `PreparedCall`: the statement, its parameters, and how to read its result. A bad call raises
 a `flowq` error before any SQL is sent, so the caller's transaction stays usable.
 
-Pure and shared: the sync path (`flowq.enqueue.sync`) and the async one
-(`flowq.enqueue.aio`) only execute what is prepared here, and `PreparedCall.statements`
+Pure and shared: the sync path (`flowq.enqueueing.sync`) and the async one
+(`flowq.enqueueing.aio`) only execute what is prepared here, and `PreparedCall.statements`
 says, for both, which statements follow one that returned no row (a keyed enqueue that lost
 a race, a unique enqueue whose snapshot was too old).
 

@@ -1,9 +1,9 @@
 """Transactional enqueue for asyncio: `await enqueue(async_session_or_connection, task, ...)`.
 
-The async twin of `flowq.enqueue.sync`, with the same statements, validation and guarantees:
+The async twin of `flowq.enqueueing.sync`, with the same statements, validation and guarantees:
 the job is one INSERT in the caller's `AsyncSession`/`AsyncConnection` transaction, and exists
 only if it commits. Only the execution differs: the preparation, and the sequence of
-statements a keyed enqueue may need (`PreparedCall.statements`), are `flowq.enqueue.prepare`'s.
+statements a keyed enqueue may need (`PreparedCall.statements`), are `flowq.enqueueing.prepare`'s.
 
 This module is not imported by `flowq` itself: SQLAlchemy 2.1 no longer depends on greenlet,
 which its asyncio extension needs (`pip install 'flowq[asyncio]'`). Use a psycopg URL with
@@ -24,9 +24,9 @@ from sqlalchemy.ext.asyncio import AsyncSession as _SAAsyncSession
 from flowq import tracing
 from flowq.db import schema_missing
 from flowq.define.pipeline import Pipeline
-from flowq.enqueue.prepare import Enqueued, PreparedCall, prepare_enqueue, prepare_enqueue_many
-from flowq.enqueue.signals import PreparedSignal, Signalled, prepare_signal
-from flowq.enqueue.sync import migrated_schemas, translate_error
+from flowq.enqueueing.prepare import Enqueued, PreparedCall, prepare_enqueue, prepare_enqueue_many
+from flowq.enqueueing.signals import PreparedSignal, Signalled, prepare_signal
+from flowq.enqueueing.sync import migrated_schemas, translate_error
 from flowq.queries import queries
 
 __all__ = ["AsyncSession", "AsyncSessionMixin", "Enqueued", "enqueue", "enqueue_many",
@@ -42,13 +42,13 @@ async def _connection(target: AsyncTarget, call: PreparedCall[Any] | PreparedSig
     if isinstance(target, _SAAsyncSession | async_scoped_session):
         return await target.connection(bind_arguments={"clause": call.statement})
     raise TypeError(
-        f"flowq.enqueue.aio.enqueue needs an AsyncSession or AsyncConnection, got "
+        f"flowq.enqueueing.aio.enqueue needs an AsyncSession or AsyncConnection, got "
         f"{type(target).__name__} (for a sync Session use flowq.enqueue)"
     )
 
 
 async def execute(target: AsyncTarget, call: PreparedCall[T] | PreparedSignal) -> T:
-    """Run a prepared enqueue in `target`'s transaction (see `flowq.enqueue.sync.execute`)."""
+    """Run a prepared enqueue in `target`'s transaction (see `flowq.enqueueing.sync.execute`)."""
     if tracing.ENABLED and isinstance(call, PreparedCall):
         with tracing.publish(call.params) as publication:  # current in this task only
             if publication is None:
@@ -121,11 +121,11 @@ class AsyncSessionMixin:
 
     async def signal(self, run_id: int, name: str, payload: Any = None, /, *,
                      schema: str | None = None) -> Signalled:
-        """Send a signal to a run in this session's transaction; see `flowq.enqueue.aio.signal`."""
+        """Send a signal to a run in this session's transaction; see `flowq.enqueueing.aio.signal`."""
         return await signal(cast(_SAAsyncSession, self), run_id, name, payload, schema=schema)
 
     async def enqueue(self, task: Pipeline | str, /, **options_and_args: Any) -> Enqueued:
-        """Enqueue `task` in this session's transaction; see `flowq.enqueue.aio.enqueue`."""
+        """Enqueue `task` in this session's transaction; see `flowq.enqueueing.aio.enqueue`."""
         return await enqueue(cast(_SAAsyncSession, self), task, **options_and_args)
 
     async def enqueue_many(self, task: Pipeline | str, args_list: Iterable[Mapping[str, Any]],

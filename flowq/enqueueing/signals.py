@@ -1,8 +1,8 @@
-"""Signals sent in the caller's transaction: validated here, executed by `flowq.enqueue`.
+"""Signals sent in the caller's transaction: validated here, executed by `flowq.enqueueing.sync`.
 
 `prepare_signal(run_id, name, payload)` checks a signal without touching the database; the
 `PreparedSignal` it returns yields its statements in turn (like an enqueue's `PreparedCall`),
-so the sync (`flowq.signal`, `session.signal`) and async (`flowq.enqueue.aio.signal`) paths
+so the sync (`flowq.signal`, `session.signal`) and async (`flowq.enqueueing.aio.signal`) paths
 send the same statements: read the run's state, record the signal, and wake the waiting step
 if it has been reached. Delivered if and only if the caller's transaction commits; see
 `flowq.define.workflows` for what a signal means to a run.

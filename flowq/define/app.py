@@ -55,7 +55,7 @@ class FlowQ:
 
     def queue(self, name: str, *, concurrency: int | None = None,
               rate_limit: Rate | None = None) -> QueueConfig:
-        """Declare queue `name`'s limits, enforced across every worker (see `flowq.queues`):
+        """Declare queue `name`'s limits, enforced across every worker (see `flowq.define.queues`):
         at most `concurrency` of its jobs running at once, at most `rate_limit` starts per
         period. Workers write the declaration to the database when they start."""
         config = QueueConfig(validate_queue(name), concurrency, rate_limit)

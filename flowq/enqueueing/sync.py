@@ -220,7 +220,7 @@ def enqueue_many(target: Target, task: Pipeline | str, args_list: Iterable[Mappi
 def signal(target: Target, run_id: int, name: str, payload: Any = None, /, *,
            schema: str | None = None) -> Signalled:
     """Send signal `name` with `payload` (JSON) to run `run_id`, in the transaction of `target`
-    (a Session or Connection): delivered if and only if it commits. See `flowq.workflows`.
+    (a Session or Connection): delivered if and only if it commits. See `flowq.define.workflows`.
 
     Raises RunNotFoundError for an unknown run, RunStateError for a finished or cancelled one,
     SignalError for a payload that is not JSON, a name no step of the run's pipeline waits

@@ -15,11 +15,11 @@ from typing import Any
 import sqlalchemy as sa
 
 from flowq.names import DEFAULT_SCHEMA, validate_queue
+from flowq.ops import binds
+from flowq.ops.binds import Bind
 from flowq.queries import queries
 
 __all__ = ["QueueInfo", "list_queues", "pause", "resume"]
-
-Bind = sa.Engine | sa.Connection
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,4 @@ def list_queues(bind: Bind, *, schema: str = DEFAULT_SCHEMA) -> list[QueueInfo]:
     def read(conn: sa.Connection) -> list[QueueInfo]:
         return [QueueInfo(**r._mapping) for r in conn.execute(q.list_queues)]
 
-    if isinstance(bind, sa.Engine):
-        with bind.connect() as conn:
-            return read(conn)
-    return read(bind)
+    return binds.read(bind, read)

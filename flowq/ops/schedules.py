@@ -17,6 +17,8 @@ import sqlalchemy as sa
 from flowq.define.schedules import utc
 from flowq.errors import RunNotFoundError
 from flowq.names import DEFAULT_SCHEMA
+from flowq.ops import binds
+from flowq.ops.binds import Bind
 from flowq.ops.runs import get_run
 from flowq.queries import queries
 
@@ -24,8 +26,6 @@ if TYPE_CHECKING:
     from flowq.define.app import FlowQ
 
 __all__ = ["ScheduleInfo", "list_schedules"]
-
-Bind = sa.Engine | sa.Connection
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,4 @@ def list_schedules(bind: Bind, app: FlowQ | None = None, *, schema: str | None =
                 last_run_id=last_run_id, last_status=status, defined=s is not None))
         return found
 
-    if isinstance(bind, sa.Connection):
-        return read(bind)
-    with bind.connect() as conn:
-        return read(conn)
+    return binds.read(bind, read)

@@ -78,9 +78,9 @@ __all__ = [
 
 __version__ = "0.1.0"
 
-# Modules users reach as attributes of the package (`flowq.runs.get_run(engine, run_id)`,
-# `flowq.aio.AsyncSession`): their old public paths, now modules of define/, enqueueing/ and
-# ops/, imported on first use (flowq.aio must stay unimported until then: greenlet).
+# Modules users reach as attributes of the package, by their old public names (`flowq.runs`
+# then `.get_run(engine, run_id)`; `flowq.aio` then `.AsyncSession`), now modules of define/,
+# enqueueing/ and ops/; imported on first use (the async one needs greenlet).
 _MODULES = {
     "aio": "flowq.enqueueing.aio",
     "doctor": "flowq.ops.doctor",

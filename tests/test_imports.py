@@ -43,7 +43,9 @@ ALLOWED_UPWARD: frozenset[tuple[str, str]] = frozenset({
 })
 ABOVE_DEFINE = ("flowq.enqueueing", "flowq.db", "flowq.worker", "flowq.ops", "flowq.cli",
                 "flowq.dashboard", "flowq.queries", "flowq.schema", "flowq.direct",
-                "flowq.migrations", "flowq.testing", "flowq.bench", "sqlalchemy", "psycopg")
+                "flowq.migrations", "flowq.context", "flowq.tracing", "flowq.metrics",
+                "flowq.testing", "flowq.bench", "flowq.demo", "flowq.embedded", "sqlalchemy",
+                "psycopg")
 # (importer, module, name) of the `_private` imports across modules still left.
 # The test kit's borrowings from the worker, which issue 19 replaces with the worker's public
 # attempt functions (flowq.testing and flowq.worker belong to that part of the work).

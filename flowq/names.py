@@ -6,10 +6,12 @@
   `DEFAULT_QUEUE` is "default";
 - `validate_schema_name(name)`: the PostgreSQL schema of flowq's tables, a plain lower-case
   identifier; `DEFAULT_SCHEMA` is "flowq";
-- `check_id(run_id)`: a run id, a positive 64-bit integer.
+- `check_id(run_id)`: a run id, a positive 64-bit integer;
+- `validate_priority(priority)`: an integer within +-`MAX_PRIORITY` (a `smallint`).
 
 Each raises the error its callers document: ConfigurationError for names given when defining,
-InvalidQueueError for a queue, RunNotFoundError for an id that cannot name a run.
+InvalidQueueError for a queue, RunNotFoundError for an id that cannot name a run,
+InvalidArgumentsError for a priority.
 """
 
 from __future__ import annotations
@@ -17,13 +19,19 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from flowq.errors import ConfigurationError, InvalidQueueError, RunNotFoundError
+from flowq.errors import (
+    ConfigurationError,
+    InvalidArgumentsError,
+    InvalidQueueError,
+    RunNotFoundError,
+)
 
-__all__ = ["DEFAULT_QUEUE", "DEFAULT_SCHEMA", "check_id", "validate_name", "validate_queue",
-           "validate_schema_name"]
+__all__ = ["DEFAULT_QUEUE", "DEFAULT_SCHEMA", "MAX_PRIORITY", "check_id", "validate_name",
+           "validate_priority", "validate_queue", "validate_schema_name"]
 
 DEFAULT_QUEUE: Final = "default"
 DEFAULT_SCHEMA: Final = "flowq"
+MAX_PRIORITY: Final = 32767
 
 _QUEUE_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,63}$")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:\-]{0,199}$")
@@ -67,3 +75,15 @@ def check_id(run_id: object) -> int:
     if not 0 < run_id < 2**63:  # a bigint: anything else would be a database error
         raise RunNotFoundError(f"no run {run_id} exists (run ids are positive 64-bit integers)")
     return run_id
+
+
+def validate_priority(priority: object) -> int:
+    """Return `priority` if it is an integer a job's priority can hold, else raise
+    InvalidArgumentsError."""
+    if isinstance(priority, bool) or not isinstance(priority, int) or not (
+            -MAX_PRIORITY <= priority <= MAX_PRIORITY):
+        raise InvalidArgumentsError(
+            f"priority must be an integer between {-MAX_PRIORITY} and {MAX_PRIORITY} "
+            f"(lower runs first), got {priority!r}"
+        )
+    return priority

@@ -39,7 +39,7 @@ from cronsim import CronSim, CronSimError
 
 from flowq.errors import ConfigurationError, FlowqError
 from flowq.jsonargs import JSONError, dumps_checked
-from flowq.names import validate_name
+from flowq.names import validate_name, validate_priority
 
 if TYPE_CHECKING:
     from flowq.define.pipeline import Pipeline
@@ -176,11 +176,12 @@ class Schedule:
     def check(self) -> None:
         """Raise ConfigurationError unless the arguments fit the step(s) a run of the
         definition starts with (for a pipeline, once it has steps), and give it a valid
-        concurrency key: what an enqueue of a tick would refuse."""
+        concurrency key and priority: what an enqueue of a tick would refuse."""
         if not self.definition.steps:
             raise ConfigurationError(
                 f"schedule {self.name!r}: pipeline {self.task!r} has no steps")
         try:
+            validate_priority(self.definition.priority)
             self.definition.check_start_arguments(self.args, f"arguments for {self.task!r}")
             self.definition.key_of(self.args)
         except FlowqError as exc:

@@ -39,18 +39,23 @@ from flowq.define.pipeline import Pipeline
 from flowq.define.retry import DEFAULT_MAX_ATTEMPTS
 from flowq.errors import ConfigurationError, FlowqError, InvalidArgumentsError, UnknownTaskError
 from flowq.jsonargs import JSONError, dumps_checked
-from flowq.names import DEFAULT_QUEUE, DEFAULT_SCHEMA, validate_name, validate_queue
+from flowq.names import (
+    DEFAULT_QUEUE,
+    DEFAULT_SCHEMA,
+    validate_name,
+    validate_priority,
+    validate_queue,
+)
 from flowq.queries import queries
 from flowq.schema import notify_channel
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11 on
 
-__all__ = ["KEY_RACE_ATTEMPTS", "MAX_KEY_BYTES", "MAX_PRIORITY", "MAX_RUN_AT", "MIN_RUN_AT",
+__all__ = ["KEY_RACE_ATTEMPTS", "MAX_KEY_BYTES", "MAX_RUN_AT", "MIN_RUN_AT",
            "UNIQUE_RACE_ATTEMPTS", "Enqueued", "PreparedCall", "prepare_enqueue",
            "prepare_enqueue_many"]
 
-MAX_PRIORITY = 32767
 # In UTF-8 bytes: a btree entry must stay well under PostgreSQL's ~2.7 kB limit, or the INSERT
 # would fail inside the caller's transaction instead of being refused up front.
 MAX_KEY_BYTES = 1000
@@ -212,12 +217,7 @@ def _common_params(task: Pipeline | str, *, queue: str | None, priority: int | N
         default_queue, default_priority = DEFAULT_QUEUE, 0
     if priority is None:
         priority = default_priority
-    if isinstance(priority, bool) or not isinstance(priority, int) or not (
-            -MAX_PRIORITY <= priority <= MAX_PRIORITY):
-        raise InvalidArgumentsError(
-            f"priority must be an integer between {-MAX_PRIORITY} and {MAX_PRIORITY} "
-            f"(lower runs first), got {priority!r}"
-        )
+    priority = validate_priority(priority)
     params: dict[str, Any] = {
         "task": name,
         "step": step_name,

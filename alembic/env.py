@@ -11,7 +11,8 @@ import sqlalchemy as sa
 from alembic import context
 
 from flowq.migrations import MIGRATE_LOCK, VERSION_TABLE
-from flowq.schema import DEFAULT_SCHEMA, metadata
+from flowq.names import DEFAULT_SCHEMA
+from flowq.schema import metadata
 
 config = context.config
 schema: str = config.attributes.get("flowq_schema", DEFAULT_SCHEMA)

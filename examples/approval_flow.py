@@ -17,7 +17,7 @@ What it shows:
 - a signal sent before the step is reached is kept until it is; the same approval sent twice
   (a double click) is ignored, a different one is refused;
 - a step whose signal does not come within `wait_timeout` fails with `SignalTimeout` and the
-  run ends `dead`; `flowq.runs.retry_run` makes it wait again, without re-running the step
+  run ends `dead`; `flowq.ops.runs.retry_run` makes it wait again, without re-running the step
   before it.
 """
 
@@ -37,7 +37,7 @@ import flowq
 import flowq.local.postgres
 from flowq.context import Context
 from flowq.db import create_engine
-from flowq.runs import get_run, retry_run, wait_run
+from flowq.ops.runs import get_run, retry_run, wait_run
 
 # -- the application's own model -------------------------------------------------------------
 

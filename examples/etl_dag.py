@@ -5,7 +5,7 @@
 Without a URL argument it starts a throwaway embedded PostgreSQL (it never reads
 FLOWQ_DATABASE_URL or DATABASE_URL: an example touches only the database it is given). It
 migrates flowq's schema, creates the app's tables, starts a worker in a thread of this
-process, enqueues one run per day, waits for each with `flowq.runs.wait_run`, and prints
+process, enqueues one run per day, waits for each with `flowq.ops.runs.wait_run`, and prints
 each run and its graph.
 
 The pipeline:
@@ -42,7 +42,7 @@ import flowq
 import flowq.local.postgres
 from flowq.context import Context
 from flowq.db import create_engine
-from flowq.runs import wait_run
+from flowq.ops.runs import wait_run
 
 # -- the application's own model -------------------------------------------------------------
 

@@ -30,7 +30,7 @@ import flowq
 import flowq.local.postgres
 from flowq.context import Context
 from flowq.db import create_engine
-from flowq.runs import get_run
+from flowq.ops.runs import get_run
 from flowq.testing import run_until_idle
 
 # -- the application's own model -------------------------------------------------------------

@@ -17,8 +17,16 @@ import importlib
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
-    from flowq.app import FlowQ, Pipeline, Step, Task
     from flowq.context import Context
+    from flowq.define.app import FlowQ
+    from flowq.define.pipeline import Pipeline, Task
+    from flowq.define.queues import Rate
+    from flowq.define.retry import Retry
+    from flowq.define.step import Step
+    from flowq.define.workflows import Each, each
+    from flowq.enqueueing.prepare import Enqueued
+    from flowq.enqueueing.signals import Signalled
+    from flowq.enqueueing.sync import Session, SessionMixin, enqueue, enqueue_many, signal
     from flowq.errors import (
         CancelRun,
         ConfigurationError,
@@ -37,12 +45,8 @@ if TYPE_CHECKING:
         WorkflowError,
     )
     from flowq.migrations import migrate
-    from flowq.queues import Rate
-    from flowq.retry import Retry
-    from flowq.session import Enqueued, Session, SessionMixin, enqueue, enqueue_many, signal
     from flowq.worker import Worker, WorkerConfig
     from flowq.worker.logs import configure_logging
-    from flowq.workflows import Each, Signalled, each
 
 __all__ = [
     "CancelRun",
@@ -86,7 +90,15 @@ __version__ = "0.1.0"
 
 # Which module defines each public name (the same imports as the TYPE_CHECKING block).
 _EXPORTS: Final[dict[str, tuple[str, ...]]] = {
-    "flowq.app": ("FlowQ", "Pipeline", "Step", "Task"),
+    "flowq.define.app": ("FlowQ",),
+    "flowq.define.pipeline": ("Pipeline", "Task"),
+    "flowq.define.step": ("Step",),
+    "flowq.define.queues": ("Rate",),
+    "flowq.define.retry": ("Retry",),
+    "flowq.define.workflows": ("Each", "each"),
+    "flowq.enqueueing.prepare": ("Enqueued",),
+    "flowq.enqueueing.signals": ("Signalled",),
+    "flowq.enqueueing.sync": ("Session", "SessionMixin", "enqueue", "enqueue_many", "signal"),
     "flowq.context": ("Context",),
     "flowq.errors": (
         "CancelRun", "ConfigurationError", "DatabaseUnavailableError", "EmbeddedPostgresError",
@@ -95,13 +107,20 @@ _EXPORTS: Final[dict[str, tuple[str, ...]]] = {
         "SignalTimeout", "UnknownTaskError", "WorkflowError",
     ),
     "flowq.migrations": ("migrate",),
-    "flowq.queues": ("Rate",),
-    "flowq.retry": ("Retry",),
-    "flowq.session": ("Enqueued", "Session", "SessionMixin", "enqueue", "enqueue_many",
-                      "signal"),
     "flowq.worker": ("Worker", "WorkerConfig"),
     "flowq.worker.logs": ("configure_logging",),
-    "flowq.workflows": ("Each", "Signalled", "each"),
+}
+# Modules users reach as attributes of the package by their old public names (`flowq.runs`
+# then `.get_run(engine, run_id)`; `flowq.aio` then `.AsyncSession`), now modules of define/,
+# enqueueing/ and ops/; imported on first use (the async one needs greenlet).
+_MODULES: Final[dict[str, str]] = {
+    "aio": "flowq.enqueueing.aio",
+    "doctor": "flowq.ops.doctor",
+    "queues": "flowq.ops.queues",
+    "runs": "flowq.ops.runs",
+    "schedules": "flowq.ops.schedules",
+    "status": "flowq.ops.status",
+    "workflows": "flowq.define.workflows",
 }
 _MODULE_OF: Final[dict[str, str]] = {
     name: module for module, names in _EXPORTS.items() for name in names
@@ -110,6 +129,8 @@ _MODULE_OF: Final[dict[str, str]] = {
 
 def __getattr__(name: str) -> Any:
     """Import the module defining the public `name` and keep the value here (PEP 562)."""
+    if name in _MODULES:
+        return importlib.import_module(_MODULES[name])
     module = _MODULE_OF.get(name)
     if module is None:
         # Not a public name: AttributeError, which also lets `from flowq import tracing`

@@ -16,8 +16,8 @@ from typing import Any
 
 from sqlalchemy import Connection, event
 
+from flowq.enqueueing.sync import Session
 from flowq.errors import CancelRun, FlowqError
-from flowq.session import Session
 
 __all__ = ["Context", "StepSession"]
 

@@ -22,8 +22,9 @@ from sqlalchemy.engine import URL, make_url
 
 from flowq.errors import DatabaseUnavailableError, FlowqError, SchemaMissingError
 from flowq.migrations import HEAD_REVISION, current_revision
+from flowq.names import DEFAULT_SCHEMA
 from flowq.queries import queries
-from flowq.schema import DEFAULT_SCHEMA, schema_map
+from flowq.schema import schema_map
 from flowq.storable import first_line
 
 __all__ = [

@@ -25,7 +25,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 
-from flowq.schema import DEFAULT_SCHEMA, validate_schema_name
+from flowq.names import DEFAULT_SCHEMA, validate_schema_name
 
 __all__ = ["HEAD_REVISION", "MIGRATE_LOCK", "SCHEMA_COMMENT", "VERSION_TABLE", "Migrated",
            "alembic_config", "current_revision", "downgrade", "migrate", "migrations_dir",

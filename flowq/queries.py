@@ -19,7 +19,7 @@ from functools import cache, cached_property
 import sqlalchemy as sa
 from sqlalchemy.sql.elements import TextClause
 
-from flowq.schema import validate_schema_name
+from flowq.names import validate_schema_name
 
 __all__ = ["Queries", "queries"]
 
@@ -920,7 +920,7 @@ class Queries:
 
     # -- run filters and bulk redrive (flowq.runs) ------------------------------------------
 
-    # A run's status, derived from its rows as `flowq.runs.run_status` does (aggregates over
+    # A run's status, derived from its rows as `flowq.ops.runs.run_status` does (aggregates over
     # the rows of one run).
     _RUN_STATUS = """CASE WHEN bool_or(status = 'cancelled' OR cancel_requested)
                                THEN 'cancelled'
@@ -993,7 +993,7 @@ class Queries:
     def list_runs(self) -> TextClause:
         """The newest :limit runs below run id :before (NULL: the newest), optionally only
         those whose derived status is :status, of :task, with a step on :queue, created in
-        [:since, :until); one row each, with the status `flowq.runs.run_status` derives
+        [:since, :until); one row each, with the status `flowq.ops.runs.run_status` derives
         from its steps (see `_runs_page` for the cost)."""
         return self._runs_page(newest_first=True, status=":status")
 

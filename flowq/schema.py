@@ -12,13 +12,14 @@ SQLAlchemy's `schema_translate_map` (see `schema_map`), so nothing here is ever 
 
 from __future__ import annotations
 
-import re
 from typing import Final, Literal
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
-from flowq.errors import ConfigurationError
+# Defined in flowq.names (a leaf the declarations may import); exported here too for the
+# modules that read them beside the tables.
+from flowq.names import DEFAULT_SCHEMA, validate_schema_name
 
 __all__ = [
     "ACTIVE_STATUSES",
@@ -42,16 +43,12 @@ __all__ = [
     "workers",
 ]
 
-DEFAULT_SCHEMA: Final = "flowq"
-
 # `waiting`: a step waiting for a signal (see flowq.workflows), until `run_at`, its timeout.
 Status = Literal["pending", "running", "succeeded", "dead", "cancelled", "waiting"]
 STATUSES: Final[tuple[Status, ...]] = ("pending", "running", "succeeded", "dead", "cancelled",
                                        "waiting")
 ACTIVE_STATUSES: Final[tuple[Status, ...]] = ("pending", "running", "waiting")
 TERMINAL_STATUSES: Final[tuple[Status, ...]] = ("succeeded", "dead", "cancelled")
-
-_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 metadata = sa.MetaData(schema=DEFAULT_SCHEMA)
 
@@ -231,16 +228,6 @@ schedules = sa.Table(
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False,
               server_default=sa.func.now()),
 )
-
-
-def validate_schema_name(name: str) -> str:
-    """Return `name` if it is a plain lower-case SQL identifier, else raise ConfigurationError."""
-    if not isinstance(name, str) or not _IDENTIFIER.match(name):
-        raise ConfigurationError(
-            f"flowq schema name {name!r} is not a plain identifier "
-            "(lower-case letters, digits and '_', not starting with a digit, at most 63)."
-        )
-    return name
 
 
 def schema_map(schema: str) -> dict[str | None, str] | None:

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
 import flowq
-from flowq.aio import AsyncSession, enqueue, enqueue_many
+from flowq.enqueueing.aio import AsyncSession, enqueue, enqueue_many
 
 T = TypeVar("T")
 
@@ -37,7 +37,7 @@ def _rows(engine: sa.Engine) -> list[sa.Row[Any]]:
 
 
 def test_flowq_does_not_import_the_async_module() -> None:
-    code = "import sys, flowq; assert 'flowq.aio' not in sys.modules, 'eager'; " \
+    code = "import sys, flowq; assert 'flowq.enqueueing.aio' not in sys.modules, 'eager'; " \
            "assert 'sqlalchemy.ext.asyncio' not in sys.modules, 'asyncio ext'"
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -9,7 +9,8 @@ import sqlalchemy as sa
 import tenacity
 
 import flowq
-from flowq.app import RESERVED_OPTIONS, find_definition
+from flowq.define.app import find_definition
+from flowq.define.options import RESERVED_OPTIONS
 
 
 def test_task_is_named_after_its_function_unless_named(app: flowq.FlowQ) -> None:
@@ -199,3 +200,43 @@ def test_check_arguments_says_each_complaint_once(app: flowq.FlowQ) -> None:
     assert message({"extra": 1}) == ("unexpected keyword argument(s) 'extra'; "
                                      "missing a required argument: 'name'")
     assert message({}) == "missing a required argument: 'name'"
+
+
+def test_which_steps_a_run_starts_with_is_decided_by_the_pipeline(app: flowq.FlowQ) -> None:
+    """`starts_many` (enqueue inserts a row per root; the worker starts a run enqueued by name
+    the same way) and `check_start_arguments` (every root, a waiting one with its signal's
+    slot) are the one decision both sides use."""
+    chain = app.pipeline("chain")
+
+    @chain.step()
+    def first(ctx: flowq.Context, n: int) -> dict[str, int]:
+        return {"n": n}
+
+    @chain.step()
+    def second(ctx: flowq.Context, n: int) -> None: ...
+
+    assert not chain.starts_many
+    chain.check_start_arguments({"n": 1})
+    with pytest.raises(flowq.InvalidArgumentsError, match="step 'first'"):
+        chain.check_start_arguments({"m": 1})
+
+    delayed = app.pipeline("delayed")
+
+    @delayed.step(delay=5)
+    def later(ctx: flowq.Context) -> None: ...
+
+    assert delayed.starts_many
+
+    fan = app.pipeline("fan")
+
+    @fan.step(parents=[])
+    def left(ctx: flowq.Context, n: int) -> None: ...
+
+    @fan.step(parents=[], wait_for="go")
+    def right(ctx: flowq.Context, n: int, go: Any) -> None: ...
+
+    assert fan.starts_many and [s.name for s in fan.roots] == ["left", "right"]
+    fan.check_start_arguments({"n": 1}, "arguments for 'fan'")  # `go` arrives with the signal
+    right.check_input({"n": 1})
+    with pytest.raises(flowq.InvalidArgumentsError, match=r"arguments for 'fan'.*'left'.*'go'"):
+        fan.check_start_arguments({"n": 1, "go": 2}, "arguments for 'fan'")

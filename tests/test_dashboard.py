@@ -29,7 +29,7 @@ with warnings.catch_warnings():  # it will move to httpx2; what it tests does no
     from starlette.testclient import TestClient
 
 from flowq.dashboard import create_app
-from flowq.runs import get_run
+from flowq.ops.runs import get_run
 from flowq.testing import drain, running_worker, wait_until
 
 TOKEN = "s3cret-token-for-tests"
@@ -192,9 +192,9 @@ def test_actions_retry_cancel_pause_resume_and_bulk_retry(engine: sa.Engine) -> 
     csrf = csrf_of(c)
     r = c.post("/queues/dash/pause", data={"csrf": csrf})
     assert r.status_code == 200 and "paused" in r.text
-    assert next(q for q in flowq.queues.list_queues(engine) if q.name == "dash").paused
+    assert next(q for q in flowq.ops.queues.list_queues(engine) if q.name == "dash").paused
     r = c.post("/queues/dash/resume", data={"csrf": csrf})
-    assert not next(q for q in flowq.queues.list_queues(engine) if q.name == "dash").paused
+    assert not next(q for q in flowq.ops.queues.list_queues(engine) if q.name == "dash").paused
     # Bulk: two selected, one of them twice and a stale id; then all the rest.
     r = c.post("/dead/retry", data={"csrf": csrf, "run_id": [str(runs[0]), str(runs[1]),
                                                               str(runs[1]), "999999"]})

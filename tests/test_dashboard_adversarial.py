@@ -33,7 +33,7 @@ with warnings.catch_warnings():
     from starlette.testclient import TestClient
 
 from flowq.dashboard import create_app
-from flowq.runs import get_run
+from flowq.ops.runs import get_run
 from flowq.testing import drain
 
 TOKEN = "s3cret-token-for-tests"

@@ -25,7 +25,7 @@ import pytest
 import sqlalchemy as sa
 
 import flowq
-from flowq.runs import get_run
+from flowq.ops.runs import get_run
 from flowq.testing import drain, wait_until
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

@@ -1,4 +1,4 @@
-"""`flowq doctor` / `flowq.doctor.doctor` against a real PostgreSQL: every check's OK, and the
+"""`flowq doctor` / `flowq.ops.doctor.doctor` against a real PostgreSQL: every check's OK, and the
 findings it must report: a schema behind or missing, a long transaction on another connection,
 dead tuples with autovacuum off, the queue-table settings missing, a proxy in between."""
 
@@ -19,8 +19,8 @@ from sqlalchemy.engine import make_url
 
 import flowq
 from flowq.cli import main
-from flowq.doctor import Check, doctor
 from flowq.migrations import HEAD_REVISION, downgrade
+from flowq.ops.doctor import Check, doctor
 from flowq.schema import JOBS_STORAGE_PARAMETERS
 from flowq.testing import wait_until
 

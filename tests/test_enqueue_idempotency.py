@@ -21,9 +21,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async
 from sqlalchemy.orm import sessionmaker
 
 import flowq
-from flowq.aio import AsyncSession
 from flowq.db import raw_sql
-from flowq.session import KEY_RACE_ATTEMPTS, prepare_enqueue
+from flowq.enqueueing.aio import AsyncSession
+from flowq.enqueueing.prepare import KEY_RACE_ATTEMPTS, prepare_enqueue
 from flowq.testing import job_rows, wait_until
 
 T = TypeVar("T")

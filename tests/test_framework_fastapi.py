@@ -23,8 +23,8 @@ import flowq
 from examples.fastapi_app import jobs
 from examples.fastapi_app.main import Settings, create_app, get_session
 from examples.fastapi_app.models import Account, Base, User
-from flowq.aio import AsyncSession
-from flowq.runs import get_run
+from flowq.enqueueing.aio import AsyncSession
+from flowq.ops.runs import get_run
 from flowq.testing import (
     DrainResult,
     aassert_enqueued,

@@ -1,7 +1,7 @@
 """The job lifecycle as a Hypothesis state machine, against a real PostgreSQL.
 
 Every action is one of flowq's own named statements (`flowq.queries`), `Reaper.run_once`, or
-`flowq.runs.cancel_run`/`retry_run`; the only SQL written here reads rows for checking, or
+`flowq.ops.runs.cancel_run`/`retry_run`; the only SQL written here reads rows for checking, or
 plays the clock: a worker that stalls (its heartbeat pushed an hour back) and time passing (a
 retry's `run_at` pulled into the past).
 
@@ -61,8 +61,8 @@ from hypothesis.stateful import (
 
 import flowq
 from flowq import FlowQ, Pipeline, Retry, RunStateError
+from flowq.ops.runs import cancel_run, retry_run
 from flowq.queries import Queries, plural
-from flowq.runs import cancel_run, retry_run
 from flowq.schema import TERMINAL_STATUSES, jobs, notify_channel
 from flowq.worker.maintenance import Reaper
 

@@ -25,7 +25,8 @@ from flowq.migrations import (
     migrate,
     sql_script,
 )
-from flowq.schema import DEFAULT_SCHEMA, metadata
+from flowq.names import DEFAULT_SCHEMA
+from flowq.schema import metadata
 
 HEAD = "0007"
 

@@ -200,7 +200,7 @@ def test_async_enqueue_is_traced_too(db_url: str, engine: sa.Engine, app: flowq.
     pytest.importorskip("sqlalchemy.ext.asyncio")
     from sqlalchemy.ext.asyncio import create_async_engine
 
-    import flowq.aio
+    import flowq.enqueueing.aio
 
     @app.task()
     def noop(ctx: flowq.Context) -> None:
@@ -211,7 +211,7 @@ def test_async_enqueue_is_traced_too(db_url: str, engine: sa.Engine, app: flowq.
         try:
             with traces.tracer.start_as_current_span("async request"):
                 async with aengine.begin() as conn:
-                    return await flowq.aio.enqueue(conn, noop)
+                    return await flowq.enqueueing.aio.enqueue(conn, noop)
         finally:
             await aengine.dispose()
 

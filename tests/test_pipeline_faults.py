@@ -32,8 +32,8 @@ import sqlalchemy as sa
 
 import flowq
 from flowq.local.postgres import LocalPostgres
+from flowq.names import DEFAULT_SCHEMA
 from flowq.queries import Queries
-from flowq.schema import DEFAULT_SCHEMA
 from flowq.testing import job_rows, wait_until
 from flowq.worker.maintenance import Reaper
 

@@ -336,7 +336,7 @@ def test_a_lease_never_repeats_so_an_old_claim_writes_nothing(engine: sa.Engine,
                                                               claimed: Any) -> None:
     """`attempts` goes down on release and back to 0 on `runs retry`, so an old claim's attempt
     number comes round again; its lease never does (issue 9, defect 13)."""
-    from flowq.runs import retry_run
+    from flowq.ops.runs import retry_run
 
     old = claimed
     with engine.begin() as conn:

@@ -1,5 +1,5 @@
 """Bulk redrive and run filters: `flowq runs retry --status dead [filters]`,
-`flowq.runs.retry_runs`, and `flowq runs list` / `list_runs` by task, queue and time, in pages.
+`flowq.ops.runs.retry_runs`, and `flowq runs list` / `list_runs` by task, queue and time, in pages.
 
 The acceptance test redrives 1,000 runs that real worker processes ran to death, and the
 same workers then finish them; the rest drive the API and the CLI over rows set up directly.
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from runs_cli import cli, cli_json
 
 import flowq
-from flowq.runs import get_run, list_runs, parse_when, retry_runs
+from flowq.ops.runs import get_run, list_runs, parse_when, retry_runs
 from flowq.testing import job_rows, wait_until
 
 FAST_POLL = ("--poll-interval", "0.1")

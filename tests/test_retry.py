@@ -13,7 +13,7 @@ from tenacity import (
     wait_fixed,
 )
 
-from flowq.retry import DEFAULT_MAX_ATTEMPTS, Retry
+from flowq.define.retry import DEFAULT_MAX_ATTEMPTS, Retry
 
 ERR = RuntimeError("boom")
 

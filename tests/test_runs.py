@@ -16,8 +16,8 @@ import sqlalchemy as sa
 from runs_cli import cli, cli_json
 
 import flowq
+from flowq.ops.runs import cancel_run, get_run, list_runs, retry_run
 from flowq.queries import Queries
-from flowq.runs import cancel_run, get_run, list_runs, retry_run
 from flowq.testing import job_rows, run_until_idle, wait_until
 
 RUN_KEYS = {"run_id", "task", "status", "cancel_requested", "idempotency_key", "created_at",
@@ -105,7 +105,7 @@ def test_cancel_a_pending_run_then_again_then_a_finished_one(ledger: sa.Engine,
     assert res.run.finished_at is not None
     step = res.run.steps[0]
     assert step.status == "cancelled"
-    assert step.last_error == "cancelled by flowq.runs.cancel_run"
+    assert step.last_error == "cancelled by flowq.ops.runs.cancel_run"
 
     again = cli_json(db_url, "cancel", str(later.id))
     assert again["cancelled_job_ids"] == [] and again["cancel_requested_job_ids"] == []

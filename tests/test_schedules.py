@@ -20,7 +20,8 @@ from click.testing import CliRunner
 
 import flowq
 from flowq.cli import main
-from flowq.schedules import LATE_GRACE, MAX_TICKS_PER_PASS, Schedule, list_schedules
+from flowq.define.schedules import LATE_GRACE, MAX_TICKS_PER_PASS, Schedule
+from flowq.ops.schedules import list_schedules
 from flowq.testing import drain, wait_until
 from flowq.worker import Worker, WorkerConfig
 from flowq.worker.scheduler import Scheduler
@@ -144,6 +145,35 @@ def test_arguments_that_do_not_bind_are_refused(app: flowq.FlowQ) -> None:
 
     with pytest.raises(flowq.ConfigurationError, match=r"schedule 'needs'.*missing.*'n'"):
         app.periodic(needs, every=60)
+
+
+def test_what_an_enqueue_of_a_tick_refuses_is_refused_at_definition(
+        app: flowq.FlowQ) -> None:
+    """A schedule is checked as its ticks' enqueues would be: a priority out of range, a
+    concurrency key that is not a JSON scalar, the arguments of every root."""
+    @app.task(name="too_high", priority=40_000)
+    def too_high(ctx: flowq.Context) -> None: ...
+
+    with pytest.raises(flowq.ConfigurationError, match=r"schedule 'too_high'.*priority"):
+        app.periodic(too_high, every=60)
+
+    @app.task(name="keyed", concurrency_key=lambda **_: [1])
+    def keyed(ctx: flowq.Context) -> None: ...
+
+    with pytest.raises(flowq.ConfigurationError, match=r"schedule 'keyed'.*JSON scalar"):
+        app.periodic(keyed, every=60)
+
+    fan = app.pipeline("fan")
+
+    @fan.step(parents=[])
+    def left(ctx: flowq.Context, n: int, extra: int = 0) -> None: ...
+
+    @fan.step(parents=[], wait_for="go")
+    def right(ctx: flowq.Context, n: int, go: object) -> None: ...
+
+    app.periodic(fan, every=60, args={"n": 1})  # fits both roots, with right's signal slot
+    with pytest.raises(flowq.ConfigurationError, match=r"schedule 'other'.*step 'right'.*extra"):
+        app.periodic(fan, every=60, args={"n": 1, "extra": 2}, name="other")
 
 
 def test_duplicate_schedule_names_are_refused(app: flowq.FlowQ) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import time
+import typing
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -14,7 +16,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, scoped_session, sessionmaker
 
 import flowq
-from flowq.session import MAX_RUN_AT, MIN_RUN_AT
+from flowq.define.options import RESERVED_OPTIONS, EnqueueOptions
+from flowq.enqueueing.prepare import MAX_RUN_AT, MIN_RUN_AT
 
 MARKER = "__test_marker__"
 
@@ -485,7 +488,7 @@ def test_invalid_task_is_refused(Session: sessionmaker[flowq.Session], engine: s
 
 
 def test_non_session_target_is_a_type_error() -> None:
-    with pytest.raises(TypeError, match=r"flowq\.aio"):
+    with pytest.raises(TypeError, match=r"flowq\.enqueueing\.aio"):
         flowq.enqueue(object(), "t", queue="default")  # type: ignore[arg-type]
 
 
@@ -614,3 +617,33 @@ def test_missing_non_default_schema_says_to_migrate_that_schema(engine: sa.Engin
         conn.execute(sa.text("DROP SCHEMA nope CASCADE"))
     with engine.connect() as conn, pytest.raises(flowq.SchemaMissingError, match=hint):
         flowq.enqueue(conn, "t", queue="default", schema="nope")
+
+
+def test_the_enqueue_functions_spell_the_one_option_list() -> None:
+    """`flowq.enqueue` and its async twin take the options beside the handler's arguments
+    (`**args`), which a TypedDict cannot type (PEP 692 has no "and any other keyword"), so
+    they spell the options out: exactly `EnqueueOptions`, with its types, each defaulting to
+    "not given"."""
+    from flowq.enqueueing import aio, sync
+
+    options = typing.get_type_hints(EnqueueOptions)
+    assert set(options) == RESERVED_OPTIONS
+    for fn in (sync.enqueue, aio.enqueue):
+        keywords = {n: p for n, p in inspect.signature(fn).parameters.items()
+                    if p.kind is p.KEYWORD_ONLY}
+        assert set(keywords) == set(options), fn
+        hints = typing.get_type_hints(fn)
+        assert {n: hints[n] for n in keywords} == options, fn
+        assert all(p.default in (None, False) for p in keywords.values()), fn
+
+
+def test_an_unknown_option_past_the_type_checker_is_refused() -> None:
+    from flowq.enqueueing.prepare import prepare_enqueue
+
+    app = flowq.FlowQ()
+
+    @app.task(name="opt_unknown")
+    def t(ctx: flowq.Context) -> None: ...
+
+    with pytest.raises(flowq.InvalidArgumentsError, match="unknown enqueue option"):
+        prepare_enqueue(t, {}, **typing.cast(Any, {"prio": 1}))

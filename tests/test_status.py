@@ -1,4 +1,4 @@
-"""`flowq status` / `flowq.status.status` against a real PostgreSQL: counts per queue, limits and
+"""`flowq status` / `flowq.ops.status.status` against a real PostgreSQL: counts per queue, limits and
 pauses, throughput, live workers, dead jobs by task, unserved jobs, stable JSON keys, index
 use with retained rows, and the timing at a million retained rows (printed, never asserted)."""
 
@@ -15,8 +15,8 @@ from click.testing import CliRunner, Result
 
 import flowq
 from flowq.cli import main
+from flowq.ops.status import status
 from flowq.queries import queries
-from flowq.status import status
 from flowq.testing import running_worker, wait_until
 
 NO_ENV = {"FLOWQ_DATABASE_URL": None, "DATABASE_URL": None}

@@ -18,7 +18,7 @@ from tenacity import stop_after_attempt, wait_fixed
 
 import flowq
 from flowq.context import Context
-from flowq.retry import DEFAULT_MAX_ATTEMPTS
+from flowq.define.retry import DEFAULT_MAX_ATTEMPTS
 from flowq.testing import (
     DrainResult,
     aall_enqueued,
@@ -173,7 +173,7 @@ def test_assertions_see_uncommitted_jobs_through_a_session(app: flowq.FlowQ,
 def test_assertions_through_an_async_session(app: flowq.FlowQ, db_url: str) -> None:
     from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 
-    from flowq.aio import AsyncSession
+    from flowq.enqueueing.aio import AsyncSession
 
     @app.task()
     def ping(ctx: Context, n: int) -> None:
@@ -394,7 +394,7 @@ def test_drain_awaits_async_handlers_and_unknown_tasks_die(app: flowq.FlowQ,
 def test_adrain_in_an_async_session(app: flowq.FlowQ, db_url: str, engine: sa.Engine) -> None:
     from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 
-    from flowq.aio import AsyncSession
+    from flowq.enqueueing.aio import AsyncSession
 
     @app.task()
     def sync_step(ctx: Context, n: int) -> int:

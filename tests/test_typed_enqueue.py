@@ -152,7 +152,7 @@ def _run_async(db_url: str, fn: Callable[[AsyncEngine], Awaitable[T]]) -> T:
 
 
 def test_the_async_twin(app: flowq.FlowQ, db_url: str, engine: sa.Engine) -> None:
-    from flowq.aio import AsyncSession
+    from flowq.enqueueing.aio import AsyncSession
 
     add = _define(app, _add)
 
@@ -189,7 +189,7 @@ def test_typed_enqueue_does_not_import_the_async_module() -> None:
             t.options(queue="q").enqueue(object(), x=1)
         except TypeError:
             pass
-        assert "flowq.aio" not in sys.modules and "sqlalchemy.ext.asyncio" not in sys.modules
+        assert "flowq.enqueueing.aio" not in sys.modules and "sqlalchemy.ext.asyncio" not in sys.modules
     """)
     # Run where the flowq this test imports comes first on sys.path.
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60, cwd=FLOWQ_ROOT)

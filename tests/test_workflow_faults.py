@@ -32,9 +32,9 @@ import pytest
 import sqlalchemy as sa
 
 import flowq
+from flowq.names import DEFAULT_SCHEMA
+from flowq.ops.runs import cancel_run, get_run, retry_run
 from flowq.queries import Queries
-from flowq.runs import cancel_run, get_run, retry_run
-from flowq.schema import DEFAULT_SCHEMA
 from flowq.testing import job_rows, wait_until
 from flowq.testing.draining import _run as run_claimed  # one attempt, as `drain` runs it
 from flowq.worker.model import ClaimedJob
@@ -224,7 +224,7 @@ def assert_one_row_per_step(engine: sa.Engine, run_ids: Sequence[int]) -> None:
 
 
 def run_statuses(engine: sa.Engine, run_ids: Iterable[int]) -> dict[int, str]:
-    """Each run's status, as `flowq.runs.get_run` derives it."""
+    """Each run's status, as `flowq.ops.runs.get_run` derives it."""
     return {r: get_run(engine, r).status for r in run_ids}
 
 

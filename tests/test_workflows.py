@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from tenacity import stop_after_attempt
 
 import flowq
-from flowq.runs import cancel_run, get_run, retry_run
+from flowq.ops.runs import cancel_run, get_run, retry_run
 from flowq.testing import drain
 
 
@@ -258,7 +258,7 @@ def test_bad_map_items_end_the_step_dead(engine: sa.Engine, items: Any, match: s
 
 
 def test_too_many_map_items_are_refused() -> None:
-    from flowq.workflows import MAX_MAP_ITEMS
+    from flowq.define.workflows import MAX_MAP_ITEMS
 
     with pytest.raises(flowq.WorkflowError, match="at most"):
         flowq.each({"i": i} for i in range(MAX_MAP_ITEMS + 1))
@@ -485,7 +485,7 @@ def test_async_signal_in_an_async_session(wf: Any, db_url: str) -> None:
 
     from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 
-    import flowq.aio
+    import flowq.enqueueing.aio
 
     app, _, engine = wf
     with engine.begin() as conn:
@@ -494,7 +494,7 @@ def test_async_signal_in_an_async_session(wf: Any, db_url: str) -> None:
     async def send() -> flowq.Signalled:
         aengine = create_async_engine(db_url.replace("postgresql://", "postgresql+psycopg://"))
         try:
-            async with async_sessionmaker(aengine, class_=flowq.aio.AsyncSession)() as s:
+            async with async_sessionmaker(aengine, class_=flowq.enqueueing.aio.AsyncSession)() as s:
                 sent = await s.signal(run.id, "approved", {"by": "async"})
                 await s.commit()
                 return sent
@@ -507,7 +507,7 @@ def test_async_signal_in_an_async_session(wf: Any, db_url: str) -> None:
 
 
 def test_wait_run_returns_a_finished_run_and_times_out_on_a_waiting_one(wf: Any) -> None:
-    from flowq.runs import wait_run
+    from flowq.ops.runs import wait_run
 
     app, _, engine = wf
     with engine.begin() as conn:

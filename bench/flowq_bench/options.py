@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
-from flowq.workflows import MAX_MAP_ITEMS
+from flowq.define.workflows import MAX_MAP_ITEMS
 
 __all__ = ["DEFAULT_SCENARIOS", "OPT_IN", "SCENARIOS", "Options"]
 
@@ -74,7 +74,7 @@ class Options:
     @property
     def map_n(self) -> int:
         """Items the map scenario maps over: `--jobs` if it was given, else `map_items`; at
-        most `flowq.workflows.MAX_MAP_ITEMS` (what one `flowq.each` may hold)."""
+        most `flowq.define.workflows.MAX_MAP_ITEMS` (what one `flowq.each` may hold)."""
         n = self.jobs if self.jobs != self._initial[0] else self.map_items
         return max(1, min(n, MAX_MAP_ITEMS))
 

@@ -25,8 +25,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 
 import flowq
-from flowq.aio import AsyncSession  # an AsyncSession with `await session.enqueue(...)`
 from flowq.db import normalize_url
+from flowq.enqueueing.aio import AsyncSession  # an AsyncSession with `await session.enqueue(...)`
 
 from . import jobs
 from .models import Account, Base, User

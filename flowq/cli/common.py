@@ -22,12 +22,12 @@ import click
 
 from flowq.db import create_engine, ensure_schema, resolve_url
 from flowq.errors import ConfigurationError, FlowqError
-from flowq.schema import DEFAULT_SCHEMA
+from flowq.names import DEFAULT_SCHEMA
 
 if TYPE_CHECKING:
     import sqlalchemy as sa
 
-    from flowq.app import FlowQ
+    from flowq.define.app import FlowQ
 
 __all__ = ["age_cell", "limits_cell", "load_app", "open_engine", "require_url",
            "schema_option", "table", "url_option"]
@@ -61,7 +61,7 @@ def open_engine(database_url: str | None, schema: str) -> sa.Engine:
 
 def load_app(spec: str) -> FlowQ:
     """Import `module:attribute` (the cwd on sys.path) and return the FlowQ app it names."""
-    from flowq.app import FlowQ
+    from flowq.define.app import FlowQ
 
     module_name, _, attr = spec.partition(":")
     if not module_name:

@@ -1,6 +1,6 @@
 """`flowq doctor`: check the database flowq runs on; each finding says what to do.
 
-Runs `flowq.doctor.doctor`: one line per check (OK, WARN or FAIL, what it found), and under a
+Runs `flowq.ops.doctor.doctor`: one line per check (OK, WARN or FAIL, what it found), and under a
 WARN or FAIL what to do. `--json` prints the checks (stable keys). Exit code 1 when a check
 FAILs, else 0; an unreachable database is the usual one-sentence error (exit code 2). A
 database without the flowq schema is reported by the `schema` check, not refused.
@@ -14,8 +14,8 @@ import click
 
 from flowq.cli.common import require_url, schema_option, url_option
 from flowq.db import create_engine
-from flowq.doctor import LONG_TRANSACTION_S
-from flowq.doctor import doctor as run_doctor
+from flowq.ops.doctor import LONG_TRANSACTION_S
+from flowq.ops.doctor import doctor as run_doctor
 
 __all__ = ["doctor"]
 

@@ -13,7 +13,7 @@ import json
 import click
 
 from flowq.cli.common import age_cell, limits_cell, open_engine, schema_option, table, url_option
-from flowq.queues import list_queues, pause, resume
+from flowq.ops.queues import list_queues, pause, resume
 
 __all__ = ["queues"]
 

@@ -21,7 +21,7 @@ import click
 from flowq.cli.common import load_app, open_engine, schema_option, table, url_option
 from flowq.cli.group import UserError
 from flowq.errors import InvalidArgumentsError
-from flowq.runs import (
+from flowq.ops.runs import (
     DEFAULT_RETRY_BATCH,
     RunInfo,
     cancel_run,
@@ -45,7 +45,7 @@ json_option = click.option("--json", "as_json", is_flag=True,
 
 def _parse_when(ctx: click.Context, param: click.Parameter,
                 value: str | None) -> datetime | timedelta | None:
-    """`--since`/`--until`: an ISO 8601 time or a duration ago (`flowq.runs.parse_when`)."""
+    """`--since`/`--until`: an ISO 8601 time or a duration ago (`flowq.ops.runs.parse_when`)."""
     if value is None:
         return None
     try:

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 import click
 
 from flowq.cli.common import load_app, open_engine, url_option
-from flowq.schedules import ScheduleInfo, list_schedules
+from flowq.ops.schedules import ScheduleInfo, list_schedules
 
 __all__ = ["schedules"]
 

@@ -1,6 +1,6 @@
 """`flowq status`: queues, live workers, dead jobs by task and unserved due jobs, at a glance.
 
-Reads through `flowq.status.status`; `--json` prints `Status.to_dict()` (stable keys).
+Reads through `flowq.ops.status.status`; `--json` prints `Status.to_dict()` (stable keys).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 import click
 
 from flowq.cli.common import age_cell, limits_cell, open_engine, schema_option, table, url_option
-from flowq.status import Status, status
+from flowq.ops.status import Status, status
 
 __all__ = ["status_command"]
 

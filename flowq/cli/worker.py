@@ -23,10 +23,10 @@ from typing import Final
 
 import click
 
-from flowq.app import validate_queue
 from flowq.cli.common import load_app, require_url, url_option
 from flowq.cli.group import UserError
 from flowq.errors import InvalidQueueError
+from flowq.names import validate_queue
 
 __all__ = ["worker"]
 

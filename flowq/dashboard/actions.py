@@ -15,10 +15,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from flowq import queues as queues_api
-from flowq import runs as runs_api
 from flowq.dashboard.site import PAGE_SIZE, Dashboard, parse_run_id, run_id_of
 from flowq.errors import InvalidArgumentsError, RunNotFoundError, RunStateError
+from flowq.ops import queues as queues_api
+from flowq.ops import runs as runs_api
 
 __all__ = ["action_routes"]
 

@@ -21,7 +21,7 @@ from flowq.dashboard.pages import page_routes
 from flowq.dashboard.site import Dashboard
 from flowq.db import create_engine
 from flowq.errors import ConfigurationError
-from flowq.schema import DEFAULT_SCHEMA
+from flowq.names import DEFAULT_SCHEMA
 
 __all__ = ["create_app"]
 

@@ -2,7 +2,7 @@
 
 Pages: queues (`/`), workers, runs (filters, find by id or idempotency key, `PAGE_SIZE` a
 page, older pages by `?before=`), a run with its steps, and the dead letters. Each reads
-through the same public functions as the CLI (`flowq.status.status`, `flowq.runs`). A run
+through the same public functions as the CLI (`flowq.ops.status.status`, `flowq.runs`). A run
 page shows at most `MAX_STEP_ROWS` steps, and its arguments, result and error cells share
 `STEPS_BUDGET` characters (each between `CELL_MIN_CHARS` and `SHOWN_CHARS`), so that a run of
 huge values still renders a page a browser can hold. `login` and `logout` are POST forms of
@@ -18,11 +18,11 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from flowq import runs as runs_api
 from flowq.dashboard.auth import SESSION_COOKIE
 from flowq.dashboard.site import HEADERS, PAGE_SIZE, SHOWN_CHARS, Dashboard, parse_run_id, run_id_of
 from flowq.errors import InvalidArgumentsError, RunNotFoundError
-from flowq.status import status as read_status
+from flowq.ops import runs as runs_api
+from flowq.ops.status import status as read_status
 
 __all__ = ["page_routes"]
 

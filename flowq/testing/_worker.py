@@ -17,8 +17,8 @@ from typing import Any, cast
 import sqlalchemy as sa
 from sqlalchemy.sql.elements import TextClause
 
-from flowq.app import FlowQ
 from flowq.context import StepSession
+from flowq.define.app import FlowQ
 from flowq.queries import queries
 from flowq.worker.completer import Completer
 from flowq.worker.connection import DedicatedConnection

@@ -47,11 +47,12 @@ from typing import TYPE_CHECKING, Any, Final, Union
 import sqlalchemy as sa
 from sqlalchemy import orm
 
-from flowq.app import FlowQ, validate_queue
 from flowq.context import StepSession
+from flowq.define.app import FlowQ
+from flowq.enqueueing.prepare import Enqueued
 from flowq.errors import InvalidArgumentsError, SignalTimeout
+from flowq.names import validate_queue
 from flowq.queries import queries
-from flowq.session import Enqueued
 from flowq.testing._worker import judge, record, runner, writer
 from flowq.worker.completer import _Item
 from flowq.worker.executor import Executor, _Running

@@ -47,9 +47,9 @@ from typing import TYPE_CHECKING, Final
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from flowq.app import FlowQ
 from flowq.context import StepSession
 from flowq.db import describe_url, ensure_schema, normalize_url
+from flowq.define.app import FlowQ
 from flowq.errors import ConfigurationError, FlowqError
 from flowq.queries import Queries
 from flowq.schema import notify_channel, schema_map

@@ -41,8 +41,12 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from flowq import tracing
-from flowq.app import FlowQ, Pipeline, Step
 from flowq.context import Context, StepSession
+from flowq.define.app import FlowQ
+from flowq.define.pipeline import Pipeline
+from flowq.define.retry import Retry
+from flowq.define.step import Step
+from flowq.define.workflows import Each
 from flowq.errors import (
     CancelRun,
     InvalidArgumentsError,
@@ -53,7 +57,6 @@ from flowq.errors import (
 )
 from flowq.jsonargs import JSONError, dumps_checked
 from flowq.queries import queries
-from flowq.retry import Retry
 from flowq.storable import clamp_delay, delay_of, describe, first_line, safe_str, storable_text
 from flowq.worker.completer import Completer
 from flowq.worker.logs import ERROR, INFO, WARNING, log_event
@@ -67,7 +70,6 @@ from flowq.worker.model import (
     Spawn,
     Succeeded,
 )
-from flowq.workflows import Each
 
 __all__ = ["Executor", "InvalidResultError", "StepTimeout"]
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from flowq.app import Step
+from flowq.define.step import Step
 
 __all__ = ["Cancelled", "Claim", "ClaimedJob", "Failed", "Outcome", "Retried", "Spawn",
            "Succeeded"]

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from tenacity import stop_after_attempt
 
 import flowq
-from flowq.runs import get_run
+from flowq.ops.runs import get_run
 from flowq.testing import drain
 
 app = flowq.FlowQ()

@@ -5,10 +5,10 @@ One call reads, in one connection:
 - per queue (every queue with unfinished or dead jobs, a declaration, or jobs that ended in
   the last hour): jobs due (`pending`), due later (`scheduled`), `waiting`, `running`, `dead`,
   the age of the oldest due job, jobs that succeeded in the last minute and hour and died in
-  the last hour, and the limits and paused state of `flowq.queues` (`flowq.queues.list_queues`);
+  the last hour, and the limits and paused state of `flowq.queues` (`flowq.ops.queues.list_queues`);
 - the live workers of `flowq.workers` (heartbeat younger than `stale_after`);
 - dead jobs by task;
-- due jobs that no live worker serves (`flowq.runs.unserved_jobs`).
+- due jobs that no live worker serves (`flowq.ops.runs.unserved_jobs`).
 
 Every statement reads through an index that holds only what it counts (the partial pending,
 waiting, running and dead indexes; `jobs_finished_idx` from an hour ago on), so the time does
@@ -24,10 +24,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from flowq.names import DEFAULT_SCHEMA
+from flowq.ops.queues import QueueInfo, list_queues
+from flowq.ops.runs import UNSERVED_STALE_AFTER, UnservedJobs, unserved_jobs
 from flowq.queries import queries
-from flowq.queues import QueueInfo, list_queues
-from flowq.runs import UNSERVED_STALE_AFTER, UnservedJobs, unserved_jobs
-from flowq.schema import DEFAULT_SCHEMA
 
 __all__ = ["DeadTask", "QueueStatus", "Status", "WorkerStatus", "status"]
 
@@ -36,7 +36,7 @@ Bind = sa.Engine | sa.Connection
 
 @dataclass(frozen=True)
 class QueueStatus(QueueInfo):
-    """One queue (`flowq.queues.QueueInfo`: jobs by state, limits, paused) and its throughput."""
+    """One queue (`flowq.ops.queues.QueueInfo`: jobs by state, limits, paused) and its throughput."""
 
     succeeded_last_minute: int = 0
     succeeded_last_hour: int = 0

@@ -30,8 +30,9 @@ import sqlalchemy as sa
 
 from flowq.db import schema_exists
 from flowq.migrations import HEAD_REVISION, current_revision
+from flowq.names import DEFAULT_SCHEMA
 from flowq.queries import Queries, queries
-from flowq.schema import DEFAULT_SCHEMA, JOBS_STORAGE_PARAMETERS, notify_channel
+from flowq.schema import JOBS_STORAGE_PARAMETERS, notify_channel
 
 __all__ = ["Check", "Level", "doctor"]
 

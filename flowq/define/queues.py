@@ -1,4 +1,4 @@
-"""Queues as configuration: global limits enforced in the claim, and pause/resume.
+"""Queues as configuration: the limits a queue declares, enforced in the claim by every worker.
 
 Declare a queue's limits in code, beside its tasks::
 
@@ -18,28 +18,20 @@ workers can never over-admit. A queue without limits is claimed as before, with 
 key lookup to check it has none. Jobs waiting on a limit stay `pending`: they burn no attempt
 and need no heartbeat.
 
-`pause(target, name)` / `resume(target, name)` (and `flowq queues pause|resume NAME`): no
-worker claims from a paused queue; running jobs finish. The state lives in the database.
-`list_queues(bind)` (and `flowq queues`) shows every queue with its depth, running count,
-limits and paused state.
+Pausing, resuming and listing queues are operations on the database: `flowq.ops.queues`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Final
-
-import sqlalchemy as sa
+from typing import Final
 
 from flowq.errors import ConfigurationError
-from flowq.queries import queries
-from flowq.schema import DEFAULT_SCHEMA
 
-__all__ = ["QueueConfig", "QueueInfo", "Rate", "list_queues", "pause", "resume"]
+__all__ = ["MAX_LIMIT", "QueueConfig", "Rate"]
 
-Bind = sa.Engine | sa.Connection
 # Limits are stored as PostgreSQL integers.
 MAX_LIMIT: Final = 2**31 - 1
 
@@ -88,62 +80,3 @@ class QueueConfig:
         if self.rate_limit is not None and not isinstance(self.rate_limit, Rate):
             raise ConfigurationError(
                 f"rate_limit of queue {self.name!r} must be a flowq.Rate(limit, per=...)")
-
-
-@dataclass(frozen=True)
-class QueueInfo:
-    """One line of `list_queues`: a queue's jobs by state, its limits and whether it is paused."""
-
-    name: str
-    pending: int  # due now
-    scheduled: int  # pending, due later
-    waiting: int
-    running: int
-    dead: int
-    oldest_due_s: float | None
-    concurrency: int | None
-    rate_limit: int | None
-    rate_period_s: float | None
-    paused: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _name(name: object) -> str:
-    from flowq.app import validate_queue  # flowq.app imports this module
-
-    return validate_queue(name)
-
-
-def _set_paused(target: Bind, name: str, paused: bool, schema: str) -> bool:
-    q = queries(schema)
-    params = {"name": _name(name), "paused": paused}
-    if isinstance(target, sa.Engine):
-        with target.begin() as conn:
-            return bool(conn.execute(q.set_queue_paused, params).scalar())
-    return bool(target.execute(q.set_queue_paused, params).scalar())
-
-
-def pause(target: Bind, name: str, *, schema: str = DEFAULT_SCHEMA) -> bool:
-    """Pause queue `name`: no worker claims from it (running jobs finish). In `target`'s
-    transaction (an Engine: its own). True if it was not paused already."""
-    return _set_paused(target, name, True, schema)
-
-
-def resume(target: Bind, name: str, *, schema: str = DEFAULT_SCHEMA) -> bool:
-    """Resume queue `name`. True if it was paused."""
-    return _set_paused(target, name, False, schema)
-
-
-def list_queues(bind: Bind, *, schema: str = DEFAULT_SCHEMA) -> list[QueueInfo]:
-    """Every queue that has jobs or a declaration, by name."""
-    q = queries(schema)
-
-    def read(conn: sa.Connection) -> list[QueueInfo]:
-        return [QueueInfo(**r._mapping) for r in conn.execute(q.list_queues)]
-
-    if isinstance(bind, sa.Engine):
-        with bind.connect() as conn:
-            return read(conn)
-    return read(bind)

@@ -1,9 +1,9 @@
 """Transactional enqueue for asyncio: `await enqueue(async_session_or_connection, task, ...)`.
 
-The async twin of `flowq.session`, with the same statements, validation and guarantees: the
-job is one INSERT in the caller's `AsyncSession`/`AsyncConnection` transaction, and exists
-only if it commits. Only the execution differs, so the preparation, and the sequence of
-statements a keyed enqueue may need (`PreparedCall.statements`), are imported from there.
+The async twin of `flowq.enqueueing.sync`, with the same statements, validation and guarantees:
+the job is one INSERT in the caller's `AsyncSession`/`AsyncConnection` transaction, and exists
+only if it commits. Only the execution differs: the preparation, and the sequence of
+statements a keyed enqueue may need (`PreparedCall.statements`), are `flowq.enqueueing.prepare`'s.
 
 This module is not imported by `flowq` itself: SQLAlchemy 2.1 no longer depends on greenlet,
 which its asyncio extension needs (`pip install 'flowq[asyncio]'`). Use a psycopg URL with
@@ -22,18 +22,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection, async_scoped_session
 from sqlalchemy.ext.asyncio import AsyncSession as _SAAsyncSession
 
 from flowq import tracing
-from flowq.app import Pipeline
+from flowq.db import schema_missing
+from flowq.define.pipeline import Pipeline
+from flowq.enqueueing.prepare import Enqueued, PreparedCall, prepare_enqueue, prepare_enqueue_many
+from flowq.enqueueing.signals import PreparedSignal, Signalled, prepare_signal
+from flowq.enqueueing.sync import migrated_schemas, translate_error
 from flowq.queries import queries
-from flowq.session import (
-    Enqueued,
-    PreparedCall,
-    migrated_schemas,
-    prepare_enqueue,
-    prepare_enqueue_many,
-    schema_missing,
-    translate_error,
-)
-from flowq.workflows import PreparedSignal, Signalled, prepare_signal
 
 __all__ = ["AsyncSession", "AsyncSessionMixin", "Enqueued", "enqueue", "enqueue_many",
            "signal"]
@@ -48,13 +42,13 @@ async def _connection(target: AsyncTarget, call: PreparedCall[Any] | PreparedSig
     if isinstance(target, _SAAsyncSession | async_scoped_session):
         return await target.connection(bind_arguments={"clause": call.statement})
     raise TypeError(
-        f"flowq.aio.enqueue needs an AsyncSession or AsyncConnection, got "
+        f"flowq.enqueueing.aio.enqueue needs an AsyncSession or AsyncConnection, got "
         f"{type(target).__name__} (for a sync Session use flowq.enqueue)"
     )
 
 
 async def execute(target: AsyncTarget, call: PreparedCall[T] | PreparedSignal) -> T:
-    """Run a prepared enqueue in `target`'s transaction (see `flowq.session.execute`)."""
+    """Run a prepared enqueue in `target`'s transaction (see `flowq.enqueueing.sync.execute`)."""
     if tracing.ENABLED and isinstance(call, PreparedCall):
         with tracing.publish(call.params) as publication:  # current in this task only
             if publication is None:
@@ -127,11 +121,11 @@ class AsyncSessionMixin:
 
     async def signal(self, run_id: int, name: str, payload: Any = None, /, *,
                      schema: str | None = None) -> Signalled:
-        """Send a signal to a run in this session's transaction; see `flowq.aio.signal`."""
+        """Send a signal to a run in this session's transaction; see `flowq.enqueueing.aio.signal`."""
         return await signal(cast(_SAAsyncSession, self), run_id, name, payload, schema=schema)
 
     async def enqueue(self, task: Pipeline | str, /, **options_and_args: Any) -> Enqueued:
-        """Enqueue `task` in this session's transaction; see `flowq.aio.enqueue`."""
+        """Enqueue `task` in this session's transaction; see `flowq.enqueueing.aio.enqueue`."""
         return await enqueue(cast(_SAAsyncSession, self), task, **options_and_args)
 
     async def enqueue_many(self, task: Pipeline | str, args_list: Iterable[Mapping[str, Any]],

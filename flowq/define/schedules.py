@@ -31,23 +31,21 @@ from __future__ import annotations
 import math
 import zoneinfo
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone, tzinfo
 from typing import TYPE_CHECKING, Any, Final
 
-import sqlalchemy as sa
 from cronsim import CronSim, CronSimError
 
-from flowq.errors import ConfigurationError, FlowqError, RunNotFoundError
+from flowq.errors import ConfigurationError, FlowqError
 from flowq.jsonargs import JSONError, dumps_checked
-from flowq.queries import queries
-from flowq.schema import DEFAULT_SCHEMA
+from flowq.names import validate_name, validate_priority
 
 if TYPE_CHECKING:
-    from flowq.app import FlowQ, Pipeline
+    from flowq.define.pipeline import Pipeline
 
 __all__ = ["KEY_PREFIX", "LATE_GRACE", "MAX_TICKS_PER_PASS", "MIN_EVERY", "Schedule",
-           "ScheduleInfo", "list_schedules", "make_schedule"]
+           "make_schedule", "utc"]
 
 DEFAULT_TIMEZONE: Final = "UTC"
 MIN_EVERY: Final = timedelta(seconds=1)
@@ -68,10 +66,8 @@ _ALIASES: Final = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly":
 _LOOKBACK: Final = (timedelta(minutes=1), timedelta(hours=1), timedelta(days=1),
                     timedelta(days=32), timedelta(days=400))
 
-Bind = sa.Engine | sa.Connection
 
-
-def _utc(moment: datetime, what: str = "a time") -> datetime:
+def utc(moment: datetime, what: str = "a time") -> datetime:
     if not isinstance(moment, datetime) or moment.utcoffset() is None:
         raise FlowqError(f"{what} must be a timezone-aware datetime, got {moment!r}")
     return moment.astimezone(UTC)
@@ -104,12 +100,12 @@ class Schedule:
 
     def key(self, tick: datetime) -> str:
         """The idempotency key of the run of `tick`: one run per tick, whoever enqueues it."""
-        stamp = _utc(tick).isoformat().replace("+00:00", "Z")
+        stamp = utc(tick).isoformat().replace("+00:00", "Z")
         return f"{KEY_PREFIX}{self.name}:{stamp}"
 
     def _after(self, after: datetime) -> Iterator[datetime]:
         """The ticks strictly after `after`, in UTC, oldest first (ends if there are none)."""
-        after = _utc(after)
+        after = utc(after)
         if self.every is not None:
             step = self.every // _MICROSECOND
             k = (after - _EPOCH) // _MICROSECOND // step + 1
@@ -136,7 +132,7 @@ class Schedule:
     def ticks(self, after: datetime, until: datetime,
               limit: int = MAX_TICKS_PER_PASS) -> list[datetime]:
         """The ticks t with `after` < t <= `until`, oldest first, at most `limit` of them."""
-        until = _utc(until)
+        until = utc(until)
         found: list[datetime] = []
         for tick in self._after(after):
             if tick > until or len(found) >= limit:
@@ -146,7 +142,7 @@ class Schedule:
 
     def latest_tick(self, after: datetime, until: datetime) -> datetime | None:
         """The latest tick t with `after` < t <= `until`, or None."""
-        after, until = _utc(after), _utc(until)
+        after, until = utc(after), utc(until)
         if until <= after:
             return None
         if self.every is not None:
@@ -168,7 +164,7 @@ class Schedule:
         """The ticks a pass at `now` enqueues when the cursor is `after`: the latest due one
         and every other one less than `LATE_GRACE` old (with `catch_up`, every due one,
         oldest first, at most `MAX_TICKS_PER_PASS`)."""
-        after, now = _utc(after), _utc(now)
+        after, now = utc(after), utc(now)
         if self.catch_up:
             return self.ticks(after, now)
         recent = self.ticks(max(after, now - LATE_GRACE), now)
@@ -178,15 +174,16 @@ class Schedule:
         return [] if latest is None else [latest]
 
     def check(self) -> None:
-        """Raise ConfigurationError unless the arguments fit the definition's first step(s)
-        (for a pipeline, once it has steps)."""
-        from flowq.session import prepare_enqueue
-
+        """Raise ConfigurationError unless the arguments fit the step(s) a run of the
+        definition starts with (for a pipeline, once it has steps), and give it a valid
+        concurrency key and priority: what an enqueue of a tick would refuse."""
         if not self.definition.steps:
             raise ConfigurationError(
                 f"schedule {self.name!r}: pipeline {self.task!r} has no steps")
         try:
-            prepare_enqueue(self.definition, self.args, idempotency_key=self.key(_EPOCH))
+            validate_priority(self.definition.priority)
+            self.definition.check_start_arguments(self.args, f"arguments for {self.task!r}")
+            self.definition.key_of(self.args)
         except FlowqError as exc:
             raise ConfigurationError(f"schedule {self.name!r}: {exc}") from None
 
@@ -253,9 +250,7 @@ def make_schedule(definition: Pipeline, *, cron: str | None, every: timedelta | 
                   name: str | None, args: Mapping[str, Any] | None, timezone: str,
                   catch_up: bool) -> Schedule:
     """Validate a schedule's options (not its arguments: `Schedule.check`)."""
-    from flowq.app import _validate_name
-
-    schedule = _validate_name("schedule", definition.name if name is None else name)
+    schedule = validate_name("schedule", definition.name if name is None else name)
     if (cron is None) == (every is None):
         raise ConfigurationError(
             f"schedule {schedule!r} needs exactly one of cron='*/5 * * * *' or "
@@ -282,71 +277,3 @@ def make_schedule(definition: Pipeline, *, cron: str | None, every: timedelta | 
         every=None if every is None else _every(every, schedule), args=dict(args),
         timezone=timezone, catch_up=catch_up, _zone=zone,
         _expr="" if cron is None else _cron(cron, zone, schedule))
-
-
-# -- inspection (`flowq schedules`) ----------------------------------------------------------
-
-@dataclass(frozen=True)
-class ScheduleInfo:
-    """A schedule as `flowq schedules` shows it: its spec, its next tick after now, and the
-    last tick it enqueued with that run's id and status (`pruned` once the run is gone).
-    `defined` is False for a schedule the database knows and the app no longer defines."""
-
-    name: str
-    task: str
-    spec: str
-    timezone: str | None
-    catch_up: bool | None
-    next_tick: datetime | None
-    last_tick: datetime | None
-    last_run_id: int | None
-    last_status: str | None
-    defined: bool = True
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: v.isoformat() if isinstance(v, datetime) else v
-                for k, v in asdict(self).items()}
-
-
-def list_schedules(bind: Bind, app: FlowQ | None = None, *, schema: str | None = None,
-                   now: datetime | None = None) -> list[ScheduleInfo]:
-    """Every schedule of `app` and every other one recorded in its schema (`schema`, default
-    the app's, else "flowq"), by name. Without the app, the next ticks are unknown. `now`
-    (default: the database's clock) is when the next tick is counted from."""
-    from flowq.runs import get_run
-
-    schema = schema or (app.schema if app is not None else DEFAULT_SCHEMA)
-    q = queries(schema)
-    defined = {s.name: s for s in app.schedules} if app is not None else {}
-
-    def read(conn: sa.Connection) -> list[ScheduleInfo]:
-        result = conn.execute(q.list_schedules).all()
-        clock = result[0].now if now is None else now
-        rows = {r.name: r for r in result if r.name is not None}
-        found = []
-        for name in sorted(defined.keys() | rows.keys()):
-            s, row = defined.get(name), rows.get(name)
-            last_run_id = None if row is None else row.last_run_id
-            status: str | None = None
-            if last_run_id is not None:
-                try:
-                    status = get_run(conn, last_run_id, schema).status
-                except RunNotFoundError:
-                    status = "pruned"
-            if s is not None:
-                task, spec, next_tick = s.task, s.spec, s.next_tick(clock)
-            else:
-                assert row is not None
-                task, spec, next_tick = row.task, row.spec, None
-            found.append(ScheduleInfo(
-                name=name, task=task, spec=spec,
-                timezone=None if s is None else s.timezone,
-                catch_up=None if s is None else s.catch_up, next_tick=next_tick,
-                last_tick=None if row is None or last_run_id is None else _utc(row.last_tick),
-                last_run_id=last_run_id, last_status=status, defined=s is not None))
-        return found
-
-    if isinstance(bind, sa.Connection):
-        return read(bind)
-    with bind.connect() as conn:
-        return read(conn)

@@ -1,32 +1,24 @@
-"""Transactional enqueue: a job is one INSERT in the caller's own transaction.
+"""Preparing an enqueue: every check and the statement to send, without touching the database.
 
-`enqueue(session_or_connection, task, /, **options_and_args)` runs one `INSERT … RETURNING`
-through the caller's `Session` or `Connection`, so the job commits or rolls back with the
-business rows beside it (savepoints included), and never exists otherwise. The same
-statement calls `pg_notify(<schema>, <queue>)`; PostgreSQL delivers a notification only when
-its transaction commits, so workers wake exactly for committed jobs. No job data travels in
-the notification.
+`prepare_enqueue(task, args, **options)` and `prepare_enqueue_many(task, args_list, ...)`
+resolve the task (an object, or a name looked up in the live apps), check the options
+(`flowq.define.options.EnqueueOptions`: the due time within `MIN_RUN_AT`..`MAX_RUN_AT`, the
+priority, the keys) and the arguments (JSON only; bound against every step the run starts
+with when the definition is known, `Pipeline.check_start_arguments`), and return a
+`PreparedCall`: the statement, its parameters, and how to read its result. A bad call raises
+a `flowq` error before any SQL is sent, so the caller's transaction stays usable.
 
-Arguments are checked before any SQL is sent (JSON only; bound against the handler's
-signature when the definition is known; the due time within `MIN_RUN_AT`..`MAX_RUN_AT`), so a
-bad call raises a `flowq` error and leaves the caller's transaction usable. An
-`idempotency_key` names the run: a second enqueue with the same key returns the existing run
-(`created=False`), whatever its arguments or state, without locking it (see `_build_insert`).
-`unique=True` (a key of the task and its arguments) or `unique_key=` returns the run of the
-task active under that key (any step pending, waiting or running), if any, and otherwise
-starts a new one holding the key (`Queries.insert_job_unique` says why that is race-free).
+Pure and shared: the sync path (`flowq.enqueueing.sync`) and the async one
+(`flowq.enqueueing.aio`) only execute what is prepared here, and `PreparedCall.statements`
+says, for both, which statements follow one that returned no row (a keyed enqueue that lost
+a race, a unique enqueue whose snapshot was too old).
 
-The preparation (`prepare_enqueue`, `prepare_enqueue_many`) is shared with the async twin in
-`flowq.aio`; only the few lines that execute differ.
-
-Speed: enqueue usually sits in a short business transaction, where one more round trip is most
-of its cost. On a psycopg 3 connection the INSERT is sent directly on the session's own DBAPI
-connection; when it is the transaction's first statement, in pipeline mode, so that psycopg's
-BEGIN travels in the same network write (no extra round trip at all). SQLAlchemy's execute
-layer (about 0.1 ms of Python per statement) is skipped. The statement is the
-same compiled SQL in the same transaction; SQLAlchemy's execute events and `echo` do not see
-it. Other drivers, and `enqueue_many` (whose cost is its rows, not a round trip), take the
-SQLAlchemy path.
+An `idempotency_key` names the run: a second enqueue with the same key returns the existing
+run (`created=False`), whatever its arguments or state, without locking it (`ON CONFLICT DO
+NOTHING`, then a read). `unique=True` (a key of the task and its arguments) or `unique_key=`
+returns the run of the task active under that key (any step pending, waiting or running),
+if any, and otherwise starts a new one holding the key (`Queries.insert_job_unique` says why
+that is race-free).
 """
 
 from __future__ import annotations
@@ -34,38 +26,36 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import threading
-import weakref
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Generic, TypeVar, Union, cast
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-import psycopg
 import sqlalchemy as sa
-from psycopg.pq import TransactionStatus
-from sqlalchemy import orm
 
-from flowq import tracing
-from flowq.app import DEFAULT_QUEUE, Pipeline, _validate_name, find_definition, validate_queue
-from flowq.db import is_missing_schema_error, raw_sql
-from flowq.db import schema_missing as schema_missing  # re-exported for flowq.aio
-from flowq.direct import fetch_rows
-from flowq.errors import (
-    ConfigurationError,
-    FlowqError,
-    InvalidArgumentsError,
-    UnknownTaskError,
-)
+from flowq.define.app import find_definition
+from flowq.define.options import RESERVED_OPTIONS, EnqueueOptions
+from flowq.define.pipeline import Pipeline
+from flowq.define.retry import DEFAULT_MAX_ATTEMPTS
+from flowq.errors import ConfigurationError, FlowqError, InvalidArgumentsError, UnknownTaskError
 from flowq.jsonargs import JSONError, dumps_checked
+from flowq.names import (
+    DEFAULT_QUEUE,
+    DEFAULT_SCHEMA,
+    validate_name,
+    validate_priority,
+    validate_queue,
+)
 from flowq.queries import queries
-from flowq.retry import DEFAULT_MAX_ATTEMPTS
-from flowq.schema import DEFAULT_SCHEMA, notify_channel
-from flowq.workflows import PreparedSignal, Signalled, prepare_signal
+from flowq.schema import notify_channel
 
-__all__ = ["Enqueued", "Session", "SessionMixin", "enqueue", "enqueue_many", "signal"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack from Python 3.11 on
 
-MAX_PRIORITY = 32767
+__all__ = ["KEY_RACE_ATTEMPTS", "MAX_KEY_BYTES", "MAX_RUN_AT", "MIN_RUN_AT",
+           "UNIQUE_RACE_ATTEMPTS", "Enqueued", "PreparedCall", "prepare_enqueue",
+           "prepare_enqueue_many"]
+
 # In UTF-8 bytes: a btree entry must stay well under PostgreSQL's ~2.7 kB limit, or the INSERT
 # would fail inside the caller's transaction instead of being refused up front.
 MAX_KEY_BYTES = 1000
@@ -84,7 +74,6 @@ KEY_RACE_ATTEMPTS = 3
 UNIQUE_RACE_ATTEMPTS = 10
 
 T = TypeVar("T")
-Target = Union[sa.Connection, orm.Session, "orm.scoped_session[Any]"]
 
 
 @dataclass(frozen=True)
@@ -192,7 +181,7 @@ def _resolve(task: Pipeline | str, schema: str | None) -> tuple[str, Pipeline | 
         return task.name, task, task.app.schema if schema is None else schema
     if isinstance(task, str):
         try:
-            _validate_name("task", task)
+            validate_name("task", task)
         except ConfigurationError as exc:
             raise UnknownTaskError(str(exc)) from None
         schema = DEFAULT_SCHEMA if schema is None else schema
@@ -228,12 +217,7 @@ def _common_params(task: Pipeline | str, *, queue: str | None, priority: int | N
         default_queue, default_priority = DEFAULT_QUEUE, 0
     if priority is None:
         priority = default_priority
-    if isinstance(priority, bool) or not isinstance(priority, int) or not (
-            -MAX_PRIORITY <= priority <= MAX_PRIORITY):
-        raise InvalidArgumentsError(
-            f"priority must be an integer between {-MAX_PRIORITY} and {MAX_PRIORITY} "
-            f"(lower runs first), got {priority!r}"
-        )
+    priority = validate_priority(priority)
     params: dict[str, Any] = {
         "task": name,
         "step": step_name,
@@ -249,24 +233,11 @@ def _common_params(task: Pipeline | str, *, queue: str | None, priority: int | N
     return name, definition, schema, params
 
 
-def _starts_many(definition: Pipeline | None) -> bool:
-    """Whether a run of `definition` starts with more than its first step's one row, due
-    now or at run_at: several roots, or a root that waits for a signal or is delayed."""
-    if definition is None:
-        return False
-    roots = definition.roots
-    return len(roots) > 1 or roots[0].wait_for is not None or bool(roots[0].delay)
-
-
 def _args_json(name: str, definition: Pipeline | None, args: Mapping[str, Any]) -> str:
-    """Check and encode one set of arguments: every root step of the run receives them."""
+    """Check and encode one set of arguments: every step the run starts with receives them."""
     args = args if type(args) is dict else dict(args)
-    if definition is not None and _starts_many(definition):
-        for root in definition.roots:
-            check = args if root.wait_for is None else {**args, root.wait_for: None}
-            root.check_arguments(check, what=f"arguments for {name!r}")
-    elif definition is not None:
-        definition.first.check_arguments(args, what=f"arguments for {name!r}")
+    if definition is not None:
+        definition.check_start_arguments(args, what=f"arguments for {name!r}")
     try:
         return dumps_checked(args, "args")
     except JSONError as exc:
@@ -319,15 +290,18 @@ def _run_ids(row: Sequence[Any]) -> list[int]:
     return list(row[0])
 
 
-def prepare_enqueue(task: Pipeline | str, args: Mapping[str, Any], *,
-                    idempotency_key: str | None = None, queue: str | None = None,
-                    priority: int | None = None, run_at: datetime | None = None,
-                    delay: float | timedelta | None = None,
-                    schema: str | None = None, unique: bool = False,
-                    unique_key: str | None = None) -> PreparedCall[Enqueued]:
+def prepare_enqueue(task: Pipeline | str, args: Mapping[str, Any],
+                    **options: Unpack[EnqueueOptions]) -> PreparedCall[Enqueued]:
     """Validate one enqueue completely, without touching the database."""
+    unknown = options.keys() - RESERVED_OPTIONS
+    if unknown:  # a caller past the type checker
+        raise InvalidArgumentsError(f"unknown enqueue option(s) {sorted(unknown)}")
+    queue = options.get("queue")
+    idempotency_key = options.get("idempotency_key")
+    unique, unique_key = options.get("unique", False), options.get("unique_key")
     name, definition, schema, params = _common_params(
-        task, queue=queue, priority=priority, run_at=run_at, delay=delay, schema=schema)
+        task, queue=queue, priority=options.get("priority"), run_at=options.get("run_at"),
+        delay=options.get("delay"), schema=options.get("schema"))
     key = _check_key(idempotency_key)
     params["args"] = _args_json(name, definition, args)
     held_key = _unique_key(name, params["args"], unique, unique_key)
@@ -336,7 +310,7 @@ def prepare_enqueue(task: Pipeline | str, args: Mapping[str, Any], *,
     q = queries(schema)
     if held_key is not None:
         params.update(unique_key=held_key, idempotency_key=key)
-    if definition is not None and _starts_many(definition):
+    if definition is not None and definition.starts_many:
         roots = definition.roots
         params.update(idempotency_key=key, steps=[r.name for r in roots],
                       step_indexes=[r.index for r in roots], queues=[r.queue for r in roots],
@@ -366,7 +340,7 @@ def prepare_enqueue_many(task: Pipeline | str, args_list: Iterable[Mapping[str, 
     """Validate a bulk enqueue completely; None when there is nothing to insert."""
     name, definition, schema, params = _common_params(
         task, queue=queue, priority=priority, run_at=run_at, delay=delay, schema=schema)
-    if _starts_many(definition):
+    if (definition is not None and definition.starts_many):
         raise InvalidArgumentsError(
             f"enqueue_many inserts one row per run, but a run of {name!r} starts with several "
             "steps (several roots, or a root that waits or is delayed): enqueue its runs one "
@@ -388,205 +362,3 @@ def prepare_enqueue_many(task: Pipeline | str, args_list: Iterable[Mapping[str, 
     params["args"] = encoded
     params["concurrency_keys"] = keys
     return PreparedCall(queries(schema).insert_jobs, params, schema, _run_ids)
-
-
-class _MigratedSchemas:
-    """Which (engine, schema) pairs are known to have flowq's tables.
-
-    Checked once per engine with a query that cannot fail, so that a missing schema is
-    reported before the INSERT would abort the caller's transaction. Engines are held weakly:
-    an id() could be reused by a new engine on another database.
-    """
-
-    def __init__(self) -> None:
-        self._known: dict[str, weakref.WeakSet[sa.Engine]] = {}
-        self._lock = threading.Lock()
-
-    def __contains__(self, key: tuple[sa.Engine, str]) -> bool:
-        engine, schema = key
-        with self._lock:
-            return engine in self._known.get(schema, ())
-
-    def add(self, engine: sa.Engine, schema: str) -> None:
-        with self._lock:
-            self._known.setdefault(schema, weakref.WeakSet()).add(engine)
-
-    def discard(self, engine: sa.Engine, schema: str) -> None:
-        with self._lock:
-            self._known.get(schema, weakref.WeakSet()).discard(engine)
-
-
-migrated_schemas = _MigratedSchemas()
-
-
-def translate_error(exc: sa.exc.ProgrammingError, engine: sa.Engine,
-                    schema: str) -> BaseException:
-    """The flowq error for a failed INSERT (the schema vanished after we checked), or `exc`."""
-    if is_missing_schema_error(exc):
-        migrated_schemas.discard(engine, schema)
-        return schema_missing(schema)
-    return exc
-
-
-def _connection(target: Target, call: PreparedCall[Any] | PreparedSignal) -> sa.Connection:
-    if isinstance(target, sa.Connection):
-        return target
-    if isinstance(target, orm.Session | orm.scoped_session):
-        # The connection the session would use for this table, in its current transaction.
-        return target.connection(bind_arguments={"clause": call.statement})
-    raise TypeError(
-        f"flowq.enqueue needs a SQLAlchemy Session or Connection, got {type(target).__name__}"
-        " (for an AsyncSession use flowq.aio.enqueue)"
-    )
-
-
-_PIPELINE = psycopg.Pipeline.is_supported()
-
-
-def _own_psycopg(conn: sa.Connection) -> psycopg.Connection[Any] | None:
-    """The psycopg connection under `conn`, if the direct path may use it."""
-    raw = conn.connection.dbapi_connection
-    return raw if isinstance(raw, psycopg.Connection) else None
-
-
-def _send_direct(conn: sa.Connection, raw: psycopg.Connection[Any], statement: sa.Executable,
-                 call: PreparedCall[Any] | PreparedSignal) -> tuple[Any, ...] | None:
-    """Send one of `call`'s statements on the psycopg connection itself; its first row."""
-    clause = cast(sa.ClauseElement, statement)
-    try:
-        # Pipelined only when it opens the transaction: psycopg's BEGIN then rides in the same
-        # write (no extra round trip); in a transaction already, a pipeline only adds overhead.
-        rows = fetch_rows(raw, clause, call.params, schema=call.schema, prepare=None,
-                          pipeline=_PIPELINE and raw.info.transaction_status
-                          == TransactionStatus.IDLE)
-        return rows[0] if rows else None
-    except psycopg.Error as exc:
-        if raw.broken or raw.closed:
-            conn.invalidate(exc)
-        if is_missing_schema_error(exc):
-            migrated_schemas.discard(conn.engine, call.schema)
-            raise schema_missing(call.schema) from None
-        # The exception SQLAlchemy itself would raise (IntegrityError, OperationalError, ...).
-        raise sa.exc.DBAPIError.instance(raw_sql(clause, call.schema), call.params, exc,
-                                         psycopg.Error,
-                                         dialect=conn.dialect) from exc
-
-
-def _send(conn: sa.Connection, statement: sa.Executable,
-          call: PreparedCall[Any] | PreparedSignal) -> sa.Row[Any] | None:
-    """Send one of `call`'s statements through SQLAlchemy; its first row."""
-    try:
-        result = conn.execute(statement, call.params)
-    except sa.exc.ProgrammingError as exc:
-        raise translate_error(exc, conn.engine, call.schema) from None
-    return result.first()
-
-
-def execute(target: Target, call: PreparedCall[T] | PreparedSignal) -> T:
-    """Run a prepared enqueue in `target`'s transaction (in a PRODUCER span when tracing:
-    `flowq.tracing`, which stores its context with the job)."""
-    if tracing.ENABLED and isinstance(call, PreparedCall):
-        with tracing.publish(call.params) as publication:
-            if publication is None:
-                return _execute(target, call)
-            result = _execute(target, replace(call, params=publication.params))
-            publication.done(result)
-            return result
-    return _execute(target, call)
-
-
-def _execute(target: Target, call: PreparedCall[T] | PreparedSignal) -> T:
-    conn = _connection(target, call)
-    if (conn.engine, call.schema) not in migrated_schemas:
-        if conn.execute(queries(call.schema).check_schema).scalar() is None:
-            raise schema_missing(call.schema)
-        migrated_schemas.add(conn.engine, call.schema)
-    raw = _own_psycopg(conn) if call.direct else None
-    if raw is not None and not conn.in_transaction():
-        # What SQLAlchemy's own execute would do (autobegin): without it, the caller's
-        # `conn.commit()` would see no transaction and do nothing, and the job would be
-        # rolled back when the connection goes back to the pool.
-        conn.begin()
-    statements = call.statements()
-    statement = next(statements)
-    while True:
-        row = _send(conn, statement, call) if raw is None else _send_direct(
-            conn, raw, statement, call)
-        try:
-            statement = statements.send(row)
-        except StopIteration as done:
-            return cast(T, done.value)
-
-
-def enqueue(target: Target, task: Pipeline | str, /, *, idempotency_key: str | None = None,
-            queue: str | None = None, priority: int | None = None,
-            run_at: datetime | None = None, delay: float | timedelta | None = None,
-            schema: str | None = None, unique: bool = False, unique_key: str | None = None,
-            **args: Any) -> Enqueued:
-    """Enqueue a run of `task` in the transaction of `target` (a Session or Connection).
-
-    The job exists if and only if that transaction commits; workers are woken at commit.
-    `task` is a task/pipeline object or its registered name. `idempotency_key` names the run:
-    if a run with that key exists, it is returned with `created=False` and nothing is
-    inserted. `unique=True` (the same task with the same arguments) or `unique_key` (the
-    same task with that key): if such a run is active (a step pending, waiting or running),
-    it is returned with `created=False`; once it has finished, a new one may start (with an
-    `idempotency_key` too, that key is checked first). `run_at` (aware datetime) or `delay`
-    (seconds or timedelta) schedule it later; `priority` orders within a queue (lower
-    first, default 0); `schema` is the flowq schema (default: the task's app's, else
-    "flowq"). Remaining keyword arguments are the handler's arguments and must be JSON.
-    """
-    call = prepare_enqueue(task, args, idempotency_key=idempotency_key, queue=queue,
-                           priority=priority, run_at=run_at, delay=delay, schema=schema,
-                           unique=unique, unique_key=unique_key)
-    return execute(target, call)
-
-
-def enqueue_many(target: Target, task: Pipeline | str, args_list: Iterable[Mapping[str, Any]],
-                 /, *, queue: str | None = None, priority: int | None = None,
-                 run_at: datetime | None = None, delay: float | timedelta | None = None,
-                 schema: str | None = None) -> list[int]:
-    """Enqueue one run of `task` per mapping in `args_list`, in one statement; their run ids.
-
-    Same transaction semantics as `enqueue`, without idempotency keys. Every item is
-    validated before anything is sent; the ids come back in the order of `args_list`.
-    """
-    call = prepare_enqueue_many(task, args_list, queue=queue, priority=priority, run_at=run_at,
-                                delay=delay, schema=schema)
-    return [] if call is None else execute(target, call)
-
-
-def signal(target: Target, run_id: int, name: str, payload: Any = None, /, *,
-           schema: str | None = None) -> Signalled:
-    """Send signal `name` with `payload` (JSON) to run `run_id`, in the transaction of `target`
-    (a Session or Connection): delivered if and only if it commits. See `flowq.workflows`.
-
-    Raises RunNotFoundError for an unknown run, RunStateError for a finished or cancelled one,
-    SignalError for a payload that is not JSON, a name no step of the run's pipeline waits
-    for, or a second signal of that name with another payload (the same payload again is
-    ignored: `created=False`).
-    """
-    return cast(Signalled, execute(target, prepare_signal(run_id, name, payload,
-                                                          schema=schema)))
-
-
-class SessionMixin:
-    """Adds `.enqueue()`, `.enqueue_many()` and `.signal()` to a SQLAlchemy Session class."""
-
-    def signal(self, run_id: int, name: str, payload: Any = None, /, *,
-               schema: str | None = None) -> Signalled:
-        """Send a signal to a run in this session's transaction; see `flowq.signal`."""
-        return signal(cast(orm.Session, self), run_id, name, payload, schema=schema)
-
-    def enqueue(self, task: Pipeline | str, /, **options_and_args: Any) -> Enqueued:
-        """Enqueue `task` in this session's transaction; see `flowq.enqueue`."""
-        return enqueue(cast(orm.Session, self), task, **options_and_args)
-
-    def enqueue_many(self, task: Pipeline | str, args_list: Iterable[Mapping[str, Any]], /,
-                     **options: Any) -> list[int]:
-        """Enqueue many runs in one statement in this session's transaction."""
-        return enqueue_many(cast(orm.Session, self), task, args_list, **options)
-
-
-class Session(SessionMixin, orm.Session):
-    """A SQLAlchemy Session with `enqueue()`: `sessionmaker(engine, class_=flowq.Session)`."""

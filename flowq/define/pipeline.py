@@ -1,0 +1,360 @@
+"""Pipelines and tasks: what a run is made of, in the order its steps run.
+
+A task is a pipeline of one step, so there is one model underneath: a `Pipeline` is a list
+of `Step`s that form a graph (a chain by default; `parents=` joins, `wait_for=` waits for a
+signal, `delay=` starts later), and a `Task` is one with a single step, typed by its
+handler's parameters after `ctx` (`P`). Which steps a run starts with is decided here, once
+(`Pipeline.starts_many`, `Pipeline.check_start_arguments`), for enqueue and the worker.
+
+Definitions also enqueue themselves: `add.enqueue(session, a=1)`, with options through
+`add.options(**EnqueueOptions)` and an async twin `await add.aenqueue(async_session, a=1)`.
+On a `Task[P, R]` these are typed by `P`, so a type checker refuses a misspelt or mistyped
+argument; a `Pipeline`'s are untyped (its steps are added one by one). They are thin: the
+validation and SQL are `flowq.enqueue`'s, imported when first called (the one run-time
+import of a definition module from the layer above it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Final, Generic, ParamSpec, TypeVar
+
+from flowq.define.options import EnqueueOptions
+from flowq.define.retry import Retry
+from flowq.define.step import Step, as_seconds, make_step
+from flowq.errors import ConfigurationError, InvalidArgumentsError
+from flowq.jsonargs import JSONError, dumps_checked
+from flowq.names import validate_name, validate_queue
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack from Python 3.11 on
+
+    from flowq.context import Context
+    from flowq.define.app import FlowQ
+    from flowq.enqueueing.aio import AsyncTarget
+    from flowq.enqueueing.prepare import Enqueued, PreparedCall
+    from flowq.enqueueing.sync import Target
+
+__all__ = ["DEFAULT_WAIT_TIMEOUT", "Pipeline", "Task", "WithOptions", "as_keywords"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# A waiting step's default timeout: a week, so a forgotten signal ends the run (by its
+# retry policy) instead of leaving it waiting forever.
+DEFAULT_WAIT_TIMEOUT: Final = timedelta(days=7)
+
+
+def as_keywords(definition: Pipeline, args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The call's arguments as the keywords that are stored: positional ones are named after
+    the first step's parameters that follow `ctx`. Whether they then fit is for
+    `Step.check_arguments` to say (at `prepare_enqueue`), like any other arguments."""
+    if not args:
+        return kwargs
+    params = list(definition.first.signature.parameters.values())[1:]
+    names = [p.name for p in params
+             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    # A positional argument for `*args` has no name to be stored under.
+    if len(args) > len(names):
+        raise InvalidArgumentsError(
+            f"arguments for {definition.name!r} do not fit step {definition.first.name!r} "
+            f"{definition.first.signature}: {len(args)} positional arguments, at most "
+            f"{len(names)} can be named (arguments are stored as keywords)"
+        )
+    named = dict(zip(names, args, strict=False))
+    twice = sorted(named.keys() & kwargs.keys())
+    if twice:
+        raise InvalidArgumentsError(
+            f"arguments for {definition.name!r}: multiple values for "
+            f"{', '.join(map(repr, twice))}"
+        )
+    named.update(kwargs)
+    return named
+
+
+@dataclass(frozen=True)
+class WithOptions(Generic[P]):
+    """A task or pipeline with enqueue options, from `definition.options(...)`; enqueue it with
+    `.enqueue(session_or_connection, ...)` or `await .aenqueue(async_session, ...)`.
+
+    Typed by the handler's parameters after `ctx` (`P`) when it comes from a `Task`. The
+    options mean what they mean to `flowq.enqueue`, and are checked there, when enqueueing.
+    """
+
+    definition: Pipeline
+    options: EnqueueOptions
+
+    def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> PreparedCall[Enqueued]:
+        # Imported here, the one run-time import of the definitions from the layer above
+        # (tests/test_imports.py allows exactly it): enqueue imports the definitions.
+        from flowq.enqueueing.prepare import prepare_enqueue
+
+        return prepare_enqueue(self.definition, as_keywords(self.definition, args, kwargs),
+                               **self.options)
+
+    def enqueue(self, target: Target, /, *args: P.args, **kwargs: P.kwargs) -> Enqueued:
+        """Enqueue a run in the transaction of `target` (a Session or Connection); see
+        `flowq.enqueue`. Positional arguments are named after the handler's parameters."""
+        from flowq.enqueueing.sync import execute
+
+        return execute(target, self._prepare(args, kwargs))
+
+    async def aenqueue(self, target: AsyncTarget, /, *args: P.args,
+                       **kwargs: P.kwargs) -> Enqueued:
+        """Enqueue a run in the transaction of an AsyncSession or AsyncConnection."""
+        call = self._prepare(args, kwargs)
+        # Imported on first use: `import flowq` must not import SQLAlchemy's asyncio
+        # extension (SQLAlchemy 2.1 no longer installs the greenlet it needs).
+        from flowq.enqueueing.aio import execute
+
+        return await execute(target, call)
+
+
+class Pipeline:
+    """An ordered chain of steps run as one run; each step's dict result feeds the next.
+
+    Steps run in definition order. Enqueue a pipeline exactly like a task; its first step's
+    signature validates the arguments.
+    """
+
+    def __init__(self, app: FlowQ, name: str, *, queue: str | None = None,
+                 priority: int = 0) -> None:
+        self.app = app
+        self.name = validate_name("pipeline", name)
+        self.queue = validate_queue(queue or app.default_queue)
+        self.priority = int(priority)
+        self.steps: list[Step[Any, Any]] = []
+        # Per-key concurrency (tasks only, see `FlowQ.task`): the argument naming the key, or
+        # a function of the arguments; and how many jobs of one key may run at once.
+        self.concurrency_key: str | Callable[..., Any] | None = None
+        self.key_concurrency: int | None = None
+
+    def key_of(self, args: dict[str, Any]) -> str | None:
+        """The concurrency key of a run with `args`, as JSON text (None: no key). Raises
+        InvalidArgumentsError if it is not a JSON scalar."""
+        if self.concurrency_key is None:
+            return None
+        if isinstance(self.concurrency_key, str):
+            if self.concurrency_key not in args:
+                return None  # the argument has a default, which the handler applies
+            value = args[self.concurrency_key]
+        else:
+            try:
+                value = self.concurrency_key(**args)
+            except Exception as exc:
+                raise InvalidArgumentsError(
+                    f"the concurrency_key function of {self.name!r} raised: {exc!r}") from None
+        if value is not None and not isinstance(value, str | int | float | bool):
+            raise InvalidArgumentsError(
+                f"the concurrency key of {self.name!r} must be a JSON scalar (string, number, "
+                f"boolean), got {type(value).__name__}")
+        try:
+            return dumps_checked(value, f"the concurrency key of {self.name!r}")
+        except JSONError as exc:
+            raise InvalidArgumentsError(str(exc)) from None
+
+    def step(self, *, name: str | None = None, retry: Retry | None = None,
+             timeout: float | None = None, queue: str | None = None,
+             parents: Sequence[Step[Any, Any] | str] | None = None,
+             wait_for: str | None = None, wait_timeout: float | timedelta | None = None,
+             delay: float | timedelta | None = None
+             ) -> Callable[[Callable[P, R]], Step[P, R]]:
+        """Register the decorated function as a step of this pipeline.
+
+        Without `parents=` it follows the step defined before it (a chain); `parents=[a, b]`
+        makes it wait for both (a join: it receives each parent's result as a keyword named
+        after that parent); `parents=[]` makes it a root, started with the run. `wait_for=`
+        names a signal it waits for (its payload arrives as a keyword of that name), at most
+        `wait_timeout` (default 7 days); `delay=` starts it that long after its parents
+        finished. Parents must be defined before their children, so a graph has no cycles.
+        """
+
+        def decorate(fn: Callable[P, R]) -> Step[P, R]:
+            s = make_step(fn, name=name, retry=retry, timeout=timeout,
+                           queue=queue or self.queue, index=len(self.steps))
+            if any(existing.name == s.name for existing in self.steps):
+                raise ConfigurationError(
+                    f"pipeline {self.name!r} already has a step named {s.name!r}: "
+                    "step names must be unique within a pipeline (pass name=...)."
+                )
+            s = dataclasses.replace(
+                s, parents=self._parents_of(s.name, parents),
+                wait_for=self._wait_of(s.name, wait_for),
+                wait_timeout=None if wait_for is None else as_seconds(
+                    f"wait_timeout of {s.name!r}", DEFAULT_WAIT_TIMEOUT if wait_timeout is None
+                    else wait_timeout, minimum=0.001),
+                delay=0.0 if delay is None else as_seconds(f"delay of {s.name!r}", delay,
+                                                         minimum=0.0))
+            if wait_for is None and wait_timeout is not None:
+                raise ConfigurationError(
+                    f"step {s.name!r} has a wait_timeout but no wait_for: name the signal")
+            if s.wait_for is not None and s.delay:
+                raise ConfigurationError(
+                    f"step {s.name!r}: wait_for and delay cannot be combined (a waiting step "
+                    "starts when its signal arrives)")
+            self._check_inputs(s)
+            self.steps.append(s)
+            return s
+
+        return decorate
+
+    def _parents_of(self, name: str,
+                    parents: Sequence[Step[Any, Any] | str] | None) -> tuple[str, ...]:
+        if parents is None:  # a chain: the step defined before, if any
+            return (self.steps[-1].name,) if self.steps else ()
+        if isinstance(parents, str | Step) or not isinstance(parents, Sequence):
+            raise ConfigurationError(
+                f"parents of {name!r} must be a list of steps, e.g. parents=[fetch, parse]")
+        names: list[str] = []
+        for p in parents:
+            if isinstance(p, Step):
+                if not any(p is s for s in self.steps):
+                    raise ConfigurationError(
+                        f"parent {p.name!r} of step {name!r} is not a step of pipeline "
+                        f"{self.name!r} (a parent in another pipeline?)")
+                pname = p.name
+            elif isinstance(p, str):
+                if p == name:
+                    raise ConfigurationError(
+                        f"step {name!r} cannot be its own parent (that is a cycle)")
+                if self.step_named(p) is None:
+                    raise ConfigurationError(
+                        f"unknown parent {p!r} of step {name!r}: pipeline {self.name!r} has no "
+                        "such step yet (define parents before their children: that is also "
+                        "what keeps the graph free of cycles)")
+                pname = p
+            else:
+                raise ConfigurationError(
+                    f"parents of {name!r} must be steps of {self.name!r}, got {p!r}")
+            if pname in names:
+                raise ConfigurationError(f"step {name!r} lists parent {pname!r} twice")
+            names.append(pname)
+        return tuple(names)
+
+    def _wait_of(self, name: str, wait_for: str | None) -> str | None:
+        if wait_for is None:
+            return None
+        signal = validate_name("signal", wait_for)
+        other = next((s for s in self.steps if s.wait_for == signal), None)
+        if other is not None:
+            raise ConfigurationError(
+                f"step {other.name!r} of {self.name!r} already waits for signal {signal!r}: "
+                "a signal is delivered to one step of a run")
+        return signal
+
+    def _check_inputs(self, s: Step[Any, Any]) -> None:
+        """A step with several parents takes each one's result as a keyword named after it,
+        and a waiting step its signal's payload: refuse a handler that cannot take them."""
+        names = list(s.parents) if len(s.parents) > 1 else []
+        if s.wait_for is not None:
+            if s.wait_for in names:
+                raise ConfigurationError(
+                    f"step {s.name!r} waits for signal {s.wait_for!r}, which is also the name "
+                    "of one of its parents: rename one")
+            names.append(s.wait_for)
+        if not names:
+            return
+        params = list(s.signature.parameters.values())[1:]
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            return
+        accepted = {p.name for p in params
+                    if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        missing = [n for n in names if n not in accepted]
+        if missing:
+            raise ConfigurationError(
+                f"step {s.name!r} {s.signature} cannot take keyword(s) "
+                f"{', '.join(map(repr, missing))}: "
+                + ("a step with several parents receives each parent's result as a keyword "
+                   "named after that parent" if len(s.parents) > 1 else "")
+                + ("; " if len(s.parents) > 1 and s.wait_for else "")
+                + (f"a step waiting for a signal receives its payload as a keyword named "
+                   f"{s.wait_for!r}" if s.wait_for else ""))
+
+    @property
+    def first(self) -> Step[Any, Any]:
+        if not self.steps:
+            raise ConfigurationError(f"pipeline {self.name!r} has no steps")
+        return self.steps[0]
+
+    @property
+    def roots(self) -> list[Step[Any, Any]]:
+        """The steps that start with the run (no parents), in definition order."""
+        return [s for s in self.steps if not s.parents]
+
+    @property
+    def starts_many(self) -> bool:
+        """Whether a run starts with more than its first step's one row, due at once: it has
+        several roots, or a root that waits for a signal or is delayed. Decided here once:
+        enqueue then inserts one row per root, and a run enqueued without the definition (one
+        row for step '') is started by the worker, which spawns every root instead."""
+        roots = self.roots
+        return len(roots) > 1 or roots[0].wait_for is not None or bool(roots[0].delay)
+
+    def check_start_arguments(self, args: dict[str, Any], what: str = "arguments") -> None:
+        """Raise InvalidArgumentsError unless `args` fit every step a run starts with (with
+        a waiting root's signal slot): the first step, or every root if `starts_many`."""
+        if self.starts_many:
+            for root in self.roots:
+                root.check_input(args, what)
+        else:
+            self.first.check_arguments(args, what)
+
+    def children(self, step: Step[Any, Any]) -> list[Step[Any, Any]]:
+        """The steps that list `step` as a parent, in definition order."""
+        return [s for s in self.steps if step.name in s.parents]
+
+    @property
+    def leaves(self) -> list[Step[Any, Any]]:
+        """The steps no other step waits for: the run has succeeded when all of them have."""
+        parents = {p for s in self.steps for p in s.parents}
+        return [s for s in self.steps if s.name not in parents]
+
+    def step_named(self, name: str) -> Step[Any, Any] | None:
+        return next((s for s in self.steps if s.name == name), None)
+
+    def options(self, **options: Unpack[EnqueueOptions]) -> WithOptions[...]:
+        """This pipeline with enqueue options (see `flowq.enqueue`), to `.enqueue(...)`."""
+        return WithOptions(self, options)
+    # Untyped: a pipeline's arguments are its first step's, known only once it is added.
+    def enqueue(self, target: Target, /, *args: Any, **kwargs: Any) -> Enqueued:
+        """Enqueue a run in the transaction of `target`; `flowq.enqueue(target, self, ...)`
+        without options (use `.options(...)` for them)."""
+        return WithOptions(self, EnqueueOptions()).enqueue(target, *args, **kwargs)
+
+    async def aenqueue(self, target: AsyncTarget, /, *args: Any, **kwargs: Any) -> Enqueued:
+        """`enqueue` for an AsyncSession or AsyncConnection."""
+        return await WithOptions(self, EnqueueOptions()).aenqueue(target, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} steps={[s.name for s in self.steps]}>"
+
+
+class Task(Pipeline, Generic[P, R]):
+    """A pipeline of exactly one step; calling it calls the handler directly (handy in tests).
+
+    `P` is the handler's parameters after `ctx`, which are what enqueue takes: `enqueue`,
+    `aenqueue` and `options(...).enqueue` are checked against them by a type checker.
+    """
+
+    def __call__(self, ctx: Context, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        result: R = self.steps[0].fn(ctx, *args, **kwargs)
+        return result
+
+    def options(self, **options: Unpack[EnqueueOptions]) -> WithOptions[P]:
+        """This task with enqueue options (see `flowq.enqueue`), to `.enqueue(...)`."""
+        return WithOptions(self, options)
+
+    def enqueue(self, target: Target, /, *args: P.args, **kwargs: P.kwargs) -> Enqueued:
+        """Enqueue a run in the transaction of `target` (a Session or Connection), with the
+        handler's arguments after `ctx`; `.options(...)` for enqueue options."""
+        return self.options().enqueue(target, *args, **kwargs)
+
+    async def aenqueue(self, target: AsyncTarget, /, *args: P.args,
+                       **kwargs: P.kwargs) -> Enqueued:
+        """`enqueue` for an AsyncSession or AsyncConnection."""
+        return await self.options().aenqueue(target, *args, **kwargs)
+

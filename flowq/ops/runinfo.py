@@ -1,0 +1,222 @@
+"""A run as read from its rows: `RunInfo` with its `StepInfo`s and graph, and its status.
+
+A run has no row of its own (see `flowq.schema`): it is the set of `flowq.jobs` rows that
+share a `run_id`, one per step reached so far (one per item for a mapped step). Its status
+is derived from them (`run_status`):
+
+- `cancelled` if any step is `cancelled` or has `cancel_requested` (a running step that was
+  asked to stop still finishes; `RunInfo.finished_at` stays empty until it has);
+- else `running`, `pending` or `waiting` while any step is (in that order);
+- else `dead` if any step is dead, else `succeeded`. Every step a success unblocks is
+  created in the very transaction that records the success, so a run whose rows have all
+  succeeded has reached all its leaves: no snapshot shows a success without its successors.
+
+A succeeded run's `result` is its leaves' results: the single leaf's result, or a dict by
+step name when there are several (a mapped leaf gives the list of its instances' results).
+The leaves are known from the pipeline's definition when it is imported in this process;
+otherwise the steps with the highest index are taken as the leaves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any, Final, cast
+
+import sqlalchemy as sa
+
+from flowq.define.app import find_definition
+from flowq.errors import RunNotFoundError
+from flowq.queries import Queries
+from flowq.schema import Status
+
+__all__ = ["RunInfo", "RunSummary", "StepGroup", "StepInfo", "jsonable", "read_run",
+           "run_status"]
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """One step of a run, as stored in its `flowq.jobs` row.
+
+    `locked_at`, `heartbeat_at` and `locked_by` describe the claim of a running step; they are
+    cleared when the attempt ends. `step` is '' for a first step enqueued by name from a
+    producer that did not know the pipeline (the worker resolves it to the first step).
+    """
+
+    job_id: int
+    step: str
+    index: int
+    queue: str
+    status: Status
+    attempts: int
+    max_attempts: int
+    cancel_requested: bool
+    run_at: datetime
+    created_at: datetime
+    locked_at: datetime | None
+    heartbeat_at: datetime | None
+    locked_by: str | None
+    finished_at: datetime | None
+    last_error: str | None
+    args: Any
+    result: Any
+    map_index: int | None = None  # the item position of a map instance
+
+
+@dataclass(frozen=True)
+class StepGroup:
+    """One step of a run's graph: its row, or all its map instances, aggregated."""
+
+    step: str
+    index: int
+    parents: tuple[str, ...] | None  # None: the definition is not imported here
+    status: Status
+    instances: int | None  # None: not mapped
+    counts: dict[str, int]  # rows by status
+    attempts: int  # all attempts of its rows
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """A run: its steps so far and the status derived from them (see the module docstring)."""
+
+    run_id: int
+    task: str
+    status: Status
+    cancel_requested: bool
+    idempotency_key: str | None
+    created_at: datetime
+    finished_at: datetime | None
+    result: Any  # the leaves' results once the run succeeded, else None
+    steps: tuple[StepInfo, ...]
+    graph: tuple[StepGroup, ...] = ()
+
+    @property
+    def current_step(self) -> StepInfo:
+        """The latest step reached (the highest index, the latest row)."""
+        return self.steps[-1]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: these keys are stable (`flowq runs show --json` prints them)."""
+        out: dict[str, Any] = jsonable(asdict(self))
+        return out
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One line of `list_runs`: a run without its steps' details."""
+
+    run_id: int
+    task: str
+    status: Status
+    step: str
+    step_index: int
+    idempotency_key: str | None
+    created_at: datetime
+    finished_at: datetime | None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = jsonable(asdict(self))
+        return out
+
+
+def jsonable(value: Any) -> Any:
+    """`value` with its datetimes as ISO 8601 text, for the `to_dict()` of the results."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    return value
+
+
+def _step(row: Any) -> StepInfo:
+    return StepInfo(
+        job_id=row.id, step=row.step, index=row.step_index, queue=row.queue, status=row.status,
+        attempts=row.attempts, max_attempts=row.max_attempts,
+        cancel_requested=row.cancel_requested, run_at=row.run_at, created_at=row.created_at,
+        locked_at=row.locked_at, heartbeat_at=row.heartbeat_at, locked_by=row.locked_by,
+        finished_at=row.finished_at, last_error=row.last_error, args=row.args,
+        result=row.result, map_index=row.map_index)
+
+
+def run_status(steps: Sequence[StepInfo]) -> Status:
+    """A run's status from its rows (the module docstring says why it is sound)."""
+    seen = {s.status for s in steps}
+    if "cancelled" in seen or any(s.cancel_requested for s in steps):
+        return "cancelled"
+    for status in ("running", "pending", "waiting", "dead"):
+        if status in seen:
+            return cast(Status, status)
+    return "succeeded"
+
+
+_ORDER: Final = ("running", "pending", "waiting", "dead", "cancelled", "succeeded")
+
+
+def _graph(steps: Sequence[StepInfo], definition: Any) -> tuple[StepGroup, ...]:
+    groups: dict[str, list[StepInfo]] = {}
+    for s in steps:
+        groups.setdefault(s.step, []).append(s)
+    out = []
+    for name, rows in sorted(groups.items(), key=lambda kv: (kv[1][0].index, kv[0])):
+        counts: dict[str, int] = {}
+        for r in rows:
+            counts[r.status] = counts.get(r.status, 0) + 1
+        mapped = any(r.map_index is not None for r in rows)
+        step = definition.step_named(name) if definition is not None and name else None
+        status = next(st for st in _ORDER if st in counts)
+        out.append(StepGroup(step=name, index=rows[0].index,
+                             parents=None if step is None else tuple(step.parents),
+                             status=status, instances=len(rows) if mapped else None,
+                             counts=counts, attempts=sum(r.attempts for r in rows)))
+    return tuple(out)
+
+
+def _result(steps: Sequence[StepInfo], definition: Any) -> Any:
+    """The leaves' results (see the module docstring)."""
+    if definition is not None and definition.steps:
+        leaves = [s.name for s in definition.leaves]
+    else:
+        top = max(s.index for s in steps)
+        leaves = sorted({s.step for s in steps if s.index == top})
+    results: dict[str, Any] = {}
+    for name in leaves:
+        rows = [s for s in steps if s.step == name]
+        if rows and all(r.map_index is not None for r in rows):
+            results[name] = [r.result for r in sorted(rows, key=lambda r: r.map_index or 0)]
+        else:
+            results[name] = rows[0].result if rows else []
+    if len(results) == 1:
+        return next(iter(results.values()))
+    return results
+
+
+def _run_of(run_id: int, rows: list[Any], schema: str) -> RunInfo:
+    if not rows:
+        raise RunNotFoundError(f"no run {run_id} exists (it may have been pruned, or the id "
+                               "is a job id rather than a run id)")
+    steps = tuple(_step(r) for r in rows)
+    cancel_requested = any(s.cancel_requested for s in steps)
+    status = run_status(steps)
+    done = not any(s.status in ("pending", "running", "waiting") for s in steps)
+    finished = [s.finished_at for s in steps if s.finished_at is not None]
+    task = rows[0].task
+    definition = find_definition(task, schema)
+    if definition is not None and not {s.step for s in steps} <= (
+            {st.name for st in definition.steps} | {""}):
+        definition = None  # another app's pipeline of that name (or a deploy renamed steps)
+    return RunInfo(
+        run_id=run_id, task=task, status=status,
+        cancel_requested=cancel_requested, idempotency_key=rows[0].idempotency_key,
+        created_at=min(s.created_at for s in steps),
+        finished_at=max(finished) if done and finished else None,
+        result=_result(steps, definition) if status == "succeeded" else None, steps=steps,
+        graph=_graph(steps, definition))
+
+
+def read_run(conn: sa.Connection, q: Queries, run_id: int) -> RunInfo:
+    """The run `run_id` on `conn`; RunNotFoundError if no row of it exists."""
+    return _run_of(run_id, list(conn.execute(q.select_run_jobs, {"run_id": run_id})), q.schema)

@@ -1,0 +1,368 @@
+"""Runs: inspect a run and its steps, wait for it, cancel it, retry what died.
+
+This is the runs API (`flowq runs` and the dashboard are thin layers over it). What a run is
+as read from its rows, and how its status is derived, is `flowq.ops.runinfo`; the filters
+of `list_runs` and `retry_runs`, `flowq.ops.filters`.
+
+`cancel_run` ends pending and waiting steps `cancelled` and flags running ones with
+`cancel_requested`: their handlers finish (and their `ctx.session` writes commit) but they
+create no successor and count towards no join. Cancelling a run that is already cancelled
+changes nothing; cancelling a succeeded or dead run raises `RunStateError`.
+
+`retry_run` resumes a `dead` run: every dead step (and dead map instance) goes back to
+`pending`, due now, with its attempts reset to 0 so its retry policy starts afresh (a step
+whose signal never came waits for it again, for its timeout); its `last_error` is kept until
+the next attempt ends, and nothing that succeeded runs again. Retrying a run that is not
+dead raises `RunStateError`. `retry_runs` does the same to every dead run matching filters,
+in batches (see there).
+
+Both take row locks on the whole run first, so they never race a completing step. Every
+function takes an Engine (one transaction of its own) or a Connection (joins its open
+transaction, which the caller commits; else commits its own). `wait_run` (and the async
+`await_run`) polls until a run has finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Final
+
+import sqlalchemy as sa
+
+from flowq.errors import InvalidArgumentsError, RunStateError
+from flowq.names import DEFAULT_SCHEMA, check_id
+from flowq.ops import binds
+from flowq.ops.binds import Bind
+from flowq.ops.filters import When, check_count, parse_when, run_filters
+from flowq.ops.runinfo import (
+    RunInfo,
+    RunSummary,
+    StepGroup,
+    StepInfo,
+    read_run,
+    run_status,
+)
+from flowq.queries import Queries
+from flowq.schema import STATUSES, Status, notify_channel
+
+__all__ = [
+    "CancelResult",
+    "DeadStep",
+    "RetryResult",
+    "RunInfo",
+    "RunSummary",
+    "StepGroup",
+    "StepInfo",
+    "UnservedJobs",
+    "When",
+    "await_run",
+    "cancel_run",
+    "dead_steps",
+    "find_run",
+    "get_run",
+    "list_runs",
+    "parse_when",
+    "retry_run",
+    "retry_runs",
+    "run_status",
+    "unserved_jobs",
+    "wait_run",
+]
+
+DEFAULT_LIST_LIMIT: Final = 50
+# How many runs `retry_runs` retries per transaction.
+DEFAULT_RETRY_BATCH: Final = 500
+# A worker heartbeats its registry entry every --heartbeat-interval (5 s by default): one
+# silent for a minute is gone.
+UNSERVED_STALE_AFTER: Final = 60.0
+# Each pass locks what the previous one saw plus what completions created meanwhile: the set
+# settles in a few passes; the cap only guards against a bug turning this into a loop.
+_MAX_LOCK_PASSES: Final = 100
+# How `wait_run` polls: from the first interval, doubling up to the last.
+_WAIT_POLL: Final = (0.02, 1.0)
+
+
+@dataclass(frozen=True)
+class CancelResult:
+    """What `cancel_run` changed: job ids cancelled outright, and running ones asked to stop."""
+
+    run: RunInfo
+    cancelled: tuple[int, ...]
+    cancel_requested: tuple[int, ...]
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.cancelled or self.cancel_requested)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run.run_id, "cancelled_job_ids": list(self.cancelled),
+                "cancel_requested_job_ids": list(self.cancel_requested),
+                "run": self.run.to_dict()}
+
+
+@dataclass(frozen=True)
+class RetryResult:
+    """What `retry_run` changed: the dead steps that run again (`job_id` and `step` are the
+    first of them)."""
+
+    run: RunInfo
+    job_id: int
+    step: str
+    job_ids: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run.run_id, "retried_job_id": self.job_id,
+                "retried_step": self.step, "retried_job_ids": list(self.job_ids),
+                "run": self.run.to_dict()}
+
+
+def get_run(bind: Bind, run_id: int, schema: str = DEFAULT_SCHEMA) -> RunInfo:
+    """The run `run_id` with all its steps; RunNotFoundError if no row of it exists."""
+    q = Queries(schema)
+    run_id = check_id(run_id)
+    return binds.read(bind, lambda conn: read_run(conn, q, run_id))
+
+
+def find_run(bind: Bind, key: str, schema: str = DEFAULT_SCHEMA) -> int | None:
+    """The run id of the run holding idempotency key `key`, or None."""
+    if not isinstance(key, str):
+        raise InvalidArgumentsError(f"an idempotency key is text, got {key!r}")
+    q = Queries(schema)
+
+    def read(conn: sa.Connection) -> int | None:
+        row = conn.execute(q.find_run_by_key, {"idempotency_key": key}).first()
+        return None if row is None else int(row.run_id)
+
+    return binds.read(bind, read)
+
+
+@dataclass(frozen=True)
+class DeadStep:
+    """The first dead step of a dead run, and why it died."""
+
+    run_id: int
+    step: str
+    map_index: int | None
+    last_error: str | None
+
+
+def dead_steps(bind: Bind, run_ids: Sequence[int],
+               schema: str = DEFAULT_SCHEMA) -> dict[int, DeadStep]:
+    """For each of `run_ids` that has a dead step, its first one (the dead-letter view)."""
+    q = Queries(schema)
+    ids = [check_id(i) for i in run_ids]
+    if not ids:
+        return {}
+    return binds.read(bind, lambda conn: {
+        r.run_id: DeadStep(r.run_id, r.step, r.map_index, r.last_error)
+        for r in conn.execute(q.select_dead_errors, {"run_ids": ids})})
+
+
+def list_runs(bind: Bind, *, status: Status | None = None, task: str | None = None,
+              queue: str | None = None, since: When | None = None, until: When | None = None,
+              before: int | None = None, limit: int = DEFAULT_LIST_LIMIT,
+              schema: str = DEFAULT_SCHEMA) -> list[RunSummary]:
+    """The newest `limit` runs, newest first, below run id `before` if given (the next page
+    starts below the last run id of this one), optionally only those with derived `status`,
+    of `task`, with a step on `queue`, created in [`since`, `until`) (see the module
+    docstring). Cost: `Queries._runs_page` (a page walks the run id index from the cursor
+    until it has `limit` matches)."""
+    q = Queries(schema)
+    if status is not None and status not in STATUSES:
+        raise InvalidArgumentsError(f"status must be one of {', '.join(STATUSES)}, "
+                                    f"got {status!r}")
+    if before is not None:
+        before = check_count("before (a run id)", before, 1)
+    filters = run_filters(task, queue, since, until)
+    limit = max(0, int(limit))
+
+    def read(conn: sa.Connection) -> list[RunSummary]:
+        rows = conn.execute(q.list_runs, {**filters.params(conn, q), "status": status,
+                                          "before": before, "limit": limit})
+        return [RunSummary(run_id=r.run_id, task=r.task, status=r.status, step=r.step,
+                           step_index=r.step_index, idempotency_key=r.idempotency_key,
+                           created_at=r.created_at, finished_at=r.finished_at) for r in rows]
+
+    return binds.read(bind, read)
+
+
+@dataclass(frozen=True)
+class UnservedJobs:
+    """Due jobs of one task on one queue that no live worker serves (none listens on the
+    queue with the task in its app): they wait until one starts."""
+
+    queue: str
+    task: str
+    jobs: int
+    oldest_due_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def unserved_jobs(bind: Bind, *, schema: str = DEFAULT_SCHEMA,
+                  stale_after: float = UNSERVED_STALE_AFTER,
+                  limit: int = 20) -> list[UnservedJobs]:
+    """Due jobs no live worker serves, by (queue, task), largest groups first. A worker is
+    live while its registry heartbeat (`flowq.workers`) is younger than `stale_after`."""
+    q = Queries(schema)
+
+    def read(conn: sa.Connection) -> list[UnservedJobs]:
+        rows = conn.execute(q.select_unserved_jobs, {"stale": stale_after, "limit": limit})
+        return [UnservedJobs(r.queue, r.task, r.n, r.oldest_s) for r in rows]
+
+    return binds.read(bind, read)
+
+
+# -- control ----------------------------------------------------------------------------------
+
+
+def _lock(conn: sa.Connection, q: Queries, run_id: int) -> RunInfo:
+    """Lock every row of the run, then read it: no step of it can complete until we commit."""
+    seen: set[int] = set()
+    for _ in range(_MAX_LOCK_PASSES):
+        ids = set(conn.execute(q.lock_run_jobs, {"run_id": run_id}).scalars())
+        if ids == seen:
+            break
+        seen = ids
+    return read_run(conn, q, run_id)
+
+
+def cancel_run(bind: Bind, run_id: int, schema: str = DEFAULT_SCHEMA, *,
+               reason: str = "cancelled by flowq.ops.runs.cancel_run") -> CancelResult:
+    """Cancel the run: pending steps become `cancelled` (with `reason` as their last_error),
+    a running step is flagged so that it creates no successor when it finishes.
+
+    A run already cancelled is left alone (nothing changed); a succeeded or dead run raises
+    RunStateError.
+    """
+    q = Queries(schema)
+    run_id = check_id(run_id)
+    with binds.transaction(bind) as conn:
+        run = _lock(conn, q, run_id)
+        if run.status in ("succeeded", "dead"):
+            raise RunStateError(f"run {run_id} already ended {run.status}: there is nothing "
+                                "to cancel" + (" (retry it, or leave it)"
+                                               if run.status == "dead" else ""))
+        rows = conn.execute(q.cancel_run_jobs, {"run_id": run_id, "error": reason}).all()
+        after = read_run(conn, q, run_id)
+    return CancelResult(
+        run=after,
+        cancelled=tuple(sorted(r.id for r in rows if r.status == "cancelled")),
+        cancel_requested=tuple(sorted(r.id for r in rows if r.status == "running")))
+
+
+def retry_run(bind: Bind, run_id: int, schema: str = DEFAULT_SCHEMA) -> RetryResult:
+    """Resume a dead run: every dead step (and dead map instance) runs again, due now, with a
+    fresh attempt budget; what succeeded is kept and never re-run. RunStateError unless the
+    run is dead."""
+    q = Queries(schema)
+    run_id = check_id(run_id)
+    with binds.transaction(bind) as conn:
+        run = _lock(conn, q, run_id)
+        if run.status != "dead":
+            raise RunStateError(f"run {run_id} is {run.status}, not dead: only a dead run can "
+                                "be retried")
+        ids = sorted(r.id for r in conn.execute(
+            q.retry_dead_jobs, {"run_id": run_id, "channel": notify_channel(schema)}))
+        after = read_run(conn, q, run_id)
+    first = next(s for s in after.steps if s.job_id == ids[0])
+    return RetryResult(run=after, job_id=first.job_id, step=first.step, job_ids=tuple(ids))
+
+
+def _lock_runs(conn: sa.Connection, q: Queries, run_ids: list[int]) -> None:
+    """`_lock` for many runs: every row of each, in id order, until the set stops growing."""
+    seen: set[int] = set()
+    for _ in range(_MAX_LOCK_PASSES):
+        ids = set(conn.execute(q.lock_runs_jobs, {"run_ids": run_ids}).scalars())
+        if ids == seen:
+            break
+        seen = ids
+
+
+def retry_runs(bind: Bind, *, status: str = "dead", task: str | None = None,
+               queue: str | None = None, since: When | None = None, until: When | None = None,
+               limit: int | None = None, batch_size: int = DEFAULT_RETRY_BATCH,
+               schema: str = DEFAULT_SCHEMA) -> int:
+    """Retry every dead run matching the filters (see the module docstring; at most `limit`
+    runs), as `retry_run` does each one; return how many runs were retried (0 when none
+    matches: not an error).
+
+    In batches of `batch_size` runs, oldest first, each in a transaction of its own (on an
+    Engine, or a Connection outside a transaction; a Connection's open transaction is
+    joined instead, and the caller commits it all). A batch picks its runs without locks,
+    locks every row of them (as `retry_run` does), and retries those still dead; a run
+    that changed meanwhile (retried, cancelled, pruned) is skipped. Each batch starts after
+    the previous one's last run id, so the whole redrive walks the runs once, and a run
+    that dies again while it goes on is not retried twice. Durations ago (`since="1h"`)
+    are measured once, at the start."""
+    if status != "dead":
+        raise InvalidArgumentsError(f"only dead runs can be retried: status must be 'dead', "
+                                    f"got {status!r}")
+    if limit is not None:
+        limit = check_count("limit", limit, 1)
+    batch_size = check_count("batch_size", batch_size, 1)
+    filters = run_filters(task, queue, since, until)
+    q = Queries(schema)
+    params: dict[str, Any] | None = None
+    after: int | None = None
+    total = 0
+    while limit is None or total < limit:
+        size = batch_size if limit is None else min(batch_size, limit - total)
+        with binds.transaction(bind) as conn:
+            if params is None:
+                params = filters.params(conn, q)  # a duration ago is measured once
+            picked = list(conn.execute(q.select_dead_runs, {
+                **params, "after": after, "limit": size}).scalars())
+            if picked:
+                _lock_runs(conn, q, picked)
+                total += len(conn.execute(q.retry_dead_runs, {
+                    "run_ids": picked, "channel": notify_channel(schema)}).all())
+        if len(picked) < size:
+            break
+        after = picked[-1]
+    return total
+
+
+def _finished(run: RunInfo) -> bool:
+    return not any(s.status in ("pending", "running", "waiting") for s in run.steps)
+
+
+def wait_run(bind: sa.Engine, run_id: int, *, timeout: float | None = None,
+             schema: str = DEFAULT_SCHEMA) -> RunInfo:
+    """Block until run `run_id` has finished (succeeded, dead, or cancelled with nothing left
+    running), and return it; TimeoutError after `timeout` seconds. Polls, from 20 ms backing
+    off to 1 s."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pause = _WAIT_POLL[0]
+    while True:
+        run = get_run(bind, run_id, schema)
+        if _finished(run):
+            return run
+        if deadline is not None and time.monotonic() + pause > deadline:
+            raise TimeoutError(f"run {run_id} is still {run.status} after {timeout}s")
+        time.sleep(pause)
+        pause = min(pause * 2, _WAIT_POLL[1])
+
+
+async def await_run(bind: Any, run_id: int, *, timeout: float | None = None,
+                    schema: str = DEFAULT_SCHEMA) -> RunInfo:
+    """`wait_run` for asyncio: `bind` is an AsyncEngine (or an Engine, read in a thread)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pause = _WAIT_POLL[0]
+    run_id = check_id(run_id)
+    while True:
+        if isinstance(bind, sa.Engine):
+            run = await asyncio.to_thread(get_run, bind, run_id, schema)
+        else:
+            async with bind.connect() as conn:
+                run = await conn.run_sync(lambda c: get_run(c, run_id, schema))
+        if _finished(run):
+            return run
+        if deadline is not None and time.monotonic() + pause > deadline:
+            raise TimeoutError(f"run {run_id} is still {run.status} after {timeout}s")
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, _WAIT_POLL[1])

@@ -1,0 +1,89 @@
+"""Schedule inspection: every schedule an app defines or its schema records, with its ticks.
+
+`list_schedules(bind, app)` (and `flowq schedules`) shows each schedule's spec, its next tick
+and the last tick it enqueued, with that run's id and status. What a schedule is and which
+ticks are due is `flowq.define.schedules`; the scheduler that enqueues them runs in the
+worker (`flowq.worker.scheduler`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from flowq.define.schedules import utc
+from flowq.errors import RunNotFoundError
+from flowq.names import DEFAULT_SCHEMA
+from flowq.ops import binds
+from flowq.ops.binds import Bind
+from flowq.ops.runs import get_run
+from flowq.queries import queries
+
+if TYPE_CHECKING:
+    from flowq.define.app import FlowQ
+
+__all__ = ["ScheduleInfo", "list_schedules"]
+
+
+@dataclass(frozen=True)
+class ScheduleInfo:
+    """A schedule as `flowq schedules` shows it: its spec, its next tick after now, and the
+    last tick it enqueued with that run's id and status (`pruned` once the run is gone).
+    `defined` is False for a schedule the database knows and the app no longer defines."""
+
+    name: str
+    task: str
+    spec: str
+    timezone: str | None
+    catch_up: bool | None
+    next_tick: datetime | None
+    last_tick: datetime | None
+    last_run_id: int | None
+    last_status: str | None
+    defined: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v.isoformat() if isinstance(v, datetime) else v
+                for k, v in asdict(self).items()}
+
+
+def list_schedules(bind: Bind, app: FlowQ | None = None, *, schema: str | None = None,
+                   now: datetime | None = None) -> list[ScheduleInfo]:
+    """Every schedule of `app` and every other one recorded in its schema (`schema`, default
+    the app's, else "flowq"), by name. Without the app, the next ticks are unknown. `now`
+    (default: the database's clock) is when the next tick is counted from."""
+    schema = schema or (app.schema if app is not None else DEFAULT_SCHEMA)
+    q = queries(schema)
+    defined = {s.name: s for s in app.schedules} if app is not None else {}
+
+    def read(conn: sa.Connection) -> list[ScheduleInfo]:
+        result = conn.execute(q.list_schedules).all()
+        clock = result[0].now if now is None else now
+        rows = {r.name: r for r in result if r.name is not None}
+        found = []
+        for name in sorted(defined.keys() | rows.keys()):
+            s, row = defined.get(name), rows.get(name)
+            last_run_id = None if row is None else row.last_run_id
+            status: str | None = None
+            if last_run_id is not None:
+                try:
+                    status = get_run(conn, last_run_id, schema).status
+                except RunNotFoundError:
+                    status = "pruned"
+            if s is not None:
+                task, spec, next_tick = s.task, s.spec, s.next_tick(clock)
+            else:
+                assert row is not None
+                task, spec, next_tick = row.task, row.spec, None
+            found.append(ScheduleInfo(
+                name=name, task=task, spec=spec,
+                timezone=None if s is None else s.timezone,
+                catch_up=None if s is None else s.catch_up, next_tick=next_tick,
+                last_tick=None if row is None or last_run_id is None else utc(row.last_tick),
+                last_run_id=last_run_id, last_status=status, defined=s is not None))
+        return found
+
+    return binds.read(bind, read)

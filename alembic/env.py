@@ -10,8 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import context
 
-from flowq.migrations import MIGRATE_LOCK, VERSION_TABLE
-from flowq.schema import DEFAULT_SCHEMA, metadata
+from flowq.db.migrations import MIGRATE_LOCK, VERSION_TABLE
+from flowq.db.schema import DEFAULT_SCHEMA, metadata
 
 config = context.config
 schema: str = config.attributes.get("flowq_schema", DEFAULT_SCHEMA)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from flowq.app import FlowQ, Pipeline, Step, Task
 from flowq.context import Context
+from flowq.db.migrations import migrate
 from flowq.errors import (
     CancelRun,
     ConfigurationError,
@@ -26,7 +27,6 @@ from flowq.errors import (
     UnknownTaskError,
     WorkflowError,
 )
-from flowq.migrations import migrate
 from flowq.queues import Rate
 from flowq.retry import Retry
 from flowq.session import Enqueued, Session, SessionMixin, enqueue, enqueue_many, signal

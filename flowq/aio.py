@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncSession as _SAAsyncSession
 
 from flowq import tracing
 from flowq.app import Pipeline
-from flowq.queries import queries
+from flowq.db.sql import queries
 from flowq.session import (
     Enqueued,
     PreparedCall,

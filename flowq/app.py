@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, Final, Generic, ParamSpec, TypeVar, overload
 
+from flowq.db.schema import DEFAULT_SCHEMA, validate_schema_name
 from flowq.errors import ConfigurationError, InvalidArgumentsError, InvalidQueueError
 from flowq.queues import QueueConfig, Rate
 from flowq.retry import Retry
-from flowq.schema import DEFAULT_SCHEMA, validate_schema_name
 from flowq.storable import MAX_DELAY
 
 if TYPE_CHECKING:

@@ -31,7 +31,7 @@ from flowq.errors import ConfigurationError
 from flowq.storable import first_line
 
 if TYPE_CHECKING:
-    from flowq.queries import Queries
+    from flowq.db.sql import Queries
     from flowq.worker.connection import DedicatedConnection
     from flowq.worker.model import ClaimedJob
 

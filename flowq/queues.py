@@ -33,9 +33,9 @@ from typing import Any, Final
 
 import sqlalchemy as sa
 
+from flowq.db.schema import DEFAULT_SCHEMA
+from flowq.db.sql import queries
 from flowq.errors import ConfigurationError
-from flowq.queries import queries
-from flowq.schema import DEFAULT_SCHEMA
 
 __all__ = ["QueueConfig", "QueueInfo", "Rate", "list_queues", "pause", "resume"]
 

@@ -55,14 +55,14 @@ from typing import Any, Final, TypeVar, cast
 import sqlalchemy as sa
 
 from flowq.app import _validate_name, find_definition, validate_queue
+from flowq.db.schema import DEFAULT_SCHEMA, STATUSES, Status, notify_channel
+from flowq.db.sql import Queries
 from flowq.errors import (
     ConfigurationError,
     InvalidArgumentsError,
     RunNotFoundError,
     RunStateError,
 )
-from flowq.queries import Queries
-from flowq.schema import DEFAULT_SCHEMA, STATUSES, Status, notify_channel
 
 __all__ = [
     "CancelResult",

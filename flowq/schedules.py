@@ -38,10 +38,10 @@ from typing import TYPE_CHECKING, Any, Final
 import sqlalchemy as sa
 from cronsim import CronSim, CronSimError
 
+from flowq.db.schema import DEFAULT_SCHEMA
+from flowq.db.sql import queries
 from flowq.errors import ConfigurationError, FlowqError, RunNotFoundError
 from flowq.jsonargs import JSONError, dumps_checked
-from flowq.queries import queries
-from flowq.schema import DEFAULT_SCHEMA
 
 if TYPE_CHECKING:
     from flowq.app import FlowQ, Pipeline

@@ -48,9 +48,11 @@ from sqlalchemy import orm
 
 from flowq import tracing
 from flowq.app import DEFAULT_QUEUE, Pipeline, _validate_name, find_definition, validate_queue
-from flowq.db import is_missing_schema_error, raw_sql
-from flowq.db import schema_missing as schema_missing  # re-exported for flowq.aio
-from flowq.direct import fetch_rows
+from flowq.db.checks import is_missing_schema_error
+from flowq.db.checks import schema_missing as schema_missing  # re-exported for flowq.aio
+from flowq.db.runner import fetch_rows, raw_sql
+from flowq.db.schema import DEFAULT_SCHEMA, notify_channel
+from flowq.db.sql import queries
 from flowq.errors import (
     ConfigurationError,
     FlowqError,
@@ -58,9 +60,7 @@ from flowq.errors import (
     UnknownTaskError,
 )
 from flowq.jsonargs import JSONError, dumps_checked
-from flowq.queries import queries
 from flowq.retry import DEFAULT_MAX_ATTEMPTS
-from flowq.schema import DEFAULT_SCHEMA, notify_channel
 from flowq.workflows import PreparedSignal, Signalled, prepare_signal
 
 __all__ = ["Enqueued", "Session", "SessionMixin", "enqueue", "enqueue_many", "signal"]

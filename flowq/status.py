@@ -24,10 +24,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from flowq.queries import queries
+from flowq.db.schema import DEFAULT_SCHEMA
+from flowq.db.sql import queries
 from flowq.queues import QueueInfo, list_queues
 from flowq.runs import UNSERVED_STALE_AFTER, UnservedJobs, unserved_jobs
-from flowq.schema import DEFAULT_SCHEMA
 
 __all__ = ["DeadTask", "QueueStatus", "Status", "WorkerStatus", "status"]
 

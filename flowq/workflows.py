@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from flowq.app import find_definition
+from flowq.db.schema import DEFAULT_SCHEMA, notify_channel
+from flowq.db.sql import queries
 from flowq.errors import RunNotFoundError, RunStateError, SignalError, WorkflowError
 from flowq.jsonargs import JSONError, dumps_checked
-from flowq.queries import queries
-from flowq.schema import DEFAULT_SCHEMA, notify_channel
 
 __all__ = ["MAX_MAP_BYTES", "MAX_MAP_ITEMS", "Each", "PreparedSignal", "Signalled", "each", "prepare_signal"]
 

@@ -7,7 +7,7 @@ import pytest
 import sqlalchemy as sa
 
 from flowq.db import normalize_url
-from flowq.queries import Queries
+from flowq.db.sql import Queries
 from flowq.testing import job_rows
 from flowq.worker.claimer import Claimer
 from flowq.worker.connection import DedicatedConnection

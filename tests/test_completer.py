@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from flowq.db import normalize_url
-from flowq.queries import Queries
+from flowq.db.sql import Queries
 from flowq.testing import job_rows, wait_until
 from flowq.worker.completer import Completer
 from flowq.worker.connection import DedicatedConnection

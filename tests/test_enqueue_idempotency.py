@@ -22,7 +22,7 @@ from sqlalchemy.orm import sessionmaker
 
 import flowq
 from flowq.aio import AsyncSession
-from flowq.db import raw_sql
+from flowq.db.runner import raw_sql
 from flowq.session import KEY_RACE_ATTEMPTS, prepare_enqueue
 from flowq.testing import job_rows, wait_until
 

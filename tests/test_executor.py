@@ -16,7 +16,7 @@ from tenacity import retry_if_exception, stop_after_attempt, wait_fixed
 import flowq
 from flowq.context import Context, StepSession
 from flowq.db import normalize_url
-from flowq.queries import Queries
+from flowq.db.sql import Queries
 from flowq.testing import wait_until
 from flowq.worker.completer import Completer
 from flowq.worker.connection import DedicatedConnection

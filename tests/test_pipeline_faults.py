@@ -31,9 +31,9 @@ import pytest
 import sqlalchemy as sa
 
 import flowq
+from flowq.db.schema import DEFAULT_SCHEMA
+from flowq.db.sql import Queries
 from flowq.embedded import LocalPostgres
-from flowq.queries import Queries
-from flowq.schema import DEFAULT_SCHEMA
 from flowq.testing import job_rows, wait_until
 from flowq.worker.maintenance import Reaper
 

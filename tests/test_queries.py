@@ -10,7 +10,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from flowq.queries import Queries
+from flowq.db.sql import Queries
 from flowq.testing import job_rows
 
 Q = Queries("flowq")

@@ -16,7 +16,7 @@ import queues_app as qa
 import sqlalchemy as sa
 
 import flowq
-from flowq.queries import Queries
+from flowq.db.sql import Queries
 from flowq.queues import list_queues, pause, resume
 from flowq.runs import cancel_run, get_run
 from flowq.testing import wait_until

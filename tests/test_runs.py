@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from runs_cli import cli, cli_json
 
 import flowq
-from flowq.queries import Queries
+from flowq.db.sql import Queries
 from flowq.runs import cancel_run, get_run, list_runs, retry_run
 from flowq.testing import job_rows, run_until_idle, wait_until
 

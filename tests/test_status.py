@@ -15,7 +15,7 @@ from click.testing import CliRunner, Result
 
 import flowq
 from flowq.cli import main
-from flowq.queries import queries
+from flowq.db.sql import queries
 from flowq.status import status
 from flowq.testing import running_worker, wait_until
 

@@ -20,7 +20,7 @@ import flowq
 from flowq.aio import AsyncSession
 from flowq.aio import enqueue as aenqueue
 from flowq.app import RESERVED_OPTIONS
-from flowq.queries import Queries
+from flowq.db.sql import Queries
 from flowq.testing import drain, job_rows, wait_until
 
 app = flowq.FlowQ()

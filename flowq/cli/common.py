@@ -26,9 +26,10 @@ import click
 import sqlalchemy as sa
 
 from flowq.app import FlowQ
-from flowq.db import create_engine, ensure_schema, mask_secrets, resolve_url
+from flowq.db import create_engine, mask_secrets, resolve_url
+from flowq.db.checks import ensure_schema
+from flowq.db.schema import DEFAULT_SCHEMA
 from flowq.errors import ConfigurationError, FlowqError
-from flowq.schema import DEFAULT_SCHEMA
 from flowq.storable import first_line
 
 __all__ = ["FlowqGroup", "UserError", "load_app", "open_engine", "require_url",

@@ -26,6 +26,7 @@ from flowq.cli.common import (
     table,
     url_option,
 )
+from flowq.db.schema import STATUSES, Status
 from flowq.errors import InvalidArgumentsError
 from flowq.runs import (
     DEFAULT_RETRY_BATCH,
@@ -38,7 +39,6 @@ from flowq.runs import (
     retry_runs,
     unserved_jobs,
 )
-from flowq.schema import STATUSES, Status
 from flowq.storable import first_line
 
 __all__ = ["runs"]

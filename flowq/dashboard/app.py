@@ -34,6 +34,7 @@ from flowq import runs as runs_api
 from flowq.cli.common import age_cell, limits_cell
 from flowq.dashboard.auth import CSRF_COOKIE, SESSION_COOKIE, SESSION_MAX_AGE, Guard
 from flowq.db import create_engine, mask_secrets
+from flowq.db.schema import DEFAULT_SCHEMA, STATUSES
 from flowq.errors import (
     ConfigurationError,
     DatabaseUnavailableError,
@@ -43,7 +44,6 @@ from flowq.errors import (
     RunNotFoundError,
     RunStateError,
 )
-from flowq.schema import DEFAULT_SCHEMA, STATUSES
 from flowq.status import status as read_status
 from flowq.storable import first_line
 

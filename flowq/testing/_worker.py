@@ -19,7 +19,7 @@ from sqlalchemy.sql.elements import TextClause
 
 from flowq.app import FlowQ
 from flowq.context import StepSession
-from flowq.queries import queries
+from flowq.db.sql import queries
 from flowq.worker.completer import Completer
 from flowq.worker.connection import DedicatedConnection
 from flowq.worker.executor import Executor, _Running

@@ -21,8 +21,8 @@ import sqlalchemy as sa
 from sqlalchemy import orm
 
 from flowq.app import Pipeline
-from flowq.queries import queries
-from flowq.schema import DEFAULT_SCHEMA
+from flowq.db.schema import DEFAULT_SCHEMA
+from flowq.db.sql import queries
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession

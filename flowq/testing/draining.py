@@ -49,8 +49,8 @@ from sqlalchemy import orm
 
 from flowq.app import FlowQ, validate_queue
 from flowq.context import StepSession
+from flowq.db.sql import queries
 from flowq.errors import InvalidArgumentsError, SignalTimeout
-from flowq.queries import queries
 from flowq.session import Enqueued
 from flowq.testing._worker import judge, record, runner, writer
 from flowq.worker.completer import _Item

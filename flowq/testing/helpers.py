@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import sqlalchemy as sa
 
 from flowq.app import FlowQ
-from flowq.schema import DEFAULT_SCHEMA, validate_schema_name
+from flowq.db.schema import DEFAULT_SCHEMA, validate_schema_name
 
 if TYPE_CHECKING:
     from flowq.worker import Worker

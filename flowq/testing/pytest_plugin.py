@@ -29,7 +29,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from flowq.db import normalize_url
-from flowq.migrations import migrate
+from flowq.db.migrations import migrate
 from flowq.session import Session
 
 __all__ = ["flowq_database_url", "flowq_engine", "flowq_session"]

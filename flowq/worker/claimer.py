@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from flowq.queries import Queries
+from flowq.db.sql import Queries
 from flowq.storable import describe, first_line
 from flowq.worker.connection import DedicatedConnection
 from flowq.worker.logs import ERROR, log_event

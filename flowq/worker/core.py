@@ -49,10 +49,11 @@ from sqlalchemy.engine import URL
 
 from flowq.app import FlowQ
 from flowq.context import StepSession
-from flowq.db import describe_url, ensure_schema, normalize_url
+from flowq.db import describe_url, normalize_url
+from flowq.db.checks import ensure_schema
+from flowq.db.schema import notify_channel, schema_map
+from flowq.db.sql import Queries
 from flowq.errors import ConfigurationError, FlowqError
-from flowq.queries import Queries
-from flowq.schema import notify_channel, schema_map
 from flowq.storable import first_line
 from flowq.worker import maintenance as m
 from flowq.worker.claimer import Claimer

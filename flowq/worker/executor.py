@@ -43,6 +43,7 @@ from typing import Any, Final
 from flowq import tracing
 from flowq.app import FlowQ, Pipeline, Step
 from flowq.context import Context, StepSession
+from flowq.db.sql import queries
 from flowq.errors import (
     CancelRun,
     InvalidArgumentsError,
@@ -52,7 +53,6 @@ from flowq.errors import (
     WorkflowError,
 )
 from flowq.jsonargs import JSONError, dumps_checked
-from flowq.queries import queries
 from flowq.retry import Retry
 from flowq.storable import clamp_delay, delay_of, describe, first_line, safe_str, storable_text
 from flowq.worker.completer import Completer

@@ -22,8 +22,8 @@ from typing import Final
 
 import sqlalchemy as sa
 
-from flowq.queries import Queries
-from flowq.schema import notify_channel
+from flowq.db.schema import notify_channel
+from flowq.db.sql import Queries
 from flowq.storable import first_line
 from flowq.worker.connection import DB_ERRORS, DedicatedConnection
 from flowq.worker.logs import ERROR, INFO, WARNING, log_event

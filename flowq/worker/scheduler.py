@@ -29,7 +29,7 @@ from typing import Final
 import sqlalchemy as sa
 
 from flowq.app import FlowQ
-from flowq.queries import Queries
+from flowq.db.sql import Queries
 from flowq.schedules import Schedule
 from flowq.session import execute, prepare_enqueue
 from flowq.storable import first_line

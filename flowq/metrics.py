@@ -31,9 +31,9 @@ from flowq.errors import ConfigurationError
 from flowq.storable import first_line
 
 if TYPE_CHECKING:
+    from flowq.db.rows import ClaimedJob
     from flowq.db.sql import Queries
     from flowq.worker.connection import DedicatedConnection
-    from flowq.worker.model import ClaimedJob
 
 __all__ = ["MISSING_EXTRA", "OUTCOMES", "OutcomeObserver", "WorkerMetrics", "check_ports_free"]
 

@@ -433,10 +433,10 @@ def test_two_parents_completing_at_once_create_the_join_once(engine: sa.Engine) 
     waits on the join's counter row, then sees the first's decrement; one join row."""
     import threading
 
+    from flowq.db.rows import ClaimedJob
     from flowq.db.sql import Queries
     from flowq.testing._worker import judge, record, runner, writer
     from flowq.worker.completer import _Item
-    from flowq.worker.model import ClaimedJob
 
     app, _ = make_app()
     q = Queries("flowq")

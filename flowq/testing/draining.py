@@ -49,13 +49,14 @@ from sqlalchemy import orm
 
 from flowq.app import FlowQ, validate_queue
 from flowq.context import StepSession
+from flowq.db.rows import ClaimedJob
 from flowq.db.sql import queries
 from flowq.errors import InvalidArgumentsError, SignalTimeout
 from flowq.session import Enqueued
 from flowq.testing._worker import judge, record, runner, writer
 from flowq.worker.completer import _Item
 from flowq.worker.executor import Executor, _Running
-from flowq.worker.model import ClaimedJob, Failed, Outcome, Retried, Succeeded
+from flowq.worker.model import Failed, Outcome, Retried, Succeeded
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession

@@ -22,9 +22,10 @@ from sqlalchemy import orm
 
 from flowq.app import Pipeline, Step
 from flowq.context import Context, StepSession
+from flowq.db.rows import ClaimedJob
 from flowq.jsonargs import JSONError, dumps_checked
 from flowq.testing._worker import judge, record
-from flowq.worker.model import ClaimedJob, Failed
+from flowq.worker.model import Failed
 from flowq.workflows import Each
 
 __all__ = ["SYNTHETIC_ID", "arun_step", "make_context", "run_step"]

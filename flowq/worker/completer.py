@@ -33,22 +33,14 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import TextClause
 
+from flowq.db.rows import Claim, ClaimedJob
 from flowq.db.schema import notify_channel
 from flowq.db.sql import Queries
 from flowq.db.sql.fragments import plural
 from flowq.storable import describe, first_line, storable_text
 from flowq.worker.connection import DB_ERRORS, DedicatedConnection, fetch_rows
 from flowq.worker.logs import ERROR, INFO, WARNING, log_event
-from flowq.worker.model import (
-    Cancelled,
-    Claim,
-    ClaimedJob,
-    Failed,
-    Outcome,
-    Retried,
-    Spawn,
-    Succeeded,
-)
+from flowq.worker.model import Cancelled, Failed, Outcome, Retried, Spawn, Succeeded
 
 if TYPE_CHECKING:
     from flowq.metrics import OutcomeObserver

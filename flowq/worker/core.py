@@ -51,6 +51,7 @@ from flowq.app import FlowQ
 from flowq.context import StepSession
 from flowq.db import describe_url, normalize_url
 from flowq.db.checks import ensure_schema
+from flowq.db.rows import Claim, ClaimedJob
 from flowq.db.schema import notify_channel, schema_map
 from flowq.db.sql import Queries
 from flowq.errors import ConfigurationError, FlowqError
@@ -68,7 +69,6 @@ from flowq.worker.connection import (
 from flowq.worker.executor import Executor
 from flowq.worker.listener import Listener
 from flowq.worker.logs import ERROR, INFO, WARNING, log_event
-from flowq.worker.model import Claim, ClaimedJob
 from flowq.worker.scheduler import Scheduler
 from flowq.worker.supervisor import SUPERVISOR_ENV
 

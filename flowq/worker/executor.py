@@ -43,6 +43,7 @@ from typing import Any, Final
 from flowq import tracing
 from flowq.app import FlowQ, Pipeline, Step
 from flowq.context import Context, StepSession
+from flowq.db.rows import Claim, ClaimedJob
 from flowq.db.sql import queries
 from flowq.errors import (
     CancelRun,
@@ -57,16 +58,7 @@ from flowq.retry import Retry
 from flowq.storable import clamp_delay, delay_of, describe, first_line, safe_str, storable_text
 from flowq.worker.completer import Completer
 from flowq.worker.logs import ERROR, INFO, WARNING, log_event
-from flowq.worker.model import (
-    Cancelled,
-    Claim,
-    ClaimedJob,
-    Failed,
-    Outcome,
-    Retried,
-    Spawn,
-    Succeeded,
-)
+from flowq.worker.model import Cancelled, Failed, Outcome, Retried, Spawn, Succeeded
 from flowq.workflows import Each
 
 __all__ = ["Executor", "InvalidResultError", "StepTimeout"]

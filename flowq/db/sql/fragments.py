@@ -10,7 +10,8 @@ primary-key lookup), the claim's UPDATE (`take`, the tail of a CTE: see `claims.
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Sequence
+from typing import Any, Final
 
 import sqlalchemy as sa
 from sqlalchemy.sql.elements import TextClause
@@ -126,12 +127,25 @@ SPAWN: Columns = (*SUCCESSOR, ("signal", "text"), ("wait", "float8"), ("parents"
 
 
 def plural(name: str) -> str:
-    """The bind parameter of a column in a batch statement: `id` -> `ids`. The store names
-    batch parameters with `batch_params`; this stays for the call sites that still build
-    them by hand (flowq.worker.completer, tests/test_lifecycle.py) until they use the store."""
+    """The bind parameter of column `name` in a batch (`rows(..., single=False)`): `id` ->
+    `ids`. `bind_rows` is the one that should name them; this stays public only for the call
+    sites that still build batch parameters by hand (flowq.worker.completer,
+    tests/test_lifecycle.py), and goes once they call `flowq.db.store`."""
     if name.endswith("s"):
         return name
     return name + ("es" if name.endswith("x") else "s")
+
+
+def bind_rows(columns: Columns, values: Sequence[object], *, single: bool,
+              prefix: str = "") -> dict[str, Any]:
+    """The bind parameters of `rows(alias, columns, single=single, prefix=prefix)` for
+    `values`, each column read from every value by its name (a dataclass of the row: a
+    value without one of the columns is an AttributeError, never a shifted column)."""
+    if single:
+        (value,) = values
+        return {f"{prefix}{name}": getattr(value, name) for name, _ in columns}
+    return {f"{prefix}{plural(name)}": [getattr(v, name) for v in values]
+            for name, _ in columns}
 
 
 def rows(alias: str, columns: Columns, *, single: bool, prefix: str = "") -> str:

@@ -16,30 +16,40 @@ class AdminStatements(Statements):
 
     @cached_property
     def check_schema(self) -> TextClause:
-        """Whether this schema's jobs table exists (NULL if not): a query that cannot fail, so
+        """Tell whether the schema's jobs table exists.
+
+        Whether this schema's jobs table exists (NULL if not): a query that cannot fail, so
         a missing schema is reported before an INSERT would abort the caller's transaction."""
         return self.sql(f"SELECT to_regclass('{S}.jobs')")
 
     @cached_property
     def end_backend(self) -> TextClause:
-        """End server process :pid: the connection of an attempt abandoned at its timeout,
+        """Terminate a server process (an abandoned attempt's connection).
+
+        End server process :pid: the connection of an attempt abandoned at its timeout,
         whose open transaction would otherwise hold its row locks until the stuck handler
         returns (if ever)."""
         return self.sql("SELECT pg_terminate_backend(:pid)")
 
     @cached_property
     def try_maintenance_lock(self) -> TextClause:
-        """Take the transaction-scoped advisory lock of one maintenance service, or not."""
+        """Try the transaction-scoped advisory lock of a maintenance service.
+
+        Take the transaction-scoped advisory lock of one maintenance service, or not."""
         return self.sql("SELECT pg_try_advisory_xact_lock(hashtext(:name))")
 
     @cached_property
     def select_now(self) -> TextClause:
-        """The database's clock: relative times (`--since 1h`) are measured on it, once."""
+        """Read the transaction's clock.
+
+        The database's clock: relative times (`--since 1h`) are measured on it, once."""
         return self.sql("SELECT now()")
 
     @cached_property
     def select_completions(self) -> TextClause:
-        """Per queue, the jobs that ended in the last hour: succeeded in the last minute and
+        """Count per queue the jobs that ended in the last hour.
+
+        Per queue, the jobs that ended in the last hour: succeeded in the last minute and
         hour, dead in the last hour. Reads `jobs_finished_idx` from an hour ago on (its
         predicate written out, so the planner can use it): never the older retained rows."""
         return self.sql(f"""
@@ -56,14 +66,18 @@ class AdminStatements(Statements):
 
     @cached_property
     def select_dead_by_task(self) -> TextClause:
-        """Dead jobs by task, most first, up to :limit tasks (`jobs_dead_idx`)."""
+        """Count dead jobs by task.
+
+        Dead jobs by task, most first, up to :limit tasks (`jobs_dead_idx`)."""
         return self.sql(f"""
             SELECT task, count(*) AS jobs FROM {S}.jobs WHERE status = 'dead'
              GROUP BY task ORDER BY count(*) DESC, task LIMIT :limit""")
 
     @cached_property
     def select_dead_errors(self) -> TextClause:
-        """For each run of :run_ids, its first dead step (lowest id) and that step's error
+        """Read the first dead step and its error of each of some runs.
+
+        For each run of :run_ids, its first dead step (lowest id) and that step's error
         (the run_id index, then only the runs' rows)."""
         return self.sql(f"""
             SELECT DISTINCT ON (run_id) run_id, step, map_index, last_error FROM {S}.jobs
@@ -72,7 +86,9 @@ class AdminStatements(Statements):
 
     @cached_property
     def select_table_health(self) -> TextClause:
-        """`flowq.jobs`' statistics (live and dead tuples, last vacuum and analyze, size, the
+        """Read the jobs table's statistics, size and pending index.
+
+        `flowq.jobs`' statistics (live and dead tuples, last vacuum and analyze, size, the
         average row width of its last analyze, reloptions), its pending index's size, and the
         pending jobs (counted through that index)."""
         return self.sql(f"""
@@ -95,7 +111,9 @@ class AdminStatements(Statements):
 
     @cached_property
     def select_long_transactions(self) -> TextClause:
-        """Sessions of this database (other than this one) whose transaction began more than
+        """List other sessions whose long transaction holds back vacuum.
+
+        Sessions of this database (other than this one) whose transaction began more than
         :age seconds ago and holds back the xmin horizon (a snapshot, or a transaction id):
         oldest first, up to 10. Other roles' sessions are visible with pg_read_all_stats
         (pg_monitor) or as a superuser."""
@@ -113,24 +131,32 @@ class AdminStatements(Statements):
 
     @cached_property
     def select_backend(self) -> TextClause:
-        """This session's backend pid and server port, and whether autovacuum is on."""
+        """Read this session's backend pid, server port and autovacuum setting.
+
+        This session's backend pid and server port, and whether autovacuum is on."""
         return self.sql("""
             SELECT pg_backend_pid() AS pid, inet_server_port() AS port,
                    current_setting('autovacuum') AS autovacuum""")
 
     @cached_property
     def send_probe(self) -> TextClause:
-        """NOTIFY :channel with :payload (the doctor's LISTEN round trip)."""
+        """Send a NOTIFY (the doctor's LISTEN round trip).
+
+        NOTIFY :channel with :payload (the doctor's LISTEN round trip)."""
         return self.sql("SELECT pg_notify(:channel, :payload)")
 
     @cached_property
     def select_clock(self) -> TextClause:
-        """The database's clock (not the transaction's start), as seconds since the epoch."""
+        """Read the database's wall clock.
+
+        The database's clock (not the transaction's start), as seconds since the epoch."""
         return self.sql("SELECT extract(epoch FROM clock_timestamp())::float8")
 
     @cached_property
-    def metrics_collector_lock(self) -> TextClause:
-        """Whether this session collects the queue metrics: it still is the backend :pid that
+    def lock_metrics_collector(self) -> TextClause:
+        """Take or keep the session lock that elects the metrics collector.
+
+        Whether this session collects the queue metrics: it still is the backend :pid that
         took the session-level advisory lock :name, or it takes it now. CASE, so a holder
         never takes it twice (a session lock is re-entrant and counts its holds)."""
         return self.sql("""

@@ -40,7 +40,9 @@ class ClaimStatements(Statements):
 
     @cached_property
     def claim_jobs(self) -> TextClause:
-        """Claim up to :limit due jobs of :queue for :worker, each under a new lease. A CTE, so
+        """Claim due jobs of one queue that is neither paused nor limited.
+
+        Claim up to :limit due jobs of :queue for :worker, each under a new lease. A CTE, so
         that the LIMIT binds the locking subquery and the UPDATE can never touch more rows
         than were picked; SKIP LOCKED lets concurrent workers pick disjoint rows without
         waiting on each other. Claims nothing from a queue that is paused or limited
@@ -50,19 +52,25 @@ class ClaimStatements(Statements):
 
     @cached_property
     def claim_any_jobs(self) -> TextClause:
-        """`claim_jobs` without regard to pauses and limits: the test kit's `drain`, which runs
+        """Claim due jobs of one queue, ignoring pauses and limits (the test kit).
+
+        `claim_jobs` without regard to pauses and limits: the test kit's `drain`, which runs
         one job at a time in the test's own transaction."""
         return self._claim()
 
     @cached_property
     def claim_run_jobs(self) -> TextClause:
-        """`claim_jobs` restricted to the runs :run_ids (`flowq.testing.drain(runs=...)`);
+        """Claim due jobs of one queue belonging to given runs (the test kit).
+
+        `claim_jobs` restricted to the runs :run_ids (`flowq.testing.drain(runs=...)`);
         the same statement, written once."""
         return self._claim(" AND run_id = ANY(CAST(:run_ids AS bigint[]))")
 
     @cached_property
     def heartbeat_jobs(self) -> TextClause:
-        """Refresh the heartbeat of this worker's claims (:ids, :leases); returns the ids
+        """Refresh the heartbeat of a batch of claims, fenced.
+
+        Refresh the heartbeat of this worker's claims (:ids, :leases); returns the ids
         still ours, with whether their run was cancelled meanwhile (the running handler is
         told: cooperative cancellation)."""
         return self.sql(f"""
@@ -78,13 +86,17 @@ class ClaimStatements(Statements):
 
     @cached_property
     def complete_jobs(self) -> TextClause:
-        """Mark claims (:ids, :leases) succeeded with :results; returns the rows that were
+        """Mark a batch of claims succeeded, fenced.
+
+        Mark claims (:ids, :leases) succeeded with :results; returns the rows that were
         still ours (with whether their run was cancelled meanwhile)."""
         return self._complete(single=False)
 
     @cached_property
     def complete_job(self) -> TextClause:
-        """`complete_jobs` for one claim (:id, :lease, :result), by primary key: what a
+        """Mark one claim succeeded, fenced, by primary key.
+
+        `complete_jobs` for one claim (:id, :lease, :result), by primary key: what a
         `ctx.session` handler's own transaction sends."""
         return self._complete(single=True)
 
@@ -107,7 +119,9 @@ class ClaimStatements(Statements):
 
     @cached_property
     def complete_steps(self) -> TextClause:
-        """`complete_jobs` plus, in the same statement, the steps the successes create (a
+        """Mark a batch of claims succeeded and create their pipeline successors.
+
+        `complete_jobs` plus, in the same statement, the steps the successes create (a
         chain's next step, a map's instances; `:next_ids`, `:next_leases` name the claim each
         follows; none when the run was cancelled meanwhile), waking the workers of their
         queues. One statement, so it is atomic even in autocommit: no step is ever done
@@ -116,7 +130,9 @@ class ClaimStatements(Statements):
 
     @cached_property
     def complete_step(self) -> TextClause:
-        """`complete_steps` for one claim (`:id`, `:lease`, `:result`), by primary key (see
+        """Mark one claim succeeded and create its pipeline successors.
+
+        `complete_steps` for one claim (`:id`, `:lease`, `:result`), by primary key (see
         `complete_job`)."""
         return self._complete_steps(single=True)
 
@@ -181,7 +197,9 @@ class ClaimStatements(Statements):
 
     @cached_property
     def complete_flows(self) -> TextClause:
-        """`complete_steps` for workflows: besides the steps created at once, each success
+        """Mark a batch of claims succeeded and apply their workflow spawns.
+
+        `complete_steps` for workflows: besides the steps created at once, each success
         adds its share to the counters of the joins it is a parent of (`flowq.joins`; the
         success that brings one to zero creates that step, exactly once, even when two
         parents complete at the same instant: the counter row serializes them), and a step
@@ -191,12 +209,16 @@ class ClaimStatements(Statements):
 
     @cached_property
     def complete_flow(self) -> TextClause:
-        """`complete_flows` for one claim, by primary key."""
+        """Mark one claim succeeded and apply its workflow spawns.
+
+        `complete_flows` for one claim, by primary key."""
         return self._complete_flow(single=True)
 
     @cached_property
     def retry_job(self) -> TextClause:
-        """Send a failed attempt back to pending after :delay seconds (or end it `cancelled` if
+        """Send a failed attempt back to pending after a delay, fenced.
+
+        Send a failed attempt back to pending after :delay seconds (or end it `cancelled` if
         its run was cancelled meanwhile); returns the new status and run_at, or nothing if
         the claim is no longer ours."""
         return self.sql(f"""
@@ -211,7 +233,9 @@ class ClaimStatements(Statements):
 
     @cached_property
     def end_job(self) -> TextClause:
-        """End a claim as :status (`dead` or `cancelled`) with :error."""
+        """End a claim as dead or cancelled, fenced.
+
+        End a claim as :status (`dead` or `cancelled`) with :error."""
         return self.sql(f"""
             UPDATE {S}.jobs j
                SET status = :status, finished_at = now(), last_error = :error, {UNLOCK}
@@ -221,7 +245,9 @@ class ClaimStatements(Statements):
 
     @cached_property
     def release_jobs(self) -> TextClause:
-        """Hand claims back without burning the attempt: unfinished ones at shutdown, and jobs
+        """Hand a batch of claims back without burning their attempt, fenced.
+
+        Hand claims back without burning the attempt: unfinished ones at shutdown, and jobs
         claimed ahead that did not start (or end them `cancelled` when their run was
         cancelled meanwhile). Giving the attempt back is safe: the fence is the lease, which
         the next claim renews. Notifies :channel with each queue, so other workers take them
@@ -237,7 +263,9 @@ class ClaimStatements(Statements):
 
     @cached_property
     def reap_jobs(self) -> TextClause:
-        """Requeue (or bury, once attempts are spent) running jobs whose heartbeat is older than
+        """Requeue, bury or cancel running jobs whose worker stopped heartbeating.
+
+        Requeue (or bury, once attempts are spent) running jobs whose heartbeat is older than
         :stale seconds: their worker died. The crashed attempt counts."""
         return self.sql(f"""
             WITH stale AS (

@@ -25,7 +25,9 @@ class JobStatements(Statements):
 
     @cached_property
     def insert_job(self) -> TextClause:
-        """The keyless enqueue: one plain INSERT (no CTE, no conflict arbitration: it is the
+        """Enqueue one run of one row, without a key (the hot path).
+
+        The keyless enqueue: one plain INSERT (no CTE, no conflict arbitration: it is the
         hot path of every business transaction) whose RETURNING also notifies :channel with
         the queue, delivered at commit only."""
         return self.sql(f"""
@@ -35,14 +37,18 @@ class JobStatements(Statements):
 
     @cached_property
     def find_run_by_key(self) -> TextClause:
-        """The run holding :idempotency_key, as (id, run_id, created = false)."""
+        """Find the run holding an idempotency key.
+
+        The run holding :idempotency_key, as (id, run_id, created = false)."""
         return self.sql(f"""
             SELECT id, run_id, false AS created FROM {S}.jobs
              WHERE idempotency_key = CAST(:idempotency_key AS text)""")
 
     @cached_property
     def insert_job_by_key(self) -> TextClause:
-        """The keyed enqueue: the run holding :idempotency_key, else a new one (notified).
+        """Enqueue one run of one row under an idempotency key.
+
+        The keyed enqueue: the run holding :idempotency_key, else a new one (notified).
 
         The key is read first, in the statement's snapshot, and the INSERT runs only when
         nothing was found; so a duplicate touches no row and takes no lock that a worker's
@@ -72,7 +78,9 @@ class JobStatements(Statements):
 
     @cached_property
     def insert_jobs(self) -> TextClause:
-        """The bulk enqueue: one run per element of :args (JSON texts), one notification; the
+        """Enqueue many runs of one row each, in one statement.
+
+        The bulk enqueue: one run per element of :args (JSON texts), one notification; the
         run ids in input order (run_id is drawn from its sequence row by row in input order,
         while RETURNING itself promises no order)."""
         return self.sql(f"""
@@ -89,7 +97,9 @@ class JobStatements(Statements):
 
     @cached_property
     def insert_run(self) -> TextClause:
-        """Enqueue a run of a workflow: one row per root step, all sharing one run_id (see
+        """Enqueue a run that starts with several root rows (a workflow).
+
+        Enqueue a run of a workflow: one row per root step, all sharing one run_id (see
         `_start_run`). A root waiting for a signal starts `waiting` and is entered in
         `flowq.signals` (a signal needs its run to exist, so none can be there yet). Keyed
         like `insert_job_by_key`: the other roots are inserted only if the first one was,
@@ -101,7 +111,9 @@ class JobStatements(Statements):
 
     @cached_property
     def exists_due_jobs(self) -> TextClause:
-        """Whether any job of :queues is due within :horizon seconds (`run_until_idle` uses it
+        """Tell whether any job of some queues is due soon.
+
+        Whether any job of :queues is due within :horizon seconds (`run_until_idle` uses it
         to know it is done)."""
         return self.sql(f"""
             SELECT EXISTS (SELECT 1 FROM {S}.jobs
@@ -110,7 +122,9 @@ class JobStatements(Statements):
 
     @cached_property
     def select_map_results(self) -> TextClause:
-        """The results of every instance of mapped step :step of run :run_id, in item order:
+        """Read the results of a mapped step's instances, in item order.
+
+        The results of every instance of mapped step :step of run :run_id, in item order:
         a join's input from a mapped parent, collected when the join runs (an instance
         completing never reads its siblings; the join's counter is all it touches)."""
         return self.sql(f"""
@@ -120,7 +134,9 @@ class JobStatements(Statements):
 
     @cached_property
     def find_stranded_jobs(self) -> TextClause:
-        """Due jobs of :tasks that sit on a queue outside :queues (the queues their app's
+        """Find due jobs of an app's tasks on queues its workers do not serve.
+
+        Due jobs of :tasks that sit on a queue outside :queues (the queues their app's
         steps use, which its workers serve by default): enqueued with a queue= no worker of
         that app serves, they would wait forever. Up to 20 (queue, task) groups, largest
         first; the worker logs them at start."""
@@ -134,7 +150,9 @@ class JobStatements(Statements):
 
     @cached_property
     def select_pending_jobs(self) -> TextClause:
-        """Pending jobs of :task and of :queue (NULL: any), oldest first: what the test kit's
+        """List pending jobs of a task and queue (the test kit's assertions).
+
+        Pending jobs of :task and of :queue (NULL: any), oldest first: what the test kit's
         `assert_enqueued` looks at, sent through the caller's own transaction."""
         return self.sql(f"""
             SELECT * FROM {S}.jobs
@@ -145,7 +163,9 @@ class JobStatements(Statements):
 
     @cached_property
     def prune_jobs(self) -> TextClause:
-        """Delete up to :limit runs whose rows all ended more than :retention seconds ago
+        """Delete whole runs that finished longer ago than their retention.
+
+        Delete up to :limit runs whose rows all ended more than :retention seconds ago
         (:dead_retention for runs with a dead step). Whole runs only, so a retained run keeps
         its history and its idempotency key. A unique key still held by a pruned run goes
         with it (`flowq.uniques` has no index on run_id: a scan of that small table per

@@ -16,7 +16,9 @@ class QueueStatements(Statements):
 
     @cached_property
     def select_controlled_queues(self) -> TextClause:
-        """Which of :queues are paused or limited: (name, paused). The worker re-reads it every
+        """List which of some queues are paused or limited.
+
+        Which of :queues are paused or limited: (name, paused). The worker re-reads it every
         poll interval: a paused queue is skipped, a limited one claimed through
         `claim_limited_jobs`."""
         return self.sql(f"""
@@ -24,13 +26,17 @@ class QueueStatements(Statements):
 
     @cached_property
     def lock_queue(self) -> TextClause:
-        """Lock queue :queue's row for the transaction: limited claims of one queue take turns,
+        """Lock a queue's row for the transaction (limited claims take turns).
+
+        Lock queue :queue's row for the transaction: limited claims of one queue take turns,
         each counting in a snapshot taken after the previous one committed."""
         return self.sql(f"SELECT name FROM {S}.queues WHERE name = :queue FOR UPDATE")
 
     @cached_property
     def claim_limited_jobs(self) -> TextClause:
-        """Claim up to :limit due jobs of :queue within its limits, after `lock_queue` in the
+        """Claim due jobs of one queue within its pause, concurrency and rate limits.
+
+        Claim up to :limit due jobs of :queue within its limits, after `lock_queue` in the
         same transaction (so that what is counted as running is current): none if paused;
         at most `concurrency` running; at most the rate limit's tokens (refilled at `limit`
         per period, up to `limit`), spending one per claim; and per concurrency key at most
@@ -98,7 +104,9 @@ class QueueStatements(Statements):
 
     @cached_property
     def declare_queues(self) -> TextClause:
-        """Write the declared limits of :names (:concurrencies, :rate_limits, :rate_periods;
+        """Write the limits a worker declares for its queues.
+
+        Write the declared limits of :names (:concurrencies, :rate_limits, :rate_periods;
         NULL: none) as :worker's, keeping each queue's paused state; a changed rate starts
         with a full bucket."""
         return self.sql(f"""
@@ -120,7 +128,9 @@ class QueueStatements(Statements):
 
     @cached_property
     def mark_keyed_queues(self) -> TextClause:
-        """Mark :names as running tasks with per-key limits (claimed through the limited path),
+        """Mark queues as running tasks with per-key concurrency limits.
+
+        Mark :names as running tasks with per-key limits (claimed through the limited path),
         without touching their limits."""
         return self.sql(f"""
             INSERT INTO {S}.queues (name, keyed)
@@ -129,7 +139,9 @@ class QueueStatements(Statements):
 
     @cached_property
     def set_queue_paused(self) -> TextClause:
-        """Pause or resume queue :name (:paused); whether that changed anything."""
+        """Pause or resume a queue.
+
+        Pause or resume queue :name (:paused); whether that changed anything."""
         return self.sql(f"""
             WITH before AS (SELECT paused FROM {S}.queues WHERE name = :name FOR UPDATE),
             changed AS (
@@ -140,7 +152,9 @@ class QueueStatements(Statements):
 
     @cached_property
     def list_queues(self) -> TextClause:
-        """Every queue with jobs not yet finished (or dead) or a row in `flowq.queues`: its
+        """List every queue with its jobs by state, limits and pause.
+
+        Every queue with jobs not yet finished (or dead) or a row in `flowq.queues`: its
         jobs by state, the age of its oldest due job, its limits, whether it is paused.
         Reads the unfinished and dead rows only (through their partial indexes)."""
         return self.sql(f"""
@@ -171,8 +185,10 @@ class QueueStatements(Statements):
              ORDER BY 1""")
 
     @cached_property
-    def metrics_queue_stats(self) -> TextClause:
-        """Per queue with pending or running jobs: due, scheduled and running jobs, and the
+    def select_queue_metrics(self) -> TextClause:
+        """Count due, scheduled and running jobs per queue (metrics).
+
+        Per queue with pending or running jobs: due, scheduled and running jobs, and the
         age of the oldest due job in seconds (the partial pending and running indexes)."""
         return self.sql(f"""
             SELECT queue,

@@ -16,7 +16,9 @@ class RunStatements(Statements):
 
     @cached_property
     def select_run_jobs(self) -> TextClause:
-        """Every row of run :run_id, in step order. One statement, so one snapshot: a step's
+        """Read every row of a run, in step order.
+
+        Every row of run :run_id, in step order. One statement, so one snapshot: a step's
         success and its successor's insert (one transaction) are seen together or not at all."""
         return self.sql(f"""
             SELECT id, run_id, task, step, step_index, queue, status, priority, attempts,
@@ -28,7 +30,9 @@ class RunStatements(Statements):
 
     @cached_property
     def lock_run_jobs(self) -> TextClause:
-        """Lock every row of run :run_id (waiting for an in-flight completion); returns their
+        """Lock every row of a run.
+
+        Lock every row of run :run_id (waiting for an in-flight completion); returns their
         ids. Repeat until the set stops growing: a completion that committed while we waited
         may have inserted a successor this statement's snapshot could not see."""
         return self.sql(f"""
@@ -36,7 +40,9 @@ class RunStatements(Statements):
 
     @cached_property
     def cancel_run_jobs(self) -> TextClause:
-        """Cancel run :run_id (rows locked first): pending and waiting steps end `cancelled`
+        """Cancel a run: end its waiting rows, flag its running ones.
+
+        Cancel run :run_id (rows locked first): pending and waiting steps end `cancelled`
         with :error, running ones get `cancel_requested` (they finish, but create no
         successor and count towards no join)."""
         return self.sql(f"""
@@ -52,7 +58,9 @@ class RunStatements(Statements):
 
     @cached_property
     def retry_dead_jobs(self) -> TextClause:
-        """Send every dead step of run :run_id back with a fresh attempt budget, and wake the
+        """Send a run's dead steps back with a fresh attempt budget.
+
+        Send every dead step of run :run_id back with a fresh attempt budget, and wake the
         workers of their queues (at commit): due now, or, for a step whose signal never
         came, `waiting` again for its timeout. `last_error` is kept until the next attempt
         ends. Returns the ids."""
@@ -130,7 +138,9 @@ class RunStatements(Statements):
 
     @cached_property
     def list_runs(self) -> TextClause:
-        """The newest :limit runs below run id :before (NULL: the newest), optionally only
+        """List a page of runs, newest first, with filters.
+
+        The newest :limit runs below run id :before (NULL: the newest), optionally only
         those whose derived status is :status, of :task, with a step on :queue, created in
         [:since, :until); one row each, with the status `flowq.runs.run_status` derives
         from its steps (see `_runs_page` for the cost)."""
@@ -138,14 +148,18 @@ class RunStatements(Statements):
 
     @cached_property
     def select_dead_runs(self) -> TextClause:
-        """The oldest :limit dead runs above run id :after (NULL: the oldest), filtered like
+        """List a page of dead runs, oldest first, with filters (bulk redrive).
+
+        The oldest :limit dead runs above run id :after (NULL: the oldest), filtered like
         `list_runs`: a batch of a bulk redrive, read without locks (`lock_runs_jobs` and
         `retry_dead_runs` then check each one again)."""
         return self._runs_page(newest_first=False, status="'dead'")
 
     @cached_property
     def lock_runs_jobs(self) -> TextClause:
-        """`lock_run_jobs` for the runs :run_ids: lock every row, in id order (the order
+        """Lock every row of several runs, in id order.
+
+        `lock_run_jobs` for the runs :run_ids: lock every row, in id order (the order
         every run lock takes, so two redrives never deadlock), returning the ids; repeat
         until the set stops growing."""
         return self.sql(f"""
@@ -154,7 +168,9 @@ class RunStatements(Statements):
 
     @cached_property
     def retry_dead_runs(self) -> TextClause:
-        """`retry_dead_jobs` for those of the runs :run_ids (locked first) that are still
+        """Send the dead steps of several still-dead runs back (bulk redrive).
+
+        `retry_dead_jobs` for those of the runs :run_ids (locked first) that are still
         dead: the others changed since they were picked and are left alone. Returns the
         run ids retried (one row each), and wakes the queues of the steps due now."""
         return self.sql(f"""

@@ -16,7 +16,9 @@ class ScheduleStatements(Statements):
 
     @cached_property
     def select_schedules(self) -> TextClause:
-        """The cursor of each of :names (the last tick it enqueued, or when it was first seen;
+        """Read the cursors of periodic schedules, with the database clock.
+
+        The cursor of each of :names (the last tick it enqueued, or when it was first seen;
         NULL: not yet entered) with the database's clock, one row per name."""
         return self.sql(f"""
             SELECT n.name, s.last_tick, clock_timestamp() AS now
@@ -25,7 +27,9 @@ class ScheduleStatements(Statements):
 
     @cached_property
     def start_schedules(self) -> TextClause:
-        """Enter the schedules :names (:tasks, :specs) that are not in the table yet, with
+        """Enter new periodic schedules, their cursor at now.
+
+        Enter the schedules :names (:tasks, :specs) that are not in the table yet, with
         their cursor at :now: a new schedule starts from now, it does not backfill."""
         return self.sql(f"""
             INSERT INTO {S}.schedules (name, task, spec, last_tick)
@@ -38,7 +42,9 @@ class ScheduleStatements(Statements):
 
     @cached_property
     def stamp_scheduled_run(self) -> TextClause:
-        """Record on the rows of run :run_id the tick :tick it runs for (`ctx.scheduled_at`),
+        """Record on a run's rows the schedule tick it runs for.
+
+        Record on the rows of run :run_id the tick :tick it runs for (`ctx.scheduled_at`),
         in the transaction that enqueued it, so no worker ever sees the run without it."""
         return self.sql(f"""
             UPDATE {S}.jobs SET scheduled_at = CAST(:tick AS timestamptz)
@@ -46,7 +52,9 @@ class ScheduleStatements(Statements):
 
     @cached_property
     def advance_schedule(self) -> TextClause:
-        """Record that schedule :name (:task, :spec) enqueued its tick :tick as run :run_id.
+        """Move a schedule's cursor to the tick it enqueued.
+
+        Record that schedule :name (:task, :spec) enqueued its tick :tick as run :run_id.
         The cursor never moves back: a slower pass may commit an older tick after a newer
         one."""
         return self.sql(f"""
@@ -62,7 +70,9 @@ class ScheduleStatements(Statements):
 
     @cached_property
     def list_schedules(self) -> TextClause:
-        """Every recorded schedule by name, each with the database's clock (one row of NULLs
+        """List every recorded schedule, with the database clock.
+
+        Every recorded schedule by name, each with the database's clock (one row of NULLs
         and the clock when there is none)."""
         return self.sql(f"""
             SELECT c.now, s.name, s.task, s.spec, s.last_tick, s.last_run_id, s.updated_at

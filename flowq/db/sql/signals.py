@@ -16,14 +16,18 @@ class SignalStatements(Statements):
 
     @cached_property
     def find_signal(self) -> TextClause:
-        """The payload of signal :name of run :run_id, if it was sent: (payload,) or no row."""
+        """Read the payload of a signal sent to a run.
+
+        The payload of signal :name of run :run_id, if it was sent: (payload,) or no row."""
         return self.sql(f"""
             SELECT payload FROM {S}.signals
              WHERE run_id = :run_id AND name = :name AND sent_at IS NOT NULL""")
 
     @cached_property
     def expire_waits(self) -> TextClause:
-        """Make up to :limit steps whose signal did not arrive by their timeout (`run_at`)
+        """Make steps whose signal did not arrive in time runnable.
+
+        Make up to :limit steps whose signal did not arrive by their timeout (`run_at`)
         runnable: they run without the payload, fail with SignalTimeout, and their retry
         policy decides. Returns (id, queue) and wakes their queues."""
         return self.sql(f"""
@@ -40,7 +44,9 @@ class SignalStatements(Statements):
 
     @cached_property
     def select_run_state(self) -> TextClause:
-        """Run :run_id's task, its number of rows and of active (unfinished) rows, and whether
+        """Read what a signal checks of its run before it is written.
+
+        Run :run_id's task, its number of rows and of active (unfinished) rows, and whether
         it was cancelled: what a signal checks before it is written."""
         return self.sql(f"""
             SELECT min(task), count(*),
@@ -50,7 +56,9 @@ class SignalStatements(Statements):
 
     @cached_property
     def send_signal(self) -> TextClause:
-        """Record signal :name of run :run_id with :payload, unless it was sent already (then
+        """Record a signal for a run, once.
+
+        Record signal :name of run :run_id with :payload, unless it was sent already (then
         no row). Returns the step waiting for it, if that step was reached. The upsert on
         the primary key meets a completion creating the step: whichever writes second
         waits for the first and sees its row."""
@@ -64,14 +72,18 @@ class SignalStatements(Statements):
 
     @cached_property
     def compare_signal(self) -> TextClause:
-        """Whether the signal already sent as :name for :run_id has this very :payload."""
+        """Tell whether an already sent signal has this payload.
+
+        Whether the signal already sent as :name for :run_id has this very :payload."""
         return self.sql(f"""
             SELECT payload = CAST(:payload AS jsonb) FROM {S}.signals
              WHERE run_id = :run_id AND name = :name""")
 
     @cached_property
     def wake_signalled_step(self) -> TextClause:
-        """Hand the payload to step :step of run :run_id, which waits for signal :name: it
+        """Hand a signal's payload to the step waiting for it.
+
+        Hand the payload to step :step of run :run_id, which waits for signal :name: it
         becomes runnable now with the payload as its keyword argument :name. A new
         statement, so that under READ COMMITTED it sees a step created by a completion that
         `send_signal` waited for."""

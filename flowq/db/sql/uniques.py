@@ -55,7 +55,9 @@ class UniqueStatements(Statements):
 
     @cached_property
     def insert_job_unique(self) -> TextClause:
-        """The unique enqueue (`unique=True` or `unique_key=`): the run of :task active under
+        """Enqueue one run of one row under a unique key held while it is active.
+
+        The unique enqueue (`unique=True` or `unique_key=`): the run of :task active under
         :unique_key (a key of the task and its arguments, or of the caller's key), else a
         new one (notified) that holds the key in `flowq.uniques`. With an :idempotency_key
         too, the run holding that key comes first, whatever its state.
@@ -103,7 +105,9 @@ class UniqueStatements(Statements):
 
     @cached_property
     def insert_run_unique(self) -> TextClause:
-        """`insert_run` (a workflow whose run starts with several rows) under a unique key, as
+        """Enqueue a run of several roots under a unique key.
+
+        `insert_run` (a workflow whose run starts with several rows) under a unique key, as
         `insert_job_unique`: the roots are inserted with the run id `claimed` returned."""
         return self.sql(start_run(
             self._unique_claim(), "claimed c CROSS JOIN {roots}", "true", "c.run_id",

@@ -16,7 +16,9 @@ class WorkerStatements(Statements):
 
     @cached_property
     def register_worker(self) -> TextClause:
-        """Register worker :name (or refresh it, if it exists: a restart under the same name)."""
+        """Register a worker in the registry (or refresh it).
+
+        Register worker :name (or refresh it, if it exists: a restart under the same name)."""
         return self.sql(f"""
             INSERT INTO {S}.workers (name, host, pid, queues, tasks, concurrency, version)
             VALUES (:name, :host, :pid, CAST(:queues AS text[]), CAST(:tasks AS text[]),
@@ -28,25 +30,33 @@ class WorkerStatements(Statements):
 
     @cached_property
     def beat_worker(self) -> TextClause:
-        """Refresh worker :name's heartbeat; no row when it expired (then register again)."""
+        """Refresh a worker's heartbeat in the registry.
+
+        Refresh worker :name's heartbeat; no row when it expired (then register again)."""
         return self.sql(f"""
             UPDATE {S}.workers SET heartbeat_at = now() WHERE name = :name RETURNING name""")
 
     @cached_property
     def unregister_worker(self) -> TextClause:
-        """Remove worker :name (a clean stop)."""
+        """Remove a worker from the registry (a clean stop).
+
+        Remove worker :name (a clean stop)."""
         return self.sql(f"DELETE FROM {S}.workers WHERE name = :name")
 
     @cached_property
     def expire_workers(self) -> TextClause:
-        """Remove workers whose heartbeat is older than :stale seconds (they died)."""
+        """Remove workers whose heartbeat expired.
+
+        Remove workers whose heartbeat is older than :stale seconds (they died)."""
         return self.sql(f"""
             DELETE FROM {S}.workers
              WHERE heartbeat_at < now() - make_interval(secs => :stale) RETURNING name""")
 
     @cached_property
     def select_unserved_jobs(self) -> TextClause:
-        """Due jobs that no live worker (heartbeat within :stale seconds) serves: none listens
+        """Group the due jobs that no live worker serves.
+
+        Due jobs that no live worker (heartbeat within :stale seconds) serves: none listens
         on their queue with their task in its app. Up to :limit (queue, task) groups, largest
         first. Scans the pending jobs: for an operator's eyes, not a hot path."""
         return self.sql(f"""
@@ -62,7 +72,9 @@ class WorkerStatements(Statements):
 
     @cached_property
     def select_live_workers(self) -> TextClause:
-        """The registered workers whose heartbeat is younger than :stale seconds, by name."""
+        """List the workers whose heartbeat is recent.
+
+        The registered workers whose heartbeat is younger than :stale seconds, by name."""
         return self.sql(f"""
             SELECT name, host, pid, queues, concurrency, version, started_at,
                    -- now() is the transaction's start: a beat committed since is younger

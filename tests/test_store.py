@@ -197,3 +197,14 @@ def test_reap(engine: sa.Engine, store: Store) -> None:
         conn.execute(sa.text("UPDATE flowq.jobs SET heartbeat_at = now() - interval '1 hour'"))
     (reaped,) = store.reap(60, 10)
     assert (reaped.id, reaped.status, reaped.attempts) == (job.id, "pending", 1)
+
+
+def test_positional_readers_still_match_the_names(engine: sa.Engine) -> None:
+    """Until every caller reads claims through the store (the claimer and the test kit still
+    build `ClaimedJob(*row)`), the claim's columns stay in the dataclass' field order."""
+    insert_jobs(engine, 1)
+    with engine.begin() as conn:
+        result = conn.execute(Q.claim_jobs, {"queue": "default", "limit": 1, "worker": "w1"})
+        columns, (row,) = tuple(result.keys()), result.all()
+    assert list(columns) == [f.name for f in dataclasses.fields(ClaimedJob)]
+    assert read(ClaimedJob, Rows(columns, [tuple(row)])) == [ClaimedJob(*row)]

@@ -12,7 +12,7 @@ __all__ = ["AdminStatements"]
 
 
 class AdminStatements(Statements):
-    """Statements about the database rather than a table: the statements."""
+    """The statements about the database itself, for one schema."""
 
     @cached_property
     def check_schema(self) -> TextClause:

@@ -25,7 +25,7 @@ __all__ = ["ClaimStatements"]
 
 
 class ClaimStatements(Statements):
-    """The claim and every write after it: the statements."""
+    """The claim and the fenced writes after it, for one schema."""
 
     def _claim(self, only: str = "") -> TextClause:
         return self.sql(f"""

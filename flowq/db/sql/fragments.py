@@ -36,6 +36,7 @@ __all__ = [
     "Columns",
     "S",
     "Statements",
+    "bind_rows",
     "notify_new",
     "plural",
     "rows",

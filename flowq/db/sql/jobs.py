@@ -21,7 +21,7 @@ __all__ = ["JobStatements"]
 
 
 class JobStatements(Statements):
-    """Enqueue and the reads of `flowq.jobs` rows outside a claim: the statements."""
+    """Enqueue and the reads of job rows outside a claim, for one schema."""
 
     @cached_property
     def insert_job(self) -> TextClause:

@@ -12,7 +12,7 @@ __all__ = ["QueueStatements"]
 
 
 class QueueStatements(Statements):
-    """`flowq.queues`: the statements."""
+    """The statements of `flowq.queues`, for one schema."""
 
     @cached_property
     def select_controlled_queues(self) -> TextClause:

@@ -12,7 +12,7 @@ __all__ = ["RunStatements"]
 
 
 class RunStatements(Statements):
-    """Runs (the rows of one run_id): the statements."""
+    """The statements on the rows of a run, for one schema."""
 
     @cached_property
     def select_run_jobs(self) -> TextClause:

@@ -12,7 +12,7 @@ __all__ = ["ScheduleStatements"]
 
 
 class ScheduleStatements(Statements):
-    """`flowq.schedules`: the statements."""
+    """The statements of `flowq.schedules`, for one schema."""
 
     @cached_property
     def select_schedules(self) -> TextClause:

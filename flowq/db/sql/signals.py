@@ -12,7 +12,7 @@ __all__ = ["SignalStatements"]
 
 
 class SignalStatements(Statements):
-    """`flowq.signals`: the statements."""
+    """The statements of `flowq.signals`, for one schema."""
 
     @cached_property
     def find_signal(self) -> TextClause:

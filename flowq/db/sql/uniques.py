@@ -22,7 +22,7 @@ __all__ = ["UniqueStatements"]
 
 
 class UniqueStatements(Statements):
-    """`flowq.uniques`: the statements."""
+    """The unique enqueues (`flowq.uniques`), for one schema."""
 
     def _unique_claim(self) -> str:
         """The CTEs every unique enqueue starts with (see `insert_job_unique` for why they

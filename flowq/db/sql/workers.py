@@ -12,7 +12,7 @@ __all__ = ["WorkerStatements"]
 
 
 class WorkerStatements(Statements):
-    """`flowq.workers`: the statements."""
+    """The statements of `flowq.workers`, for one schema."""
 
     @cached_property
     def register_worker(self) -> TextClause:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import context
 
-from flowq.migrations import MIGRATE_LOCK, VERSION_TABLE
+from flowq.db.migrations import MIGRATE_LOCK, VERSION_TABLE
+from flowq.db.schema import metadata
 from flowq.names import DEFAULT_SCHEMA
-from flowq.schema import metadata
 
 config = context.config
 schema: str = config.attributes.get("flowq_schema", DEFAULT_SCHEMA)

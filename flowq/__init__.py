@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from flowq.context import Context
+    from flowq.db.migrations import migrate
     from flowq.define.app import FlowQ
     from flowq.define.pipeline import Pipeline, Task
     from flowq.define.queues import Rate
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
         UnknownTaskError,
         WorkflowError,
     )
-    from flowq.migrations import migrate
     from flowq.worker import Worker, WorkerConfig
     from flowq.worker.logs import configure_logging
 
@@ -106,7 +106,7 @@ _EXPORTS: Final[dict[str, tuple[str, ...]]] = {
         "RunNotFoundError", "RunStateError", "SchemaMissingError", "SignalError",
         "SignalTimeout", "UnknownTaskError", "WorkflowError",
     ),
-    "flowq.migrations": ("migrate",),
+    "flowq.db.migrations": ("migrate",),
     "flowq.worker": ("Worker", "WorkerConfig"),
     "flowq.worker.logs": ("configure_logging",),
 }

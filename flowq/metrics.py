@@ -31,9 +31,9 @@ from flowq.errors import ConfigurationError
 from flowq.storable import first_line
 
 if TYPE_CHECKING:
-    from flowq.queries import Queries
+    from flowq.db.rows import ClaimedJob
+    from flowq.db.sql import Queries
     from flowq.worker.connection import DedicatedConnection
-    from flowq.worker.model import ClaimedJob
 
 __all__ = ["MISSING_EXTRA", "OUTCOMES", "OutcomeObserver", "WorkerMetrics", "check_ports_free"]
 
@@ -232,12 +232,12 @@ class _QueueCollector:
         if self.conn is None:
             return None
         try:
-            [(leads, pid)] = self.conn.execute(self.q.metrics_collector_lock,
+            [(leads, pid)] = self.conn.execute(self.q.lock_metrics_collector,
                                                {"name": self.lock_name, "pid": self._pid})
             self._pid = int(pid) if leads else 0
             if not leads:
                 return None
-            return self.conn.execute(self.q.metrics_queue_stats, {})
+            return self.conn.execute(self.q.select_queue_metrics, {})
         except DB_ERRORS as exc:
             self._pid = 0
             self.conn.close()  # the lock goes with the session; taken again next scrape

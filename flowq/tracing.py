@@ -44,7 +44,8 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
-    from flowq.worker.model import ClaimedJob, Outcome
+    from flowq.db.rows import ClaimedJob
+    from flowq.worker.model import Outcome
 
 __all__ = ["ENABLED", "Publication", "awaited_in", "called_in", "end_attempt", "publish",
            "start_attempt"]

@@ -19,10 +19,11 @@ import sqlalchemy as sa
 
 import flowq
 from flowq.context import Context, StepSession
+from flowq.db.rows import ClaimedJob
 from flowq.testing import job_rows, running_worker, wait_until
 from flowq.worker import Worker, WorkerConfig
 from flowq.worker.executor import Executor
-from flowq.worker.model import ClaimedJob, Outcome
+from flowq.worker.model import Outcome
 
 FAST_POLL = ("--poll-interval", "0.1")
 

@@ -7,11 +7,11 @@ import pytest
 import sqlalchemy as sa
 
 from flowq.db import normalize_url
-from flowq.queries import Queries
+from flowq.db.rows import ClaimedJob
+from flowq.db.sql import Queries
 from flowq.testing import job_rows
 from flowq.worker.claimer import Claimer
 from flowq.worker.connection import DedicatedConnection
-from flowq.worker.model import ClaimedJob
 
 Q = Queries("flowq")
 

@@ -279,7 +279,7 @@ def test_missing_non_default_schema_says_to_migrate_with_that_schema(
 
 def test_migrate_says_whether_it_created_upgraded_or_found_the_schema_up_to_date(
         empty_db_url: str) -> None:
-    from flowq.migrations import HEAD_REVISION, downgrade
+    from flowq.db.migrations import HEAD_REVISION, downgrade
 
     def migrate(*args: str) -> str:
         result = flowq("migrate", "--database-url", empty_db_url, *args)

@@ -9,11 +9,12 @@ import pytest
 import sqlalchemy as sa
 
 from flowq.db import normalize_url
-from flowq.queries import Queries
+from flowq.db.rows import ClaimedJob
+from flowq.db.sql import Queries
 from flowq.testing import job_rows, wait_until
 from flowq.worker.completer import Completer
 from flowq.worker.connection import DedicatedConnection
-from flowq.worker.model import Cancelled, ClaimedJob, Failed, Retried, Succeeded
+from flowq.worker.model import Cancelled, Failed, Retried, Succeeded
 
 Q = Queries("flowq")
 APP_NAME = "test complete"

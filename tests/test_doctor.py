@@ -19,9 +19,9 @@ from sqlalchemy.engine import make_url
 
 import flowq
 from flowq.cli import main
-from flowq.migrations import HEAD_REVISION, downgrade
+from flowq.db.migrations import HEAD_REVISION, downgrade
+from flowq.db.schema import JOBS_STORAGE_PARAMETERS
 from flowq.ops.doctor import Check, doctor
-from flowq.schema import JOBS_STORAGE_PARAMETERS
 from flowq.testing import wait_until
 
 NO_ENV = {"FLOWQ_DATABASE_URL": None, "DATABASE_URL": None}

@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async
 from sqlalchemy.orm import sessionmaker
 
 import flowq
-from flowq.db import raw_sql
+from flowq.db.runner import raw_sql
 from flowq.enqueueing.aio import AsyncSession
 from flowq.enqueueing.prepare import KEY_RACE_ATTEMPTS, prepare_enqueue
 from flowq.testing import job_rows, wait_until

@@ -16,12 +16,13 @@ from tenacity import retry_if_exception, stop_after_attempt, wait_fixed
 import flowq
 from flowq.context import Context, StepSession
 from flowq.db import normalize_url
-from flowq.queries import Queries
+from flowq.db.rows import ClaimedJob
+from flowq.db.sql import Queries
 from flowq.testing import wait_until
 from flowq.worker.completer import Completer
 from flowq.worker.connection import DedicatedConnection
 from flowq.worker.executor import Executor
-from flowq.worker.model import Cancelled, ClaimedJob, Failed, Outcome, Retried, Succeeded
+from flowq.worker.model import Cancelled, Failed, Outcome, Retried, Succeeded
 
 TWO = flowq.Retry(stop=stop_after_attempt(2), wait=wait_fixed(1))
 

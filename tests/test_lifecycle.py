@@ -61,9 +61,10 @@ from hypothesis.stateful import (
 
 import flowq
 from flowq import FlowQ, Pipeline, Retry, RunStateError
+from flowq.db.schema import TERMINAL_STATUSES, jobs, notify_channel
+from flowq.db.sql import Queries
+from flowq.db.sql.fragments import plural
 from flowq.ops.runs import cancel_run, retry_run
-from flowq.queries import Queries, plural
-from flowq.schema import TERMINAL_STATUSES, jobs, notify_channel
 from flowq.worker.maintenance import Reaper
 
 Q = Queries("flowq")

@@ -6,7 +6,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from flowq.queries import Queries
+from flowq.db.sql import Queries
 from flowq.testing import job_rows
 from flowq.worker.connection import DedicatedConnection
 from flowq.worker.maintenance import Heartbeat, Pruner, Reaper

@@ -17,7 +17,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
 import flowq
-from flowq.migrations import (
+from flowq.db.migrations import (
     VERSION_TABLE,
     Migrated,
     current_revision,
@@ -25,8 +25,8 @@ from flowq.migrations import (
     migrate,
     sql_script,
 )
+from flowq.db.schema import metadata
 from flowq.names import DEFAULT_SCHEMA
-from flowq.schema import metadata
 
 HEAD = "0007"
 
@@ -217,7 +217,7 @@ def test_wheel_ships_the_migrations(tmp_path: Path, empty_db_url: str,
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     check = (
-        "import flowq, flowq.migrations as m, sqlalchemy as sa, sys; "
+        "import flowq, flowq.db.migrations as m, sqlalchemy as sa, sys; "
         f"assert flowq.__file__.startswith({str(venv)!r}), flowq.__file__; "
         f"assert str(m.migrations_dir()).startswith({str(venv)!r}), m.migrations_dir(); "
         "assert m.migrations_dir().name == '_migrations'; "
@@ -303,6 +303,6 @@ def test_downgrade_keeps_a_schema_flowq_did_not_create(empty_engine: sa.Engine) 
 def test_the_revision_a_worker_needs_is_the_migrations_head() -> None:
     from alembic.script import ScriptDirectory
 
-    from flowq.migrations import HEAD_REVISION, alembic_config
+    from flowq.db.migrations import HEAD_REVISION, alembic_config
 
     assert ScriptDirectory.from_config(alembic_config()).get_current_head() == HEAD_REVISION

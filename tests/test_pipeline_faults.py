@@ -31,9 +31,9 @@ import pytest
 import sqlalchemy as sa
 
 import flowq
+from flowq.db.sql import Queries
 from flowq.local.postgres import LocalPostgres
 from flowq.names import DEFAULT_SCHEMA
-from flowq.queries import Queries
 from flowq.testing import job_rows, wait_until
 from flowq.worker.maintenance import Reaper
 

@@ -1,4 +1,4 @@
-"""The worker's SQL (flowq.queries) against a real PostgreSQL: the claim and every fenced write."""
+"""The worker's SQL (flowq.db.sql) against a real PostgreSQL: the claim and every fenced write."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from flowq.queries import Queries
+from flowq.db.sql import Queries
 from flowq.testing import job_rows
 
 Q = Queries("flowq")
@@ -316,7 +316,7 @@ def test_hot_statements_stay_index_lookups_on_a_table_analyzed_empty(engine: sa.
     options = {} if single else {"options": HOT_PATH_OPTIONS}
     url = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
     with psycopg.connect(url, **options) as conn:
-        from flowq.worker.connection import raw_sql
+        from flowq.db.runner import raw_sql
 
         stmt = getattr(Q, name)
         plan = conn.execute("EXPLAIN (FORMAT JSON) " + raw_sql(stmt), params).fetchone()
@@ -362,3 +362,29 @@ def test_a_lease_never_repeats_so_an_old_claim_writes_nothing(engine: sa.Engine,
                 assert conn.execute(stmt, params).all() == []
     assert _snapshot(engine, old.id) == before
     assert row(engine, old.id).status == "running"
+
+
+# -- the statements as a list ---------------------------------------------------------------
+
+VERBS = {"advance", "beat", "cancel", "check", "claim", "compare", "complete", "declare",
+         "end", "expire", "exists", "find", "heartbeat", "insert", "list", "lock", "mark",
+         "prune", "reap", "register", "release", "retry", "select", "send", "set", "stamp",
+         "start", "try", "unregister", "wake"}
+
+
+def test_every_statement_is_a_verb_noun_with_a_one_line_description() -> None:
+    """procrastinate's rule for queries.sql: each statement is named verb_noun and opens with
+    one line saying what it does (the rest of its docstring says why and what it risks)."""
+    from functools import cached_property
+
+    statements = {name: attr for cls in type(Q).__mro__ for name, attr in vars(cls).items()
+                  if isinstance(attr, cached_property)}
+    assert len(statements) == 72
+    for name, prop in statements.items():
+        verb, _, noun = name.partition("_")
+        assert verb in VERBS and noun, name
+        doc = prop.__doc__ or ""
+        first, _, rest = doc.partition("\n")
+        assert first.endswith(".") and len(first) <= 92, name
+        assert rest == "" or rest.startswith("\n"), f"{name}: one line, then a blank line"
+        assert isinstance(getattr(Q, name), sa.TextClause), name

@@ -16,9 +16,9 @@ import queues_app as qa
 import sqlalchemy as sa
 
 import flowq
+from flowq.db.sql import Queries
 from flowq.ops.queues import list_queues, pause, resume
 from flowq.ops.runs import cancel_run, get_run
-from flowq.queries import Queries
 from flowq.testing import wait_until
 
 FAST = ("--poll-interval", "0.2", "--heartbeat-interval", "0.5", "--stale-after", "5",

@@ -16,8 +16,8 @@ import sqlalchemy as sa
 from runs_cli import cli, cli_json
 
 import flowq
+from flowq.db.sql import Queries
 from flowq.ops.runs import cancel_run, get_run, list_runs, retry_run
-from flowq.queries import Queries
 from flowq.testing import job_rows, run_until_idle, wait_until
 
 RUN_KEYS = {"run_id", "task", "status", "cancel_requested", "idempotency_key", "created_at",

@@ -15,8 +15,8 @@ from click.testing import CliRunner, Result
 
 import flowq
 from flowq.cli import main
+from flowq.db.sql import queries
 from flowq.ops.status import status
-from flowq.queries import queries
 from flowq.testing import running_worker, wait_until
 
 NO_ENV = {"FLOWQ_DATABASE_URL": None, "DATABASE_URL": None}

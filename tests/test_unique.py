@@ -17,10 +17,10 @@ from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 from sqlalchemy.orm import sessionmaker
 
 import flowq
+from flowq.db.sql import Queries
 from flowq.define.options import RESERVED_OPTIONS
 from flowq.enqueueing.aio import AsyncSession
 from flowq.enqueueing.aio import enqueue as aenqueue
-from flowq.queries import Queries
 from flowq.testing import drain, job_rows, wait_until
 
 app = flowq.FlowQ()

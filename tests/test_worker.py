@@ -488,7 +488,7 @@ def test_timed_out_handler_session_writes_roll_back(app: flowq.FlowQ, ledger: sa
 
 def test_reaped_handler_cannot_complete_and_its_writes_roll_back(
         app: flowq.FlowQ, ledger: sa.Engine, db_url: str) -> None:
-    from flowq.queries import Queries
+    from flowq.db.sql import Queries
     from flowq.worker.maintenance import Reaper
 
     release = threading.Event()
@@ -630,7 +630,7 @@ def test_a_prune_waiting_on_a_lock_does_not_delay_heartbeats(app: flowq.FlowQ,
     not reaped meanwhile (issue 9, #12)."""
     import time
 
-    from flowq.queries import Queries
+    from flowq.db.sql import Queries
     from flowq.worker.maintenance import Reaper
 
     @app.task()
@@ -709,7 +709,7 @@ def test_a_worker_registers_beats_and_leaves_the_registry(app: flowq.FlowQ, engi
                                                           db_url: str) -> None:
     """`flowq.workers` says who serves what; a crashed worker's entry expires, and a worker
     whose entry expired while it stalled enters again (issue 10: unserved jobs)."""
-    from flowq.queries import Queries
+    from flowq.db.sql import Queries
     from flowq.worker.maintenance import Reaper
 
     @app.task(queue="reg")
@@ -740,7 +740,7 @@ def test_a_worker_registers_beats_and_leaves_the_registry(app: flowq.FlowQ, engi
 
 def test_a_worker_refuses_a_schema_behind_its_revision(app: flowq.FlowQ, engine: sa.Engine,
                                                        db_url: str) -> None:
-    from flowq.migrations import HEAD_REVISION, downgrade
+    from flowq.db.migrations import HEAD_REVISION, downgrade
 
     @app.task()
     def noop(ctx: Context) -> None: ...

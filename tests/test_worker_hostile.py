@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 
 import flowq
-from flowq.queries import Queries
+from flowq.db.sql import Queries
 from flowq.testing import job_rows, wait_until
 from flowq.worker.maintenance import Reaper
 

@@ -32,12 +32,12 @@ import pytest
 import sqlalchemy as sa
 
 import flowq
+from flowq.db.rows import ClaimedJob
+from flowq.db.sql import Queries
 from flowq.names import DEFAULT_SCHEMA
 from flowq.ops.runs import cancel_run, get_run, retry_run
-from flowq.queries import Queries
 from flowq.testing import job_rows, wait_until
 from flowq.testing.draining import _run as run_claimed  # one attempt, as `drain` runs it
-from flowq.worker.model import ClaimedJob
 
 sys.path.insert(0, str(Path(__file__).parent / "apps"))
 import workflow_fault_app as wfa

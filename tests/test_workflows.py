@@ -401,7 +401,7 @@ def test_a_delayed_step_starts_that_long_after_its_parent(engine: sa.Engine) -> 
 
 
 def test_a_signal_that_never_comes_times_out_dead(wf: Any) -> None:
-    from flowq.queries import Queries
+    from flowq.db.sql import Queries
     from flowq.worker.maintenance import Reaper
 
     app, _, engine = wf
@@ -433,10 +433,10 @@ def test_two_parents_completing_at_once_create_the_join_once(engine: sa.Engine) 
     waits on the join's counter row, then sees the first's decrement; one join row."""
     import threading
 
-    from flowq.queries import Queries
+    from flowq.db.rows import ClaimedJob
+    from flowq.db.sql import Queries
     from flowq.testing._worker import judge, record, runner, writer
     from flowq.worker.completer import _Item
-    from flowq.worker.model import ClaimedJob
 
     app, _ = make_app()
     q = Queries("flowq")

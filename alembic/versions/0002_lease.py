@@ -14,7 +14,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from flowq.migrations import revision_schema
+from flowq.db.migrations import revision_schema
 
 revision = "0002"
 down_revision = "0001"

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-from flowq.migrations import revision_schema
+from flowq.db.migrations import revision_schema
 
 revision = "0004"
 down_revision = "0003"

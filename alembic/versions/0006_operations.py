@@ -20,14 +20,14 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from flowq.migrations import revision_schema
+from flowq.db.migrations import revision_schema
 
 revision = "0006"
 down_revision = "0005"
 branch_labels = None
 depends_on = None
 
-# Frozen here (a migration never changes); flowq.schema.JOBS_STORAGE_PARAMETERS mirrors it.
+# Frozen here (a migration never changes); flowq.db.schema.JOBS_STORAGE_PARAMETERS mirrors it.
 _SETTINGS = {
     "autovacuum_vacuum_scale_factor": "0.01",
     "autovacuum_vacuum_insert_scale_factor": "0.01",

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects.postgresql import JSONB
 
-from flowq.migrations import revision_schema
+from flowq.db.migrations import revision_schema
 
 revision = "0007"
 down_revision = "0006"

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from flowq.db import create_engine, ensure_schema, resolve_url
+from flowq.db import create_engine, resolve_url
+from flowq.db.checks import ensure_schema
 from flowq.errors import ConfigurationError, FlowqError
 from flowq.names import DEFAULT_SCHEMA
 

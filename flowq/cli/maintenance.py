@@ -20,7 +20,7 @@ __all__ = ["prune", "reap"]
 @click.option("--stale-after", default=30.0, show_default=True, type=click.FloatRange(0.0))
 def reap(database_url: str | None, schema: str, stale_after: float) -> None:
     """Requeue (or bury) running jobs whose worker stopped heartbeating; one pass."""
-    from flowq.queries import Queries
+    from flowq.db.sql import Queries
     from flowq.worker.maintenance import Reaper
 
     engine = open_engine(database_url, schema)
@@ -41,7 +41,7 @@ def reap(database_url: str | None, schema: str, stale_after: float) -> None:
 def prune(database_url: str | None, schema: str, retention: float, dead_retention: float
           ) -> None:
     """Delete runs that finished longer ago than the retention; one pass."""
-    from flowq.queries import Queries
+    from flowq.db.sql import Queries
     from flowq.worker.maintenance import Pruner
 
     engine = open_engine(database_url, schema)

@@ -21,8 +21,8 @@ __all__ = ["migrate"]
 @click.option("--sql", is_flag=True, help="Print the DDL instead of running it.")
 def migrate(database_url: str | None, schema: str, sql: bool) -> None:
     """Create or upgrade flowq's tables (idempotent)."""
-    from flowq.migrations import migrate as run_migrate
-    from flowq.migrations import sql_script
+    from flowq.db.migrations import migrate as run_migrate
+    from flowq.db.migrations import sql_script
 
     if sql:
         click.echo(sql_script(schema=schema))

@@ -20,6 +20,7 @@ import click
 
 from flowq.cli.common import load_app, open_engine, schema_option, table, url_option
 from flowq.cli.group import UserError
+from flowq.db.schema import STATUSES, Status
 from flowq.errors import InvalidArgumentsError
 from flowq.ops.runs import (
     DEFAULT_RETRY_BATCH,
@@ -32,7 +33,6 @@ from flowq.ops.runs import (
     retry_runs,
     unserved_jobs,
 )
-from flowq.schema import STATUSES, Status
 from flowq.storable import first_line
 
 __all__ = ["runs"]

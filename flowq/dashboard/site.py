@@ -31,6 +31,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from flowq.cli.common import age_cell, limits_cell
 from flowq.dashboard.auth import CSRF_COOKIE, SESSION_COOKIE, SESSION_MAX_AGE, Guard
 from flowq.db import mask_secrets
+from flowq.db.schema import STATUSES
 from flowq.errors import (
     ConfigurationError,
     DatabaseUnavailableError,
@@ -40,7 +41,6 @@ from flowq.errors import (
     RunNotFoundError,
     RunStateError,
 )
-from flowq.schema import STATUSES
 from flowq.storable import first_line
 
 __all__ = ["HEADERS", "PAGE_SIZE", "SHOWN_CHARS", "Dashboard", "Endpoint", "parse_run_id",

@@ -22,12 +22,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection, async_scoped_session
 from sqlalchemy.ext.asyncio import AsyncSession as _SAAsyncSession
 
 from flowq import tracing
-from flowq.db import schema_missing
+from flowq.db.checks import schema_missing
+from flowq.db.sql import queries
 from flowq.define.pipeline import Pipeline
 from flowq.enqueueing.prepare import Enqueued, PreparedCall, prepare_enqueue, prepare_enqueue_many
 from flowq.enqueueing.signals import PreparedSignal, Signalled, prepare_signal
 from flowq.enqueueing.sync import migrated_schemas, translate_error
-from flowq.queries import queries
 
 __all__ = ["AsyncSession", "AsyncSessionMixin", "Enqueued", "enqueue", "enqueue_many",
            "signal"]

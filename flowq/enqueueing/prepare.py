@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import sqlalchemy as sa
 
+from flowq.db.schema import notify_channel
+from flowq.db.sql import queries
 from flowq.define.app import find_definition
 from flowq.define.options import RESERVED_OPTIONS, EnqueueOptions
 from flowq.define.pipeline import Pipeline
@@ -46,8 +48,6 @@ from flowq.names import (
     validate_priority,
     validate_queue,
 )
-from flowq.queries import queries
-from flowq.schema import notify_channel
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11 on

@@ -14,12 +14,12 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from flowq.db.schema import notify_channel
+from flowq.db.sql import queries
 from flowq.define.app import find_definition
 from flowq.errors import ConfigurationError, RunNotFoundError, RunStateError, SignalError
 from flowq.jsonargs import JSONError, dumps_checked
 from flowq.names import DEFAULT_SCHEMA, check_id, validate_name
-from flowq.queries import queries
-from flowq.schema import notify_channel
 
 __all__ = ["PreparedSignal", "Signalled", "prepare_signal"]
 

@@ -37,12 +37,12 @@ from psycopg.pq import TransactionStatus
 from sqlalchemy import orm
 
 from flowq import tracing
-from flowq.db import is_missing_schema_error, raw_sql, schema_missing
+from flowq.db.checks import is_missing_schema_error, schema_missing
+from flowq.db.runner import fetch_rows, raw_sql
+from flowq.db.sql import queries
 from flowq.define.pipeline import Pipeline
-from flowq.direct import fetch_rows
 from flowq.enqueueing.prepare import Enqueued, PreparedCall, prepare_enqueue, prepare_enqueue_many
 from flowq.enqueueing.signals import PreparedSignal, Signalled, prepare_signal
-from flowq.queries import queries
 
 __all__ = ["Enqueued", "Session", "SessionMixin", "Target", "enqueue", "enqueue_many",
            "execute", "migrated_schemas", "signal", "translate_error"]

@@ -28,11 +28,11 @@ from typing import Any, Final, Literal
 
 import sqlalchemy as sa
 
-from flowq.db import schema_exists
-from flowq.migrations import HEAD_REVISION, current_revision
+from flowq.db.checks import schema_exists
+from flowq.db.migrations import HEAD_REVISION, current_revision
+from flowq.db.schema import JOBS_STORAGE_PARAMETERS, notify_channel
+from flowq.db.sql import Queries, queries
 from flowq.names import DEFAULT_SCHEMA
-from flowq.queries import Queries, queries
-from flowq.schema import JOBS_STORAGE_PARAMETERS, notify_channel
 
 __all__ = ["Check", "Level", "doctor"]
 

@@ -17,9 +17,9 @@ from typing import Any, Final
 
 import sqlalchemy as sa
 
+from flowq.db.sql import Queries
 from flowq.errors import ConfigurationError, InvalidArgumentsError
 from flowq.names import validate_name, validate_queue
-from flowq.queries import Queries
 
 __all__ = ["RunFilters", "When", "check_count", "parse_when", "run_filters"]
 

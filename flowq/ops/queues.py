@@ -14,10 +14,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from flowq.db.sql import queries
 from flowq.names import DEFAULT_SCHEMA, validate_queue
 from flowq.ops import binds
 from flowq.ops.binds import Bind
-from flowq.queries import queries
 
 __all__ = ["QueueInfo", "list_queues", "pause", "resume"]
 

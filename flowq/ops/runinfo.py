@@ -26,10 +26,10 @@ from typing import Any, Final, cast
 
 import sqlalchemy as sa
 
+from flowq.db.schema import Status
+from flowq.db.sql import Queries
 from flowq.define.app import find_definition
 from flowq.errors import RunNotFoundError
-from flowq.queries import Queries
-from flowq.schema import Status
 
 __all__ = ["RunInfo", "RunSummary", "StepGroup", "StepInfo", "jsonable", "read_run",
            "run_status"]

@@ -32,6 +32,8 @@ from typing import Any, Final
 
 import sqlalchemy as sa
 
+from flowq.db.schema import STATUSES, Status, notify_channel
+from flowq.db.sql import Queries
 from flowq.errors import InvalidArgumentsError, RunStateError
 from flowq.names import DEFAULT_SCHEMA, check_id
 from flowq.ops import binds
@@ -45,8 +47,6 @@ from flowq.ops.runinfo import (
     read_run,
     run_status,
 )
-from flowq.queries import Queries
-from flowq.schema import STATUSES, Status, notify_channel
 
 __all__ = [
     "CancelResult",

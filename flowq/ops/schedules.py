@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from flowq.db.sql import queries
 from flowq.define.schedules import utc
 from flowq.errors import RunNotFoundError
 from flowq.names import DEFAULT_SCHEMA
 from flowq.ops import binds
 from flowq.ops.binds import Bind
 from flowq.ops.runs import get_run
-from flowq.queries import queries
 
 if TYPE_CHECKING:
     from flowq.define.app import FlowQ

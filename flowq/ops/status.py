@@ -24,10 +24,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from flowq.db.sql import queries
 from flowq.names import DEFAULT_SCHEMA
 from flowq.ops.queues import QueueInfo, list_queues
 from flowq.ops.runs import UNSERVED_STALE_AFTER, UnservedJobs, unserved_jobs
-from flowq.queries import queries
 
 __all__ = ["DeadTask", "QueueStatus", "Status", "WorkerStatus", "status"]
 

@@ -18,12 +18,12 @@ import sqlalchemy as sa
 from sqlalchemy.sql.elements import TextClause
 
 from flowq.context import StepSession
+from flowq.db.rows import ClaimedJob
+from flowq.db.sql import queries
 from flowq.define.app import FlowQ
-from flowq.queries import queries
 from flowq.worker.completer import Completer
 from flowq.worker.connection import DedicatedConnection
 from flowq.worker.executor import Executor, _Running
-from flowq.worker.model import ClaimedJob
 
 __all__ = ["judge", "record", "runner", "writer"]
 

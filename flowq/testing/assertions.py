@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any, Final, Union
 import sqlalchemy as sa
 from sqlalchemy import orm
 
+from flowq.db.sql import queries
 from flowq.define.pipeline import Pipeline
 from flowq.names import DEFAULT_SCHEMA
-from flowq.queries import queries
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession

@@ -48,15 +48,16 @@ import sqlalchemy as sa
 from sqlalchemy import orm
 
 from flowq.context import StepSession
+from flowq.db.rows import ClaimedJob
+from flowq.db.sql import queries
 from flowq.define.app import FlowQ
 from flowq.enqueueing.prepare import Enqueued
 from flowq.errors import InvalidArgumentsError, SignalTimeout
 from flowq.names import validate_queue
-from flowq.queries import queries
 from flowq.testing._worker import judge, record, runner, writer
 from flowq.worker.completer import _Item
 from flowq.worker.executor import Executor, _Running
-from flowq.worker.model import ClaimedJob, Failed, Outcome, Retried, Succeeded
+from flowq.worker.model import Failed, Outcome, Retried, Succeeded
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession

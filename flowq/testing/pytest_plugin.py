@@ -29,8 +29,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from flowq.db import normalize_url
+from flowq.db.migrations import migrate
 from flowq.enqueueing.sync import Session
-from flowq.migrations import migrate
 
 __all__ = ["flowq_database_url", "flowq_engine", "flowq_session"]
 

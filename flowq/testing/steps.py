@@ -21,12 +21,13 @@ from typing import Any, Final, cast
 from sqlalchemy import orm
 
 from flowq.context import Context, StepSession
+from flowq.db.rows import ClaimedJob
 from flowq.define.pipeline import Pipeline
 from flowq.define.step import Step
 from flowq.define.workflows import Each
 from flowq.jsonargs import JSONError, dumps_checked
 from flowq.testing._worker import judge, record
-from flowq.worker.model import ClaimedJob, Failed
+from flowq.worker.model import Failed
 
 __all__ = ["SYNTHETIC_ID", "arun_step", "make_context", "run_step"]
 

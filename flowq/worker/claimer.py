@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from flowq.queries import Queries
+from flowq.db.rows import ClaimedJob
+from flowq.db.sql import Queries
 from flowq.storable import describe, first_line
 from flowq.worker.connection import DedicatedConnection
 from flowq.worker.logs import ERROR, log_event
-from flowq.worker.model import ClaimedJob
 
 __all__ = ["Claimer"]
 

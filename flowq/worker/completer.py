@@ -33,24 +33,17 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import TextClause
 
-from flowq.queries import Queries, plural
-from flowq.schema import notify_channel
+from flowq.db.rows import Claim, ClaimedJob
+from flowq.db.schema import notify_channel
+from flowq.db.sql import Queries
+from flowq.db.sql.fragments import plural
 from flowq.storable import describe, first_line, storable_text
 from flowq.worker.connection import DB_ERRORS, DedicatedConnection, fetch_rows
 from flowq.worker.logs import ERROR, INFO, WARNING, log_event
-from flowq.worker.model import (
-    Cancelled,
-    Claim,
-    ClaimedJob,
-    Failed,
-    Outcome,
-    Retried,
-    Spawn,
-    Succeeded,
-)
+from flowq.worker.model import Cancelled, Failed, Outcome, Retried, Spawn, Succeeded
 
 if TYPE_CHECKING:
-    from flowq.metrics import OutcomeObserver
+    from flowq.worker.metrics import OutcomeObserver
 
 __all__ = ["Completer", "is_unavailable"]
 
@@ -406,7 +399,7 @@ def _spawn(outcome: Outcome) -> tuple[Spawn, ...]:
 
 
 def _successor(job: ClaimedJob, sp: Spawn, *, full: bool) -> dict[str, Any]:
-    """The parameters of one spawned row: `flowq.queries._SUCCESSOR`'s columns, and with
+    """The parameters of one spawned row: `flowq.db.sql._SUCCESSOR`'s columns, and with
     `full` those of `_SPAWN` (the signal it waits for, its share in a join)."""
     step = sp.step
     row: dict[str, Any] = {
@@ -420,7 +413,7 @@ def _successor(job: ClaimedJob, sp: Spawn, *, full: bool) -> dict[str, Any]:
 
 
 def _params(rows: list[dict[str, Any]], single: bool, prefix: str = "") -> dict[str, Any]:
-    """Bind parameters for `rows` in the shape `flowq.queries._rows` expects."""
+    """Bind parameters for `rows` in the shape `flowq.db.sql._rows` expects."""
     if single:
         return {prefix + k: v for k, v in rows[0].items()}
     return {prefix + plural(k): [r[k] for r in rows] for k in rows[0]}

@@ -48,8 +48,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import URL
 from sqlalchemy.sql.elements import TextClause
 
-from flowq.db import raw_sql
-from flowq.direct import fetch_rows, result_rows
+from flowq.db.runner import fetch_rows, raw_sql, result_rows
 
 __all__ = ["DB_ERRORS", "HOT_PATH_OPTIONS", "MAINTENANCE_OPTIONS", "PLANNER_OPTIONS",
            "DedicatedConnection", "fetch_rows", "heartbeat_options", "local_settings_sql",

@@ -48,11 +48,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from flowq.context import StepSession
-from flowq.db import describe_url, ensure_schema, normalize_url
+from flowq.db import describe_url, normalize_url
+from flowq.db.checks import ensure_schema
+from flowq.db.rows import Claim, ClaimedJob
+from flowq.db.schema import notify_channel, schema_map
+from flowq.db.sql import Queries
 from flowq.define.app import FlowQ
 from flowq.errors import ConfigurationError, FlowqError
-from flowq.queries import Queries
-from flowq.schema import notify_channel, schema_map
 from flowq.storable import first_line
 from flowq.worker import maintenance as m
 from flowq.worker.claimer import Claimer
@@ -67,12 +69,11 @@ from flowq.worker.connection import (
 from flowq.worker.executor import Executor
 from flowq.worker.listener import Listener
 from flowq.worker.logs import ERROR, INFO, WARNING, log_event
-from flowq.worker.model import Claim, ClaimedJob
 from flowq.worker.scheduler import Scheduler
 from flowq.worker.supervisor import SUPERVISOR_ENV
 
 if TYPE_CHECKING:
-    from flowq.metrics import WorkerMetrics
+    from flowq.worker.metrics import WorkerMetrics
 
 __all__ = ["Worker", "WorkerConfig"]
 
@@ -211,7 +212,7 @@ class Worker:
         self.executor.end_backend = None if pgb else self._end_backend
         self.metrics: WorkerMetrics | None = None
         if c.metrics_port is not None:
-            from flowq.metrics import WorkerMetrics  # prometheus_client only when asked for
+            from flowq.worker.metrics import WorkerMetrics  # prometheus_client only when asked for
 
             self.metrics = WorkerMetrics(
                 worker=c.name, concurrency=c.concurrency, queues=self.queues,

@@ -42,6 +42,8 @@ from typing import Any, Final
 
 from flowq import tracing
 from flowq.context import Context, StepSession
+from flowq.db.rows import Claim, ClaimedJob
+from flowq.db.sql import queries
 from flowq.define.app import FlowQ
 from flowq.define.pipeline import Pipeline
 from flowq.define.retry import Retry
@@ -56,20 +58,10 @@ from flowq.errors import (
     WorkflowError,
 )
 from flowq.jsonargs import JSONError, dumps_checked
-from flowq.queries import queries
 from flowq.storable import clamp_delay, delay_of, describe, first_line, safe_str, storable_text
 from flowq.worker.completer import Completer
 from flowq.worker.logs import ERROR, INFO, WARNING, log_event
-from flowq.worker.model import (
-    Cancelled,
-    Claim,
-    ClaimedJob,
-    Failed,
-    Outcome,
-    Retried,
-    Spawn,
-    Succeeded,
-)
+from flowq.worker.model import Cancelled, Failed, Outcome, Retried, Spawn, Succeeded
 
 __all__ = ["Executor", "InvalidResultError", "StepTimeout"]
 

@@ -22,12 +22,12 @@ from typing import Final
 
 import sqlalchemy as sa
 
-from flowq.queries import Queries
-from flowq.schema import notify_channel
+from flowq.db.rows import Claim
+from flowq.db.schema import notify_channel
+from flowq.db.sql import Queries
 from flowq.storable import first_line
 from flowq.worker.connection import DB_ERRORS, DedicatedConnection
 from flowq.worker.logs import ERROR, INFO, WARNING, log_event
-from flowq.worker.model import Claim
 
 __all__ = ["DEFAULT_RETENTION", "DEFAULT_STALE_AFTER", "Heartbeat", "Pruner", "Reaper"]
 

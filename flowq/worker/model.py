@@ -1,4 +1,6 @@
-"""The values that flow through the worker: a claimed job and the outcome of running it.
+"""The values that flow through the worker: the outcome of running a claimed job.
+
+The claimed job itself is a row: `flowq.db.rows.ClaimedJob`, with its `Claim` (id, lease).
 
 An outcome is decided by the executor (which knows the step, its retry policy and the
 exception) and only written by the completer, so every value in it is already storable:
@@ -14,47 +16,11 @@ texts without NUL or lone surrogates and capped in length, delays finite and in 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from flowq.define.step import Step
 
-__all__ = ["Cancelled", "Claim", "ClaimedJob", "Failed", "Outcome", "Retried", "Spawn",
-           "Succeeded"]
-
-Claim = tuple[int, int]
-"""(job id, lease): what identifies one attempt, and what every write after the claim checks."""
-
-
-@dataclass(frozen=True)
-class ClaimedJob:
-    """A row this worker claimed; `lease` is the fence every later write is checked against.
-
-    Fields are in the order `claim_jobs` returns its columns, so `ClaimedJob(*row)` builds it."""
-
-    id: int
-    lease: int
-    run_id: int
-    task: str
-    step: str
-    step_index: int
-    queue: str
-    priority: int
-    attempts: int
-    max_attempts: int
-    args: str
-    cancel_requested: bool
-    age: float
-    map_index: int | None = None  # the item position of a map instance
-    joined: bool = False  # created by a join: mapped parents' results are collected to run it
-    scheduled_at: datetime | None = None  # the tick a periodic schedule enqueued this run for
-    pickup_delay: float = 0.0  # seconds from its due time (run_at) to this claim
-    trace_context: str | None = None  # W3C trace context (JSON text) it was enqueued under
-
-    @property
-    def claim(self) -> Claim:
-        return (self.id, self.lease)
-
+__all__ = ["Cancelled", "Failed", "Outcome", "Retried", "Spawn", "Succeeded"]
 
 @dataclass(frozen=True)
 class Spawn:

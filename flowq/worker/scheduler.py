@@ -28,11 +28,11 @@ from typing import Final
 
 import sqlalchemy as sa
 
+from flowq.db.sql import Queries
 from flowq.define.app import FlowQ
 from flowq.define.schedules import Schedule
 from flowq.enqueueing.prepare import prepare_enqueue
 from flowq.enqueueing.sync import execute
-from flowq.queries import Queries
 from flowq.storable import first_line
 from flowq.worker.connection import DB_ERRORS
 from flowq.worker.logs import ERROR, INFO, WARNING, log_event

@@ -69,8 +69,8 @@ def revision_schema() -> str:
 
 def migrations_dir() -> Path:
     """Where the revisions are: inside the installed package, else the repository's alembic/."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "_migrations", here.parent / "alembic"):
+    package = Path(__file__).resolve().parent.parent  # flowq/, from flowq/db/
+    for candidate in (package / "_migrations", package.parent / "alembic"):
         if (candidate / "env.py").is_file():
             return candidate
     raise FileNotFoundError("flowq's migrations are missing from this installation")

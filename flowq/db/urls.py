@@ -1,13 +1,14 @@
-"""Database plumbing shared by the CLI, the worker and enqueue: URLs, engines, schema checks.
+"""Database URLs and engines: which URL to use, how to parse it, how to print it safely.
 
 URLs come from `--database-url`, else `FLOWQ_DATABASE_URL`, else `DATABASE_URL` (`flowq demo`
 and `flowq bench` take only the option). Any PostgreSQL URL works: `postgresql://`,
-`postgres://` and every `+driver` variant mean psycopg 3. Errors are turned into one sentence
-that says what to do: an unreachable server, or a database without flowq's schema.
+`postgres://` and every `+driver` variant mean psycopg 3 (`normalize_url`); `create_engine`
+makes an engine of one, with pre-ping, optionally safe behind PgBouncer.
 
 No message flowq prints or raises carries a password: `mask_secrets` hides them in any text
 (URLs, malformed ones included, libpq `password=` settings, `?password=` parameters), and
-`normalize_url`, `describe_url`, `ensure_schema` and the CLI's error handler go through it.
+`normalize_url`, `describe_url`, `flowq.db.checks.ensure_schema` and the CLI's error handler
+go through it.
 """
 
 from __future__ import annotations
@@ -17,49 +18,24 @@ import re
 from typing import Any, Final
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import psycopg as sa_psycopg
 from sqlalchemy.engine import URL, make_url
 
-from flowq.errors import DatabaseUnavailableError, FlowqError, SchemaMissingError
-from flowq.migrations import HEAD_REVISION, current_revision
-from flowq.names import DEFAULT_SCHEMA
-from flowq.queries import queries
-from flowq.schema import schema_map
-from flowq.storable import first_line
+from flowq.errors import FlowqError
 
 __all__ = [
+    "MASK",
     "PGBOUNCER_CONNECT_ARGS",
+    "URL_ENV_VARS",
     "create_engine",
     "describe_url",
-    "ensure_schema",
     "mask_secrets",
     "normalize_url",
-    "raw_sql",
     "resolve_url",
-    "schema_exists",
-    "schema_missing",
 ]
 
 URL_ENV_VARS = ("FLOWQ_DATABASE_URL", "DATABASE_URL")
 
 MASK: Final = "***"  # what SQLAlchemy's render_as_string(hide_password=True) shows
-
-_PSYCOPG: Final = sa_psycopg.dialect()  # type: ignore[no-untyped-call]
-_compiled: dict[tuple[int, str | None], tuple[sa.ClauseElement, str]] = {}
-
-
-def raw_sql(statement: sa.ClauseElement, schema: str | None = None) -> str:
-    """The psycopg (`%(name)s`) SQL of one of flowq's module-level statements, compiled once,
-    for sending on a psycopg connection directly; `schema` renders flowq's tables in another
-    schema (the named statements of `flowq.queries` already have theirs)."""
-    key = (id(statement), schema)
-    hit = _compiled.get(key)
-    if hit is None or hit[0] is not statement:  # an id can be reused once a statement is gone
-        smap = schema_map(schema) if schema is not None else None
-        compiled = statement.compile(dialect=_PSYCOPG, schema_translate_map=smap,
-                                     render_schema_translate=bool(smap))
-        hit = _compiled[key] = (statement, compiled.string)
-    return hit[1]
 
 
 # `scheme://user:` and the password up to the last '@' of its whitespace-free run: printed
@@ -153,56 +129,3 @@ def create_engine(url: str | URL, *, pgbouncer: bool = False, **kwargs: Any) -> 
     if pgbouncer:
         kwargs["connect_args"] = {**kwargs.get("connect_args", {}), **PGBOUNCER_CONNECT_ARGS}
     return sa.create_engine(normalize_url(url), **kwargs)
-
-
-def schema_exists(conn: sa.Connection, schema: str = DEFAULT_SCHEMA) -> bool:
-    """True when `schema`.jobs exists; never raises for a missing schema."""
-    return conn.execute(queries(schema).check_schema).scalar() is not None
-
-
-def ensure_schema(engine: sa.Engine, schema: str = DEFAULT_SCHEMA, *,
-                  current: bool = False) -> None:
-    """Raise a one-sentence flowq error if the database is unreachable or not migrated; with
-    `current`, also if its flowq schema is behind the revision this flowq needs (a worker
-    must not start on it: its statements would fail one by one)."""
-    revision: str | None = None
-    try:
-        with engine.connect() as conn:
-            present = schema_exists(conn, schema)
-            if present and current:
-                revision = current_revision(conn, schema)
-    except sa.exc.OperationalError as exc:
-        raise DatabaseUnavailableError(mask_secrets(
-            f"cannot connect to {describe_url(engine.url)}: {first_line(exc.orig)}. "
-            "Check the URL (--database-url or FLOWQ_DATABASE_URL) and that PostgreSQL is running."
-        )) from None
-    if not present:
-        raise schema_missing(schema, engine.url)
-    if current and revision != HEAD_REVISION:
-        command = "flowq migrate" + (f" --schema {schema}" if schema != DEFAULT_SCHEMA
-                                     else "")
-        raise SchemaMissingError(
-            f"the flowq schema {schema!r} at {describe_url(engine.url)} is at revision "
-            f"{revision}, and this flowq needs {HEAD_REVISION}: run `{command}` first.")
-
-
-def schema_missing(schema: str, url: str | URL | None = None) -> SchemaMissingError:
-    """The error for a database without flowq's tables in `schema`: it says how to migrate
-    it, with `--schema` when that is not the default. With `url` (the CLI, a worker starting)
-    it names the database; without (an enqueue) it also gives the Python call."""
-    command = "flowq migrate" + (f" --schema {schema}" if schema != DEFAULT_SCHEMA else "")
-    if url is not None:
-        return SchemaMissingError(f"the database at {describe_url(url)} has no flowq schema "
-                                  f"{schema!r}: run `{command}` first.")
-    call = "flowq.migrate(engine" + (f", schema={schema!r})" if schema != DEFAULT_SCHEMA
-                                     else ")")
-    return SchemaMissingError(f"the database has no flowq schema {schema!r}: run `{command}` "
-                              f"first (or {call}).")
-
-
-
-def is_missing_schema_error(exc: BaseException) -> bool:
-    """True when a DBAPI error means flowq's tables or schema do not exist."""
-    orig = getattr(exc, "orig", exc)
-    sqlstate = getattr(orig, "sqlstate", None)
-    return sqlstate in ("42P01", "3F000")  # undefined_table, invalid_schema_name

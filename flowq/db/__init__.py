@@ -1,0 +1,27 @@
+"""flowq's data access: the only layer that knows SQL, bind parameters and column order.
+
+- `urls`: which database URL to use, parsing it (any PostgreSQL URL means psycopg 3),
+  printing it without its password, and engines (`create_engine`);
+- `schema`: the tables, defined once; `migrations`: applying them (alembic, flowq's own
+  version table); `checks`: whether a database is reachable, migrated and current;
+- `sql`: every statement, split by table (`queries(schema).claim_jobs`, ...);
+- `runner`: the one way to send a statement, on a psycopg or a SQLAlchemy connection;
+- `rows` and `store`: typed verbs over the statements, rows read by column name.
+
+The package itself exposes what users of flowq write in their own code (`flowq.db.create_engine`,
+`flowq.db.normalize_url`, ...): the URL and engine functions of `urls`.
+"""
+
+from __future__ import annotations
+
+from flowq.db.urls import (
+    PGBOUNCER_CONNECT_ARGS,
+    create_engine,
+    describe_url,
+    mask_secrets,
+    normalize_url,
+    resolve_url,
+)
+
+__all__ = ["PGBOUNCER_CONNECT_ARGS", "create_engine", "describe_url", "mask_secrets",
+           "normalize_url", "resolve_url"]

@@ -1,0 +1,183 @@
+"""The rows flowq's statements return and take, as frozen dataclasses, read by column name.
+
+`read(cls, rows)` builds one `cls` per row from the columns whose names are its fields (a
+column it has no field for, such as a `pg_notify(...)` the statement sends on the side, is
+ignored; a field without a column takes its default, and a required one missing is an
+error naming it). So no reader depends on the order of a statement's columns, and a
+statement may reorder or add columns freely.
+
+- `ClaimedJob`: a row a worker claimed, with `lease`, the fence every later write checks;
+  `Claim` is its (id, lease).
+- `Completion`, `Successor`, `Spawned`: what a success writes (a claim and its result; a
+  step it creates; in a workflow, with a signal and a share in a join), written by
+  `flowq.db.store` by the names of the columns the statements declare.
+- `Beat`, `Completed`, `Retry`, `Reaped`: what the fenced writes give back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import MISSING, dataclass, fields
+from datetime import datetime
+from typing import Any, TypeVar
+
+from flowq.db.runner import Rows
+
+__all__ = ["Beat", "Claim", "ClaimedJob", "Completed", "Completion", "Reaped", "Retry",
+           "Spawned", "Successor", "column", "read", "read_one"]
+
+T = TypeVar("T")
+
+Claim = tuple[int, int]
+"""(job id, lease): what identifies one attempt, and what every write after the claim checks."""
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    """A row this worker claimed; `lease` is the fence every later write is checked against.
+
+    Read from a claim's row by column name (`read`); the field order is only that of a
+    positional construction in tests, never the statement's."""
+
+    id: int
+    lease: int
+    run_id: int
+    task: str
+    step: str
+    step_index: int
+    queue: str
+    priority: int
+    attempts: int
+    max_attempts: int
+    args: str
+    cancel_requested: bool
+    age: float
+    map_index: int | None = None  # the item position of a map instance
+    joined: bool = False  # created by a join: mapped parents' results are collected to run it
+    scheduled_at: datetime | None = None  # the tick a periodic schedule enqueued this run for
+    pickup_delay: float = 0.0  # seconds from its due time (run_at) to this claim
+    trace_context: str | None = None  # W3C trace context (JSON text) it was enqueued under
+
+    @property
+    def claim(self) -> Claim:
+        return (self.id, self.lease)
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A claim to mark succeeded, with its result (JSON text)."""
+
+    id: int
+    lease: int
+    result: str
+
+
+@dataclass(frozen=True)
+class Successor:
+    """A step a success creates at once (a chain's next step, one instance of a map), named
+    by the claim it follows, (id, lease): only the claim that landed creates it, once."""
+
+    id: int
+    lease: int
+    task: str
+    step: str
+    step_index: int
+    queue: str
+    max_attempts: int
+    args: str  # JSON text
+    map_index: int | None
+    delay: float  # seconds from the completion to its run_at
+
+
+@dataclass(frozen=True)
+class Spawned(Successor):
+    """A `Successor` in a workflow: the signal it waits for (and how long), and its share in
+    a join (`parents` > 0: add `delta` to the join's counter and bring `input`, the result
+    of static parent `source`)."""
+
+    signal: str | None = None
+    wait: float | None = None
+    parents: int = 0
+    delta: int = 0
+    source: str | None = None
+    input: str | None = None
+
+
+@dataclass(frozen=True)
+class Beat:
+    """A heartbeat that landed: the claim is still ours; whether its run was cancelled."""
+
+    id: int
+    cancel_requested: bool
+
+
+@dataclass(frozen=True)
+class Completed:
+    """A success that landed; whether its run was cancelled meanwhile (no successor then)."""
+
+    id: int
+    cancel_requested: bool
+
+
+@dataclass(frozen=True)
+class Retry:
+    """A failed attempt sent back: its new status (`pending`, or `cancelled` if its run was
+    cancelled meanwhile) and when it runs next."""
+
+    status: str
+    run_at: datetime
+
+
+@dataclass(frozen=True)
+class Reaped:
+    """A job whose worker stopped heartbeating, requeued, buried or cancelled."""
+
+    id: int
+    run_id: int
+    task: str
+    step: str
+    queue: str
+    status: str
+    attempts: int
+
+
+_layouts: dict[tuple[type[Any], tuple[str, ...]], tuple[tuple[str, int], ...]] = {}
+
+
+def _layout(cls: type[Any], columns: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+    """(field, column position) of each of `cls`'s fields the columns hold (computed once per
+    class and column list: the hot path reads every claim through it)."""
+    hit = _layouts.get((cls, columns))
+    if hit is not None:
+        return hit
+    at = {name: i for i, name in enumerate(columns)}
+    missing = [f.name for f in fields(cls) if f.name not in at
+               and f.default is MISSING and f.default_factory is MISSING]
+    if missing:
+        raise ValueError(f"{cls.__name__} needs the column(s) {', '.join(missing)}; the "
+                         f"statement returned {', '.join(columns) or 'none'}")
+    layout = tuple((f.name, at[f.name]) for f in fields(cls) if f.name in at)
+    _layouts[(cls, columns)] = layout
+    return layout
+
+
+def read(cls: type[T], rows: Rows) -> list[T]:
+    """One `cls` per row, its fields taken from the columns of the same names."""
+    if not rows:
+        return []
+    layout = _layout(cls, rows.columns)
+    return [cls(**{name: row[i] for name, i in layout}) for row in rows]
+
+
+def read_one(cls: type[T], rows: Rows) -> T | None:
+    """The first row as a `cls`, or None when there is none."""
+    found = read(cls, Rows(rows.columns, rows[:1]))
+    return found[0] if found else None
+
+
+def column(rows: Rows, name: str) -> Sequence[Any]:
+    """The values of column `name`, one per row."""
+    if not rows:
+        return []
+    i = rows.columns.index(name)
+    return [row[i] for row in rows]

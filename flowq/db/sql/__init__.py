@@ -1,0 +1,48 @@
+"""Every SQL statement flowq sends, split by table, named verb_noun, one templating style.
+
+Each module holds the statements of one table (or of one concern on it) as a set extending
+`fragments.Statements`; `Queries` is all of them for one schema, and `queries(schema)` its
+one instance per process (each statement compiles once, on first use):
+
+- `claims`: the claim and every write after it (heartbeat, complete, retry, end, release,
+  reap), fenced on (id, lease); `jobs`: enqueue and the reads of job rows outside a claim;
+- `queues`, `signals`, `workers`, `uniques`, `schedules`: the table of that name;
+- `runs`: the rows of one run (inspection, cancel, retry, filters, redrive);
+- `admin`: the database itself (schema check, locks, clocks, health).
+
+Every write after the claim is fenced: it only touches a row that is still `running` under
+the lease the worker claimed it with. A lease comes from a sequence on every claim and is
+never reused, so a worker presumed dead that comes back can change nothing, however often
+the job was claimed, released or retried since. All times are the database's `now()`.
+
+Statements are sent through a `flowq.db.runner.Runner`; `flowq.db.store` wraps the ones the
+worker sends in typed verbs that build every parameter and read rows by column name.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+from flowq.db.sql.admin import AdminStatements
+from flowq.db.sql.claims import ClaimStatements
+from flowq.db.sql.jobs import JobStatements
+from flowq.db.sql.queues import QueueStatements
+from flowq.db.sql.runs import RunStatements
+from flowq.db.sql.schedules import ScheduleStatements
+from flowq.db.sql.signals import SignalStatements
+from flowq.db.sql.uniques import UniqueStatements
+from flowq.db.sql.workers import WorkerStatements
+
+__all__ = ["Queries", "queries"]
+
+
+class Queries(ClaimStatements, JobStatements, QueueStatements, SignalStatements,
+              WorkerStatements, RunStatements, UniqueStatements, ScheduleStatements,
+              AdminStatements):
+    """The statements for one flowq schema, every table's."""
+
+
+@cache
+def queries(schema: str) -> Queries:
+    """The statements of `schema`, built once per process (each compiles once, on first use)."""
+    return Queries(schema)

@@ -1,0 +1,292 @@
+"""The claim and every write after it: the (id, lease) fence on `flowq.jobs`."""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+from sqlalchemy.sql.elements import TextClause
+
+from flowq.db.sql.fragments import (
+    CLAIM_KEY,
+    CONTROLLED,
+    FENCE,
+    SPAWN,
+    SUCCESSOR,
+    UNLOCK,
+    S,
+    Statements,
+    notify_new,
+    rows,
+    succeed,
+    take,
+)
+
+__all__ = ["ClaimStatements"]
+
+
+class ClaimStatements(Statements):
+    """The claim and the fenced writes after it, for one schema."""
+
+    def _claim(self, only: str = "") -> TextClause:
+        return self.sql(f"""
+            WITH picked AS (
+                SELECT id FROM {S}.jobs
+                WHERE status = 'pending' AND queue = :queue AND run_at <= now(){only}
+                ORDER BY priority, run_at, id
+                LIMIT :limit
+                FOR UPDATE SKIP LOCKED
+            )
+            {take("picked")}""")
+
+    @cached_property
+    def claim_jobs(self) -> TextClause:
+        """Claim due jobs of one queue that is neither paused nor limited.
+
+        Claim up to :limit due jobs of :queue for :worker, each under a new lease. A CTE, so
+        that the LIMIT binds the locking subquery and the UPDATE can never touch more rows
+        than were picked; SKIP LOCKED lets concurrent workers pick disjoint rows without
+        waiting on each other. Claims nothing from a queue that is paused or limited
+        (`flowq.queues`): those are claimed with `claim_limited_jobs` (one primary key lookup
+        tells, so a worker that has not yet seen a new limit cannot break it)."""
+        return self._claim(f" AND NOT EXISTS ({CONTROLLED} AND q.name = :queue)")
+
+    @cached_property
+    def claim_any_jobs(self) -> TextClause:
+        """Claim due jobs of one queue, ignoring pauses and limits (the test kit).
+
+        `claim_jobs` without regard to pauses and limits: the test kit's `drain`, which runs
+        one job at a time in the test's own transaction."""
+        return self._claim()
+
+    @cached_property
+    def claim_run_jobs(self) -> TextClause:
+        """Claim due jobs of one queue belonging to given runs (the test kit).
+
+        `claim_jobs` restricted to the runs :run_ids (`flowq.testing.drain(runs=...)`);
+        the same statement, written once."""
+        return self._claim(" AND run_id = ANY(CAST(:run_ids AS bigint[]))")
+
+    @cached_property
+    def heartbeat_jobs(self) -> TextClause:
+        """Refresh the heartbeat of a batch of claims, fenced.
+
+        Refresh the heartbeat of this worker's claims (:ids, :leases); returns the ids
+        still ours, with whether their run was cancelled meanwhile (the running handler is
+        told: cooperative cancellation)."""
+        return self.sql(f"""
+            UPDATE {S}.jobs j SET heartbeat_at = now()
+              FROM {rows("c", CLAIM_KEY, single=False)}
+             WHERE {FENCE}
+            RETURNING j.id, j.cancel_requested""")
+
+    def _complete(self, *, single: bool) -> TextClause:
+        return self.sql(f"""
+            WITH done AS ({succeed(single)})
+            SELECT id, cancel_requested FROM done""")
+
+    @cached_property
+    def complete_jobs(self) -> TextClause:
+        """Mark a batch of claims succeeded, fenced.
+
+        Mark claims (:ids, :leases) succeeded with :results; returns the rows that were
+        still ours (with whether their run was cancelled meanwhile)."""
+        return self._complete(single=False)
+
+    @cached_property
+    def complete_job(self) -> TextClause:
+        """Mark one claim succeeded, fenced, by primary key.
+
+        `complete_jobs` for one claim (:id, :lease, :result), by primary key: what a
+        `ctx.session` handler's own transaction sends."""
+        return self._complete(single=True)
+
+    def _complete_steps(self, *, single: bool) -> TextClause:
+        # Successors are always a batch: one success may create many (a map's instances).
+        successors = rows("n", SUCCESSOR, single=False, prefix="next_")
+        return self.sql(f"""
+            WITH done AS ({succeed(single)}), inserted AS (
+                INSERT INTO {S}.jobs (run_id, task, step, step_index, queue, priority,
+                                        max_attempts, args, map_index, run_at, trace_context)
+                SELECT d.run_id, n.task, n.step, n.step_index, n.queue, d.priority,
+                       n.max_attempts, n.args, n.map_index,
+                       now() + make_interval(secs => n.delay), d.trace_context
+                  FROM done d JOIN {successors} ON n.id = d.id AND n.lease = d.lease
+                 WHERE NOT d.cancel_requested
+                RETURNING queue, run_at
+            )
+            SELECT d.id, d.cancel_requested, {notify_new("inserted")} AS woken
+              FROM done d""")
+
+    @cached_property
+    def complete_steps(self) -> TextClause:
+        """Mark a batch of claims succeeded and create their pipeline successors.
+
+        `complete_jobs` plus, in the same statement, the steps the successes create (a
+        chain's next step, a map's instances; `:next_ids`, `:next_leases` name the claim each
+        follows; none when the run was cancelled meanwhile), waking the workers of their
+        queues. One statement, so it is atomic even in autocommit: no step is ever done
+        without its successors, nor a successor created for a step that was not ours."""
+        return self._complete_steps(single=False)
+
+    @cached_property
+    def complete_step(self) -> TextClause:
+        """Mark one claim succeeded and create its pipeline successors.
+
+        `complete_steps` for one claim (`:id`, `:lease`, `:result`), by primary key (see
+        `complete_job`)."""
+        return self._complete_steps(single=True)
+
+    def _complete_flow(self, *, single: bool) -> TextClause:
+        spawns = rows("n", SPAWN, single=False, prefix="next_")
+        waits = "r.signal IS NOT NULL AND m.sent_at IS NULL"
+        return self.sql(f"""
+            WITH done AS ({succeed(single)}), spawn AS (
+                SELECT d.run_id, d.priority, d.trace_context, n.*
+                  FROM done d JOIN {spawns} ON n.id = d.id AND n.lease = d.lease
+                 WHERE NOT d.cancel_requested
+            ), counted AS (
+                INSERT INTO {S}.joins (run_id, step, parents, remaining, inputs)
+                SELECT run_id, step, max(parents), max(parents) + sum(delta),
+                       COALESCE(jsonb_object_agg(source, input)
+                                FILTER (WHERE source IS NOT NULL), '{{}}'::jsonb)
+                  FROM spawn WHERE parents > 0
+                 GROUP BY run_id, step
+                 ORDER BY run_id, step  -- one lock order for every batch: fewer deadlocks
+                ON CONFLICT (run_id, step) DO UPDATE
+                   SET remaining = joins.remaining + excluded.remaining - excluded.parents,
+                       inputs = joins.inputs || excluded.inputs
+                RETURNING run_id, step, remaining, inputs
+            ), ready AS (
+                SELECT run_id, priority, task, step, step_index, queue, max_attempts, args,
+                       map_index, delay, signal, wait, false AS joined, trace_context
+                  FROM spawn WHERE parents = 0
+                UNION ALL
+                SELECT * FROM (
+                    SELECT DISTINCT ON (s.run_id, s.step)
+                           s.run_id, s.priority, s.task, s.step, s.step_index, s.queue,
+                           s.max_attempts, c.inputs, NULL::int, s.delay, s.signal, s.wait, true,
+                           s.trace_context  -- the context of the parent completing the join
+                      FROM spawn s JOIN counted c ON c.run_id = s.run_id AND c.step = s.step
+                     WHERE s.parents > 0 AND c.remaining = 0) joined
+            ), met AS (
+                INSERT INTO {S}.signals (run_id, name, step, timeout_s, reached_at)
+                SELECT run_id, signal, step, wait, now() FROM ready WHERE signal IS NOT NULL
+                ON CONFLICT (run_id, name) DO UPDATE
+                   SET step = excluded.step, timeout_s = excluded.timeout_s,
+                       reached_at = excluded.reached_at
+                RETURNING run_id, name, payload, sent_at
+            ), inserted AS (
+                INSERT INTO {S}.jobs (run_id, task, step, step_index, queue, priority,
+                                        max_attempts, args, map_index, joined, status, run_at,
+                                        trace_context)
+                SELECT r.run_id, r.task, r.step, r.step_index, r.queue, r.priority,
+                       r.max_attempts,
+                       CASE WHEN m.sent_at IS NULL THEN r.args
+                            ELSE r.args || jsonb_build_object(r.signal, m.payload) END,
+                       r.map_index, r.joined,
+                       CASE WHEN {waits} THEN 'waiting' ELSE 'pending' END,
+                       now() + make_interval(secs => CASE WHEN {waits} THEN r.wait
+                                                          ELSE r.delay END),
+                       r.trace_context
+                  FROM ready r LEFT JOIN met m ON m.run_id = r.run_id AND m.name = r.signal
+                RETURNING queue, status, run_at
+            )
+            SELECT d.id, d.cancel_requested,
+                   {notify_new("inserted WHERE status = 'pending'")} AS woken
+              FROM done d""")
+
+    @cached_property
+    def complete_flows(self) -> TextClause:
+        """Mark a batch of claims succeeded and apply their workflow spawns.
+
+        `complete_steps` for workflows: besides the steps created at once, each success
+        adds its share to the counters of the joins it is a parent of (`flowq.joins`; the
+        success that brings one to zero creates that step, exactly once, even when two
+        parents complete at the same instant: the counter row serializes them), and a step
+        that waits for a signal meets it on `flowq.signals` (created `waiting` until its
+        timeout, or `pending` with the payload if it was already sent)."""
+        return self._complete_flow(single=False)
+
+    @cached_property
+    def complete_flow(self) -> TextClause:
+        """Mark one claim succeeded and apply its workflow spawns.
+
+        `complete_flows` for one claim, by primary key."""
+        return self._complete_flow(single=True)
+
+    @cached_property
+    def retry_job(self) -> TextClause:
+        """Send a failed attempt back to pending after a delay, fenced.
+
+        Send a failed attempt back to pending after :delay seconds (or end it `cancelled` if
+        its run was cancelled meanwhile); returns the new status and run_at, or nothing if
+        the claim is no longer ours."""
+        return self.sql(f"""
+            UPDATE {S}.jobs j
+               SET status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'pending' END,
+                   finished_at = CASE WHEN cancel_requested THEN now() END,
+                   run_at = now() + make_interval(secs => :delay),
+                   last_error = :error, {UNLOCK}
+              FROM {rows("c", CLAIM_KEY, single=True)}
+             WHERE {FENCE}
+            RETURNING j.status, j.run_at""")
+
+    @cached_property
+    def end_job(self) -> TextClause:
+        """End a claim as dead or cancelled, fenced.
+
+        End a claim as :status (`dead` or `cancelled`) with :error."""
+        return self.sql(f"""
+            UPDATE {S}.jobs j
+               SET status = :status, finished_at = now(), last_error = :error, {UNLOCK}
+              FROM {rows("c", CLAIM_KEY, single=True)}
+             WHERE {FENCE}
+            RETURNING j.status""")
+
+    @cached_property
+    def release_jobs(self) -> TextClause:
+        """Hand a batch of claims back without burning their attempt, fenced.
+
+        Hand claims back without burning the attempt: unfinished ones at shutdown, and jobs
+        claimed ahead that did not start (or end them `cancelled` when their run was
+        cancelled meanwhile). Giving the attempt back is safe: the fence is the lease, which
+        the next claim renews. Notifies :channel with each queue, so other workers take them
+        at once (identical notifications of one transaction are delivered once)."""
+        return self.sql(f"""
+            UPDATE {S}.jobs j
+               SET status = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'pending' END,
+                   finished_at = CASE WHEN j.cancel_requested THEN now() END,
+                   attempts = greatest(j.attempts - 1, 0), run_at = now(), {UNLOCK}
+              FROM {rows("c", CLAIM_KEY, single=False)}
+             WHERE {FENCE}
+            RETURNING j.id, pg_notify(:channel, j.queue)""")
+
+    @cached_property
+    def reap_jobs(self) -> TextClause:
+        """Requeue, bury or cancel running jobs whose worker stopped heartbeating.
+
+        Requeue (or bury, once attempts are spent) running jobs whose heartbeat is older than
+        :stale seconds: their worker died. The crashed attempt counts."""
+        return self.sql(f"""
+            WITH stale AS (
+                SELECT id FROM {S}.jobs
+                WHERE status = 'running' AND heartbeat_at < now() - make_interval(secs => :stale)
+                ORDER BY heartbeat_at
+                LIMIT :limit
+                FOR UPDATE SKIP LOCKED
+            ), reaped AS (
+                UPDATE {S}.jobs j
+                   SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
+                                     WHEN j.attempts >= j.max_attempts THEN 'dead'
+                                     ELSE 'pending' END,
+                       finished_at = CASE WHEN j.cancel_requested OR j.attempts >= j.max_attempts
+                                          THEN now() END,
+                       run_at = now(),
+                       last_error = format('WorkerLost: worker %s stopped heartbeating during '
+                                           'attempt %s of %s (last heartbeat %s)',
+                                           j.locked_by, j.attempts, j.max_attempts,
+                                           j.heartbeat_at),
+                       """ + UNLOCK + """
+                  FROM stale WHERE j.id = stale.id
+                RETURNING j.id, j.run_id, j.task, j.step, j.queue, j.status, j.attempts)
+            SELECT r.*, pg_notify(:channel, r.queue) FROM reaped r""")

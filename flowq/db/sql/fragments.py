@@ -1,0 +1,263 @@
+"""The pieces flowq's statements are built from, and the base every statement set extends.
+
+One templating style for every statement: an f-string in which the schema is written `{S}`
+and a shared piece by its name here; `Statements.sql` puts the schema in (a validated
+identifier, so formatting it in is safe) and makes the `TextClause`. The pieces that carry a
+hazard say so: the fence (`FENCE`, written so that no partial index can serve it), the rows
+of a fenced write (`rows`: one-row VALUES for a single row, so the planner makes it a
+primary-key lookup), the claim's UPDATE (`take`, the tail of a CTE: see `claims.claim_jobs`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+import sqlalchemy as sa
+from sqlalchemy.sql.elements import TextClause
+
+from flowq.names import validate_schema_name
+
+__all__ = [
+    "ACTIVE",
+    "CALL",
+    "CALL_COLUMNS",
+    "CLAIMED",
+    "CLAIM_KEY",
+    "CONTROLLED",
+    "DUE",
+    "FENCE",
+    "FIND_RUN_BY_KEY",
+    "RUN_STATUS",
+    "SPAWN",
+    "SUCCESSOR",
+    "TRACE",
+    "UNLOCK",
+    "Columns",
+    "S",
+    "Statements",
+    "bind_rows",
+    "notify_new",
+    "plural",
+    "rows",
+    "start_run",
+    "succeed",
+    "take",
+    "wake",
+]
+
+# Where the schema goes in a statement's text (an f-string writes `{S}`).
+S: Final = "{s}"
+
+
+class Statements:
+    """A set of named statements for one flowq schema: each a `cached_property` returning a
+    `TextClause`, named verb_noun, whose docstring opens with a one-line description."""
+
+    def __init__(self, schema: str) -> None:
+        self.schema = validate_schema_name(schema)
+
+    def sql(self, text: str) -> TextClause:
+        """`text` (written with `{S}` for the schema) for this schema."""
+        return sa.text(text.replace(S, self.schema))
+
+
+# The columns a worker needs of a claimed row: `flowq.db.rows.ClaimedJob` reads them by name
+# (computed ones are named with AS), so their order here is free.
+CLAIMED = """j.id, j.lease, j.run_id, j.task, j.step, j.step_index, j.queue, j.priority,
+    j.attempts, j.max_attempts, j.args::text AS args, j.cancel_requested,
+    extract(epoch FROM now() - j.created_at)::float8 AS age, j.map_index, j.joined,
+    j.scheduled_at,
+    extract(epoch FROM now() - j.run_at)::float8 AS pickup_delay,
+    j.trace_context::text AS trace_context"""
+
+# The fence's status check, written so that no partial index can serve it (the planner cannot
+# prove `status = 'running'` from `... IS TRUE`). A fenced write must find its rows through the
+# primary key. Given the plain condition, a planner misled by a table analyzed empty (a queue
+# that drained, then a burst) chose a scan of `jobs_running_idx`, which holds an entry for
+# every job that ran since the last vacuum: each completion batch then cost O(jobs run), and
+# a drain stalled (seen in `flowq bench`).
+FENCE = "j.id = c.id AND j.lease = c.lease AND (j.status = 'running') IS TRUE"
+
+# Clears the claim on a row that goes back to pending or ends. The lease stays: it is the
+# last claim's token, and the next claim draws a new one.
+UNLOCK = "locked_by = NULL, locked_at = NULL, heartbeat_at = NULL"
+
+# The W3C trace context an enqueue stores with its rows (JSON text, NULL: not traced; see
+# flowq.tracing). The steps a run creates later copy it from the row that creates them.
+TRACE = "CAST(:trace_context AS jsonb)"
+# What every enqueued row takes from the call, typed (a driver that prepares statements, such
+# as asyncpg, must know each parameter's type), and its due time: :run_at, else now + :delay.
+CALL = f"""CAST(:task AS text), CAST(:step AS text), CAST(:queue AS text),
+                    CAST(:priority AS smallint), CAST(:max_attempts AS int),
+                    CAST(:key_limit AS int), {TRACE}"""
+# The columns `CALL` fills, in its order.
+CALL_COLUMNS = "task, step, queue, priority, max_attempts, key_limit, trace_context"
+DUE = "COALESCE(CAST(:run_at AS timestamptz), now() + CAST(:delay AS interval))"
+
+
+
+def wake(queue: str, run_at: str) -> str:
+    """The NOTIFY payload of new jobs: the queue, and for jobs due later `queue@seconds`, the
+    wait measured from the transaction's start (`now()`). A worker receives it at commit or
+    later, so waking that many seconds after receipt is never early."""
+    return (f"CASE WHEN {run_at} > now() THEN {queue} || '@' || "
+            f"extract(epoch FROM {run_at} - now())::text ELSE {queue} END")
+
+
+def notify_new(rows: str) -> str:
+    """An expression waking the workers of the new jobs in `rows` (a FROM item with `queue`
+    and `run_at`, and optionally a WHERE): one notification per distinct payload."""
+    return (f"(SELECT count(pg_notify(:channel, w)) FROM (SELECT DISTINCT "
+            f"{wake('queue', 'run_at')} AS w FROM {rows}) x)")
+
+
+Columns = tuple[tuple[str, str], ...]
+CLAIM_KEY: Columns = (("id", "bigint"), ("lease", "bigint"))
+# A successor names the claim it follows, (id, lease): a worker may hold two claims of one
+# step (an attempt lost to the reaper, and its own re-claim), and only the claim that landed
+# may create the next step, once.
+SUCCESSOR: Columns = (("id", "bigint"), ("lease", "bigint"), ("task", "text"),
+                        ("step", "text"), ("step_index", "smallint"), ("queue", "text"),
+                        ("max_attempts", "int"), ("args", "jsonb"), ("map_index", "int"),
+                        ("delay", "float8"))
+# What a success spawns in a workflow (`flowq.worker.model.Spawn`): a successor's columns,
+# the signal it waits for (and how long), and its share in a join (`parents` > 0).
+SPAWN: Columns = (*SUCCESSOR, ("signal", "text"), ("wait", "float8"), ("parents", "int"),
+                    ("delta", "int"), ("source", "text"), ("input", "jsonb"))
+
+
+def plural(name: str) -> str:
+    """The bind parameter of column `name` in a batch (`rows(..., single=False)`): `id` ->
+    `ids`. `bind_rows` is the one that should name them; this stays public only for the call
+    sites that still build batch parameters by hand (flowq.worker.completer,
+    tests/test_lifecycle.py), and goes once they call `flowq.db.store`."""
+    if name.endswith("s"):
+        return name
+    return name + ("es" if name.endswith("x") else "s")
+
+
+def bind_rows(columns: Columns, values: Sequence[object], *, single: bool,
+              prefix: str = "") -> dict[str, Any]:
+    """The bind parameters of `rows(alias, columns, single=single, prefix=prefix)` for
+    `values`, each column read from every value by its name (a dataclass of the row: a
+    value without one of the columns is an AttributeError, never a shifted column)."""
+    if single:
+        (value,) = values
+        return {f"{prefix}{name}": getattr(value, name) for name, _ in columns}
+    return {f"{prefix}{plural(name)}": [getattr(v, name) for v in values]
+            for name, _ in columns}
+
+
+def rows(alias: str, columns: Columns, *, single: bool, prefix: str = "") -> str:
+    """The rows a fenced statement applies to, as a FROM item `alias(columns)`.
+
+    One definition, two shapes: a batch is `unnest` over array parameters (`:ids`,
+    `:leases`, ...), a single row a one-row VALUES over scalars (`:id`, `:lease`, ...). The
+    planner pulls a one-row VALUES up into constants, so the single shape is a plain lookup by
+    primary key with no join to misplan (it runs on a handler's `ctx.session` connection,
+    which has none of the hot path's planner settings)."""
+    names = ", ".join(name for name, _ in columns)
+    if single:
+        values = ", ".join(f"CAST(:{prefix}{name} AS {type_})" for name, type_ in columns)
+        return f"(VALUES ({values})) AS {alias}({names})"
+    arrays = ", ".join(f"CAST(:{prefix}{plural(name)} AS {type_}[])" for name, type_ in columns)
+    return f"unnest({arrays}) AS {alias}({names})"
+
+
+def take(picked: str) -> str:
+    """The UPDATE that claims the rows of CTE `picked` (ids) for :worker, each under a new
+    lease, returning what `ClaimedJob` holds."""
+    return f"""UPDATE {S}.jobs j
+               SET status = 'running', attempts = j.attempts + 1,
+                   lease = nextval('{S}.lease_seq'), locked_by = :worker,
+                   locked_at = now(), heartbeat_at = now()
+              FROM {picked} WHERE j.id = {picked}.id
+            RETURNING {CLAIMED}"""
+
+
+# The queues a plain claim must leave alone: paused, or limited (claimed under their lock).
+CONTROLLED = f"""SELECT 1 AS one, q.name, q.paused FROM {S}.queues q
+    WHERE (q.paused OR q.keyed OR q.concurrency IS NOT NULL OR q.rate_limit IS NOT NULL)"""
+
+
+def succeed(single: bool) -> str:
+    """Mark claims succeeded with their results (`c(id, lease, result)`, batch or single),
+    fenced; every completing statement starts with it, as its `done` CTE."""
+    claims = rows("c", (*CLAIM_KEY, ("result", "jsonb")), single=single)
+    return f"""
+                UPDATE {S}.jobs j
+                   SET status = 'succeeded', result = c.result, finished_at = now(), {UNLOCK}
+                  FROM {claims}
+                 WHERE {FENCE}
+                RETURNING j.id, j.lease, j.run_id, j.priority, j.cancel_requested,
+                          j.trace_context"""
+
+
+# The run holding :idempotency_key, as (id, run_id, created = false).
+FIND_RUN_BY_KEY: Final = f"""
+            SELECT id, run_id, false AS created FROM {S}.jobs
+             WHERE idempotency_key = CAST(:idempotency_key AS text)"""
+
+# The job states in which a run is active (holds its unique key).
+ACTIVE: Final = "('pending', 'running', 'waiting')"
+
+RUN_STATUS = """CASE WHEN bool_or(status = 'cancelled' OR cancel_requested)
+                           THEN 'cancelled'
+                      WHEN bool_or(status = 'running') THEN 'running'
+                      WHEN bool_or(status = 'pending') THEN 'pending'
+                      WHEN bool_or(status = 'waiting') THEN 'waiting'
+                      WHEN bool_or(status = 'dead') THEN 'dead'
+                      ELSE 'succeeded' END"""
+
+
+def start_run(head: str, source: str, where: str, run_id: str, tail: str) -> str:
+    """A run that starts with several rows (one per root step: :steps, :step_indexes,
+    :queues, :max_attempts, :delays, :signals, :waits), all sharing one run_id: after the
+    CTEs `head`, the first root is inserted from `source` where `where` (holding
+    :idempotency_key; `run_id`: its run id, or None to draw one), the others only if it
+    was, roots waiting for a signal are entered in `flowq.signals`, and the new run is
+    returned (notified) followed by `tail` (the rows of an existing run)."""
+    roots = ("unnest(CAST(:steps AS text[]), CAST(:step_indexes AS smallint[]), "
+             "CAST(:queues AS text[]), CAST(:max_attempts AS int[]), "
+             "CAST(:delays AS float8[]), CAST(:signals AS text[]), CAST(:waits AS float8[])) "
+             "WITH ORDINALITY AS r(step, step_index, queue, max_attempts, delay, signal, "
+             "wait, n)")
+    columns = """run_id, task, step, step_index, queue, priority, max_attempts, args,
+                 status, run_at, trace_context"""
+
+    def values(run: str) -> str:
+        return f"""{run}, CAST(:task AS text), r.step, r.step_index, r.queue,
+                 CAST(:priority AS smallint), r.max_attempts, CAST(:args AS jsonb),
+                 CASE WHEN r.signal IS NULL THEN 'pending' ELSE 'waiting' END,
+                 CASE WHEN r.signal IS NULL
+                      THEN {DUE} + make_interval(secs => r.delay)
+                      ELSE now() + make_interval(secs => r.wait) END, {TRACE}"""
+
+    return f"""{head},
+        first AS (
+            INSERT INTO {S}.jobs ({columns}, idempotency_key)
+            SELECT {values(run_id)}, CAST(:idempotency_key AS text)
+              FROM {source}
+             WHERE r.n = 1 AND {where}
+            ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+            RETURNING id, run_id, step, queue, status, run_at
+        ), rest AS (
+            INSERT INTO {S}.jobs ({columns})
+            SELECT {values("f.run_id")}
+              FROM first f CROSS JOIN {roots}
+             WHERE r.n > 1
+            RETURNING id, run_id, step, queue, status, run_at
+        ), met AS (
+            INSERT INTO {S}.signals (run_id, name, step, timeout_s, reached_at)
+            SELECT a.run_id, r.signal, r.step, r.wait, now()
+              FROM (SELECT run_id, step FROM first UNION ALL SELECT run_id, step FROM rest) a
+              JOIN {roots} ON r.step = a.step
+             WHERE r.signal IS NOT NULL
+        )
+        SELECT f.id, f.run_id, true AS created,
+               {notify_new("(SELECT queue, status, run_at FROM first UNION ALL "
+                            "SELECT queue, status, run_at FROM rest) a "
+                            "WHERE status = 'pending'")}
+          FROM first f
+        {tail}""".replace("{roots}", roots)

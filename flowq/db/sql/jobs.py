@@ -1,0 +1,191 @@
+"""Enqueue and the reads of `flowq.jobs` rows outside a claim."""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+from sqlalchemy.sql.elements import TextClause
+
+from flowq.db.sql.fragments import (
+    CALL,
+    CALL_COLUMNS,
+    DUE,
+    FIND_RUN_BY_KEY,
+    S,
+    Statements,
+    start_run,
+    wake,
+)
+
+__all__ = ["JobStatements"]
+
+
+class JobStatements(Statements):
+    """Enqueue and the reads of job rows outside a claim, for one schema."""
+
+    @cached_property
+    def insert_job(self) -> TextClause:
+        """Enqueue one run of one row, without a key (the hot path).
+
+        The keyless enqueue: one plain INSERT (no CTE, no conflict arbitration: it is the
+        hot path of every business transaction) whose RETURNING also notifies :channel with
+        the queue, delivered at commit only."""
+        return self.sql(f"""
+            INSERT INTO {S}.jobs ({CALL_COLUMNS}, args, run_at, concurrency_key)
+            VALUES ({CALL}, CAST(:args AS jsonb), {DUE}, CAST(:concurrency_key AS text))
+            RETURNING id, run_id, true AS created, pg_notify(:channel, {wake("queue", "run_at")})""")
+
+    @cached_property
+    def find_run_by_key(self) -> TextClause:
+        """Find the run holding an idempotency key.
+
+        The run holding :idempotency_key, as (id, run_id, created = false)."""
+        return self.sql(f"""
+            SELECT id, run_id, false AS created FROM {S}.jobs
+             WHERE idempotency_key = CAST(:idempotency_key AS text)""")
+
+    @cached_property
+    def insert_job_by_key(self) -> TextClause:
+        """Enqueue one run of one row under an idempotency key.
+
+        The keyed enqueue: the run holding :idempotency_key, else a new one (notified).
+
+        The key is read first, in the statement's snapshot, and the INSERT runs only when
+        nothing was found; so a duplicate touches no row and takes no lock that a worker's
+        heartbeat of the existing run would wait behind (`ON CONFLICT DO UPDATE` did). Under
+        REPEATABLE READ an old key is found in the snapshot even if a worker updated its row
+        since, where any ON CONFLICT arbitration would raise a serialization failure (the
+        newest version of the row is invisible to the snapshot).
+
+        `DO NOTHING` remains for a key inserted concurrently: PostgreSQL makes the INSERT
+        wait for that transaction. If it rolls back, ours goes in; if it commits, the
+        statement returns no row (the winner is newer than its snapshot), and the caller
+        sends `find_run_by_key`."""
+        return self.sql(f"""
+            WITH existing AS ({FIND_RUN_BY_KEY}),
+            inserted AS (
+                INSERT INTO {S}.jobs ({CALL_COLUMNS}, args, run_at, concurrency_key,
+                                        idempotency_key)
+                SELECT {CALL}, CAST(:args AS jsonb), {DUE}, CAST(:concurrency_key AS text),
+                       CAST(:idempotency_key AS text)
+                 WHERE NOT EXISTS (SELECT 1 FROM existing)
+                ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+                RETURNING id, run_id, queue, run_at)
+            SELECT id, run_id, true AS created, pg_notify(:channel, {wake("queue", "run_at")})
+              FROM inserted
+            UNION ALL
+            SELECT id, run_id, created, NULL FROM existing""")
+
+    @cached_property
+    def insert_jobs(self) -> TextClause:
+        """Enqueue many runs of one row each, in one statement.
+
+        The bulk enqueue: one run per element of :args (JSON texts), one notification; the
+        run ids in input order (run_id is drawn from its sequence row by row in input order,
+        while RETURNING itself promises no order)."""
+        return self.sql(f"""
+            WITH inserted AS (
+                INSERT INTO {S}.jobs ({CALL_COLUMNS}, args, run_at, concurrency_key)
+                SELECT {CALL}, a.value, {DUE}, a.key
+                  FROM unnest(CAST(:args AS jsonb[]), CAST(:concurrency_keys AS text[]))
+                       WITH ORDINALITY AS a(value, key, n)
+                 ORDER BY a.n
+                RETURNING run_id, run_at)
+            SELECT array_agg(run_id ORDER BY run_id),
+                   pg_notify(:channel, {wake("CAST(:queue AS text)", "min(run_at)")})
+              FROM inserted""")
+
+    @cached_property
+    def insert_run(self) -> TextClause:
+        """Enqueue a run that starts with several root rows (a workflow).
+
+        Enqueue a run of a workflow: one row per root step, all sharing one run_id (see
+        `_start_run`). A root waiting for a signal starts `waiting` and is entered in
+        `flowq.signals` (a signal needs its run to exist, so none can be there yet). Keyed
+        like `insert_job_by_key`: the other roots are inserted only if the first one was,
+        and the run holding :idempotency_key is returned otherwise."""
+        return self.sql(start_run(
+            f"WITH existing AS ({FIND_RUN_BY_KEY})", "{roots}",
+            "NOT EXISTS (SELECT 1 FROM existing)", "nextval('{s}.run_id_seq')",
+            "UNION ALL SELECT id, run_id, created, NULL FROM existing"))
+
+    @cached_property
+    def exists_due_jobs(self) -> TextClause:
+        """Tell whether any job of some queues is due soon.
+
+        Whether any job of :queues is due within :horizon seconds (`run_until_idle` uses it
+        to know it is done)."""
+        return self.sql(f"""
+            SELECT EXISTS (SELECT 1 FROM {S}.jobs
+                           WHERE status = 'pending' AND queue = ANY(:queues)
+                             AND run_at <= now() + make_interval(secs => :horizon))""")
+
+    @cached_property
+    def select_map_results(self) -> TextClause:
+        """Read the results of a mapped step's instances, in item order.
+
+        The results of every instance of mapped step :step of run :run_id, in item order:
+        a join's input from a mapped parent, collected when the join runs (an instance
+        completing never reads its siblings; the join's counter is all it touches)."""
+        return self.sql(f"""
+            SELECT result FROM {S}.jobs
+             WHERE run_id = :run_id AND step = :step AND map_index IS NOT NULL
+             ORDER BY map_index""")
+
+    @cached_property
+    def find_stranded_jobs(self) -> TextClause:
+        """Find due jobs of an app's tasks on queues its workers do not serve.
+
+        Due jobs of :tasks that sit on a queue outside :queues (the queues their app's
+        steps use, which its workers serve by default): enqueued with a queue= no worker of
+        that app serves, they would wait forever. Up to 20 (queue, task) groups, largest
+        first; the worker logs them at start."""
+        return self.sql(f"""
+            SELECT queue, task, count(*) AS n,
+                   extract(epoch FROM now() - min(run_at))::float8 AS oldest_s
+              FROM {S}.jobs
+             WHERE status = 'pending' AND run_at <= now()
+               AND task = ANY(:tasks) AND queue <> ALL(:queues)
+             GROUP BY queue, task ORDER BY count(*) DESC LIMIT 20""")
+
+    @cached_property
+    def select_pending_jobs(self) -> TextClause:
+        """List pending jobs of a task and queue (the test kit's assertions).
+
+        Pending jobs of :task and of :queue (NULL: any), oldest first: what the test kit's
+        `assert_enqueued` looks at, sent through the caller's own transaction."""
+        return self.sql(f"""
+            SELECT * FROM {S}.jobs
+             WHERE status = 'pending'
+               AND (CAST(:task AS text) IS NULL OR task = CAST(:task AS text))
+               AND (CAST(:queue AS text) IS NULL OR queue = CAST(:queue AS text))
+             ORDER BY id""")
+
+    @cached_property
+    def prune_jobs(self) -> TextClause:
+        """Delete whole runs that finished longer ago than their retention.
+
+        Delete up to :limit runs whose rows all ended more than :retention seconds ago
+        (:dead_retention for runs with a dead step). Whole runs only, so a retained run keeps
+        its history and its idempotency key. A unique key still held by a pruned run goes
+        with it (`flowq.uniques` has no index on run_id: a scan of that small table per
+        batch)."""
+        return self.sql(f"""
+            WITH old AS (
+                SELECT DISTINCT j.run_id FROM {S}.jobs j
+                WHERE j.status IN ('succeeded', 'dead', 'cancelled')
+                  AND j.finished_at < now() - make_interval(secs => :retention)
+                  AND NOT EXISTS (
+                      SELECT 1 FROM {S}.jobs o
+                      WHERE o.run_id = j.run_id
+                        AND (o.status IN ('pending', 'running', 'waiting')
+                             OR o.finished_at >= now() - make_interval(secs => :retention)
+                             OR (o.status = 'dead' AND o.finished_at >=
+                                 now() - make_interval(secs => :dead_retention))))
+                LIMIT :limit)
+            , gone AS (DELETE FROM {S}.jobs WHERE run_id IN (SELECT run_id FROM old)
+                       RETURNING run_id)
+            , joins AS (DELETE FROM {S}.joins WHERE run_id IN (SELECT run_id FROM old))
+            , signals AS (DELETE FROM {S}.signals WHERE run_id IN (SELECT run_id FROM old))
+            , held_keys AS (DELETE FROM {S}.uniques WHERE run_id IN (SELECT run_id FROM old))
+            SELECT count(*) FROM gone""")

@@ -1,0 +1,198 @@
+"""The store: typed verbs over the worker's statements, the only place their parameters are built.
+
+A `Store` sends through one `flowq.db.runner.Runner` (a dedicated psycopg connection, a
+handler's `ctx.session`, a test's connection) for one schema. Each verb takes Python values
+(claims as `Claim`, successes as `Completion` and `Successor` dataclasses), builds every bind
+parameter by the names of the columns the statement declares (`fragments.bind_rows`), and
+gives back frozen dataclasses read by column name (`flowq.db.rows.read`). Callers never see
+a bind name, an array parameter or a column position.
+
+What the verbs keep from the statements they send:
+- every write after the claim is fenced on (id, lease) and `running` (`flowq.db.sql.claims`);
+- the rows of a batch are locked in id order (`complete`, `heartbeat`, `release` sort their
+  claims): two statements locking the same rows in different orders deadlocked once in a
+  1,000,000-job drain;
+- a single claim is written with the one-row VALUES shape (a primary-key lookup), a batch with
+  `unnest`; successors are always a batch (one success may create many).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sqlalchemy.sql.elements import TextClause
+
+from flowq.db.rows import (
+    Beat,
+    Claim,
+    ClaimedJob,
+    Completed,
+    Completion,
+    Reaped,
+    Retry,
+    Spawned,
+    Successor,
+    column,
+    read,
+    read_one,
+)
+from flowq.db.runner import Rows, Runner
+from flowq.db.schema import notify_channel
+from flowq.db.sql import Queries, queries
+from flowq.db.sql.fragments import CLAIM_KEY, SPAWN, SUCCESSOR, bind_rows
+from flowq.names import DEFAULT_SCHEMA
+
+__all__ = ["LimitedClaim", "Store"]
+
+# How many candidate rows a limited claim scans per job it wants (at least MIN_SCAN): keys at
+# their limit are skipped in the scan, so it must look past them.
+SCAN_FACTOR = 4
+MIN_SCAN = 100
+
+
+@dataclass(frozen=True)
+class LimitedClaim:
+    """What a claim within a queue's limits got, and whether the limits held due jobs back
+    (capacity frees up as other workers' jobs end, which no notification announces)."""
+
+    jobs: list[ClaimedJob]
+    held_back: bool
+
+
+class Store:
+    """flowq's typed verbs on `run`, for the flowq schema `schema`."""
+
+    def __init__(self, run: Runner, schema: str = DEFAULT_SCHEMA) -> None:
+        self.run = run
+        self.q: Queries = queries(schema)
+        self.channel = notify_channel(self.q.schema)
+
+    # -- claims ------------------------------------------------------------------------------
+
+    def claim(self, queue: str, limit: int, worker: str) -> list[ClaimedJob]:
+        """Claim up to `limit` due jobs of `queue` for `worker` (none from a paused or limited
+        queue: see `claim_limited`). One statement per queue: the pending index leads with
+        the queue, so the caller visits its queues in rotation."""
+        return read(ClaimedJob, self.run(self.q.claim_jobs,
+                                         {"queue": queue, "limit": limit, "worker": worker}))
+
+    def claim_any(self, queue: str, limit: int, worker: str,
+                  run_ids: Sequence[int] | None = None) -> list[ClaimedJob]:
+        """`claim` ignoring pauses and limits, optionally only of the runs `run_ids`: the test
+        kit's drain, in the test's own transaction."""
+        params: dict[str, Any] = {"queue": queue, "limit": limit, "worker": worker}
+        if run_ids is None:
+            return read(ClaimedJob, self.run(self.q.claim_any_jobs, params))
+        return read(ClaimedJob, self.run(self.q.claim_run_jobs,
+                                         {**params, "run_ids": list(run_ids)}))
+
+    def controlled_queues(self, queues: Sequence[str]) -> dict[str, bool]:
+        """Which of `queues` are paused (True) or limited (False)."""
+        rows = self.run(self.q.select_controlled_queues, {"queues": list(queues)})
+        return dict(zip(column(rows, "name"), column(rows, "paused"), strict=True))
+
+    def claim_limited_statements(self, queue: str, limit: int, worker: str
+                                 ) -> list[tuple[TextClause, Mapping[str, Any]]]:
+        """The two statements of a limited claim, to send in one transaction (in that order,
+        each in its own snapshot): lock the queue's row, then claim within its limits.
+        `read_limited` reads the rows of the second."""
+        params = {"queue": queue, "limit": limit, "worker": worker}
+        return [(self.q.lock_queue, params),
+                (self.q.claim_limited_jobs,
+                 {**params, "scan": max(MIN_SCAN, SCAN_FACTOR * limit)})]
+
+    @staticmethod
+    def read_limited(rows: Rows) -> LimitedClaim:
+        """The claimed jobs and the `more` flag of `claim_limited_jobs`' rows (a single row of
+        NULLs and `more` stands for "none claimed")."""
+        held_back = bool(rows and rows[0][rows.columns.index("more")])
+        claimed = Rows(rows.columns, (r for r in rows if r[rows.columns.index("id")] is not None))
+        return LimitedClaim(read(ClaimedJob, claimed), held_back)
+
+    def claim_limited(self, queue: str, limit: int, worker: str) -> LimitedClaim:
+        """`claim` for a paused or limited queue; send it inside a transaction (the queue's
+        lock is held to its end, so limited claims of one queue take turns)."""
+        rows = Rows()
+        for statement, params in self.claim_limited_statements(queue, limit, worker):
+            rows = self.run(statement, params)
+        return self.read_limited(rows)
+
+    # -- fenced writes -----------------------------------------------------------------------
+
+    def heartbeat(self, claims: Sequence[Claim]) -> list[Beat]:
+        """Refresh the heartbeat of `claims`; the ones still ours, with whether their run was
+        cancelled (the running handler is told)."""
+        keys = [_Key(i, lease) for i, lease in sorted(claims)]
+        return read(Beat, self.run(self.q.heartbeat_jobs,
+                                   bind_rows(CLAIM_KEY, keys, single=False)))
+
+    def complete(self, completions: Sequence[Completion],
+                 successors: Sequence[Successor] = ()) -> list[Completed]:
+        """Mark `completions` succeeded and create `successors` (each naming the claim it
+        follows), in one statement; the completions that were still ours. A successor is
+        created only if its claim landed and its run was not cancelled meanwhile."""
+        done = sorted(completions, key=lambda c: c.id)
+        single = len(done) == 1
+        params = bind_rows((*CLAIM_KEY, ("result", "jsonb")), done, single=single)
+        if not successors:
+            statement = self.q.complete_job if single else self.q.complete_jobs
+        else:
+            # Chains and map instances take the plain statement; joins and signals the
+            # workflow one (counters, rendezvous), which costs more to plan and run.
+            flow = any(isinstance(s, Spawned) and (s.parents > 0 or s.signal is not None)
+                       for s in successors)
+            params.update(bind_rows(SPAWN if flow else SUCCESSOR,
+                                    [_full(s) for s in successors] if flow else successors,
+                                    single=False, prefix="next_"))
+            params["channel"] = self.channel
+            if flow:
+                statement = self.q.complete_flow if single else self.q.complete_flows
+            else:
+                statement = self.q.complete_step if single else self.q.complete_steps
+        return read(Completed, self.run(statement, params))
+
+    def retry(self, claim: Claim, delay: float, error: str) -> Retry | None:
+        """Send a failed attempt back to pending after `delay` seconds, with `error`; None if
+        the claim is no longer ours."""
+        job_id, lease = claim
+        return read_one(Retry, self.run(self.q.retry_job, {
+            "id": job_id, "lease": lease, "delay": delay, "error": error}))
+
+    def end(self, claim: Claim, status: Literal["dead", "cancelled"], error: str
+            ) -> str | None:
+        """End a claim as `status` with `error`; its status, or None if no longer ours."""
+        job_id, lease = claim
+        rows = self.run(self.q.end_job, {"id": job_id, "lease": lease, "status": status,
+                                         "error": error})
+        return rows[0][rows.columns.index("status")] if rows else None
+
+    def release(self, claims: Sequence[Claim]) -> list[int]:
+        """Hand `claims` back without burning their attempt (waking other workers); the ids
+        released."""
+        keys = [_Key(i, lease) for i, lease in sorted(claims)]
+        rows = self.run(self.q.release_jobs, {**bind_rows(CLAIM_KEY, keys, single=False),
+                                              "channel": self.channel})
+        return [int(i) for i in column(rows, "id")]
+
+    def reap(self, stale: float, limit: int) -> list[Reaped]:
+        """Requeue, bury or cancel up to `limit` running jobs whose heartbeat is older than
+        `stale` seconds (their worker died)."""
+        return read(Reaped, self.run(self.q.reap_jobs, {"stale": stale, "limit": limit,
+                                                        "channel": self.channel}))
+
+
+@dataclass(frozen=True)
+class _Key:
+    """A claim as the columns `CLAIM_KEY` names."""
+
+    id: int
+    lease: int
+
+
+def _full(successor: Successor) -> Spawned:
+    """`successor` with the workflow columns (none: created at once, no join, no signal)."""
+    if isinstance(successor, Spawned):
+        return successor
+    return Spawned(**{name: getattr(successor, name) for name, _ in SUCCESSOR})

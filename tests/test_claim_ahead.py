@@ -131,7 +131,7 @@ def test_fast_jobs_are_claimed_ahead_and_each_runs_once(app: flowq.FlowQ, engine
         flowq.enqueue_many(conn, fast, [{"n": i} for i in range(3000)])
     with running_worker(app, db_url, concurrency=2) as worker:
         wait_until(lambda: len(seen) == 3000, timeout=120, message="3,000 jobs")
-        ahead_seen = worker._ahead
+        ahead_seen = worker.producer.ahead
     assert set(seen.values()) == {1}
     assert ahead_seen > 0  # the rate of no-op handlers earns a claim-ahead at -c 2
     assert {r.status for r in job_rows(engine)} == {"succeeded"}
@@ -148,9 +148,9 @@ def test_claim_ahead_is_off_with_zero_and_refused_when_bad(app: flowq.FlowQ,
             Worker(app, db_url, WorkerConfig(claim_ahead=bad))  # type: ignore[arg-type]
     w = Worker(app, db_url, WorkerConfig(claim_ahead=0, concurrency=4))
     w.executor.finished = 100_000
-    w._rate_at -= 1.0
-    w._size_claim_ahead(time.monotonic())
-    assert w._ahead == 0 and w._free_slots() == 4
+    w.producer.rate_at -= 1.0
+    w.producer.size_claim_ahead(time.monotonic())
+    assert w.producer.ahead == 0 and w.producer.free_slots() == 4
 
 
 def held_worker(app: flowq.FlowQ, engine: sa.Engine, db_url: str, jobs: int, ahead: int,
@@ -166,8 +166,8 @@ def held_worker(app: flowq.FlowQ, engine: sa.Engine, db_url: str, jobs: int, ahe
     with engine.begin() as conn:
         ids = flowq.enqueue_many(conn, slow, [{"n": i} for i in range(jobs)])
     w = Worker(app, db_url, WorkerConfig(poll_interval=0.1, shutdown_grace=5, **config))
-    w._ahead = ahead
-    w._rate_at = time.monotonic() + 3600
+    w.producer.ahead = ahead
+    w.producer.rate_at = time.monotonic() + 3600
     return w, release, ids
 
 
@@ -197,7 +197,7 @@ def test_jobs_claimed_ahead_that_wait_too_long_are_handed_back(
             # Claimed ahead, then handed back after CLAIM_AHEAD_MAX_WAIT: the claim-ahead is
             # reset to nothing, so the worker holds just its running job.
             wait_until(lambda: w.executor.active == 1 and w.executor.ready == 0
-                       and w._ahead == 0, timeout=10, message="the stale ones handed back")
+                       and w.producer.ahead == 0, timeout=10, message="the stale ones handed back")
             wait_until(lambda: scalar(engine, "SELECT count(*) FROM flowq.jobs "
                                               "WHERE status = 'running'") == 1,
                        timeout=10, message="one row running")

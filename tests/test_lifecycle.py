@@ -64,7 +64,7 @@ from flowq import FlowQ, Pipeline, Retry, RunStateError
 from flowq.queries import Queries, plural
 from flowq.runs import cancel_run, retry_run
 from flowq.schema import TERMINAL_STATUSES, jobs, notify_channel
-from flowq.worker.maintenance import Reaper
+from flowq.worker.reaper import Reaper
 
 Q = Queries("flowq")
 CHANNEL = notify_channel("flowq")

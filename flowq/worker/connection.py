@@ -51,12 +51,14 @@ from sqlalchemy.sql.elements import TextClause
 from flowq.db import raw_sql
 from flowq.direct import fetch_rows, result_rows
 
-__all__ = ["DB_ERRORS", "HOT_PATH_OPTIONS", "MAINTENANCE_OPTIONS", "PLANNER_OPTIONS",
-           "DedicatedConnection", "fetch_rows", "heartbeat_options", "local_settings_sql",
-           "raw_sql", "set_local_on_begin"]
+__all__ = ["DB_BACKOFF_MAX", "DB_ERRORS", "HOT_PATH_OPTIONS", "MAINTENANCE_OPTIONS",
+           "PLANNER_OPTIONS", "DedicatedConnection", "fetch_rows", "heartbeat_options",
+           "local_settings_sql", "raw_sql", "role_engine", "set_local_on_begin"]
 
 # What a database failure looks like on either path (SQLAlchemy's or psycopg's own).
 DB_ERRORS: Final = (sa.exc.DBAPIError, psycopg.Error)
+# The longest a loop waits before it tries the database again after errors in a row.
+DB_BACKOFF_MAX: Final = 5.0
 # Server settings for connections that only run flowq's index-driven statements.
 PLANNER_OPTIONS: Final = "-c enable_seqscan=off"
 # The claim and completion connections also plan every execution (see the module docstring).
@@ -110,6 +112,26 @@ def set_local_on_begin(engine: sa.Engine, options: str) -> None:
     def _set_local(conn: sa.Connection) -> None:
         # SQLAlchemy's own recipe for statements at BEGIN: the DBAPI opens the transaction.
         conn.exec_driver_sql(statement)
+
+
+def role_engine(url: URL, application_name: str, size: int, *,
+                planner_options: str | None = None, pgbouncer: bool = False) -> sa.Engine:
+    """A SQLAlchemy pool of `size` (plus 2 overflow) for one role of a worker, named
+    `application_name` in pg_stat_activity, with `planner_options` as startup options (or,
+    with `pgbouncer`, applied with `SET LOCAL` at every BEGIN; nothing prepared)."""
+    # No pre-ping: it would cost a round trip per checkout. A dropped connection raises, is
+    # invalidated by SQLAlchemy, and the operation is retried by its caller.
+    connect_args: dict[str, object] = {"application_name": application_name[:63],
+                                       "connect_timeout": 10}
+    if pgbouncer:
+        connect_args["prepare_threshold"] = None  # nothing prepared outlives a transaction
+    elif planner_options:
+        connect_args["options"] = planner_options
+    engine = sa.create_engine(url, pool_size=size, max_overflow=2, pool_pre_ping=False,
+                              connect_args=connect_args)
+    if pgbouncer and planner_options:
+        set_local_on_begin(engine, planner_options)  # SET LOCAL at every BEGIN
+    return engine
 
 
 class DedicatedConnection:

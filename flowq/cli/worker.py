@@ -129,7 +129,7 @@ def worker(app_spec: str, database_url: str | None, queues: str | None, concurre
         for engine in w.engines.values():
             engine.dispose()
         if metrics_port is not None:
-            from flowq.metrics import check_ports_free
+            from flowq.worker.metrics import check_ports_free
 
             check_ports_free(metrics_addr, range(metrics_port, metrics_port + processes))
             os.environ[METRICS_PORTS_ENV] = str(processes)  # the children inherit it

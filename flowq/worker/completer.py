@@ -50,7 +50,7 @@ from flowq.worker.model import (
 )
 
 if TYPE_CHECKING:
-    from flowq.metrics import OutcomeObserver
+    from flowq.worker.metrics import OutcomeObserver
 
 __all__ = ["Completer", "is_unavailable"]
 

@@ -67,7 +67,7 @@ class WorkerConfig:
     job_log: bool = True
     maintenance: bool = True
     schedules: bool = True  # run the app's periodic schedules (every worker may: no leader)
-    # Prometheus metrics (flowq.metrics, extra flowq[metrics]): served on the first free port
+    # Prometheus metrics (flowq.worker.metrics, extra flowq[metrics]): served on the first free port
     # of metrics_port .. metrics_port + metrics_ports - 1 (0: any free port); None: off.
     metrics_port: int | None = None
     metrics_addr: str = "127.0.0.1"

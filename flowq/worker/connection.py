@@ -51,9 +51,21 @@ from sqlalchemy.sql.elements import TextClause
 from flowq.db import raw_sql
 from flowq.direct import fetch_rows, result_rows
 
-__all__ = ["DB_BACKOFF_MAX", "DB_ERRORS", "HOT_PATH_OPTIONS", "MAINTENANCE_OPTIONS",
-           "PLANNER_OPTIONS", "DedicatedConnection", "fetch_rows", "heartbeat_options",
-           "local_settings_sql", "raw_sql", "role_engine", "set_local_on_begin"]
+__all__ = [
+    "DB_BACKOFF_MAX",
+    "DB_ERRORS",
+    "HOT_PATH_OPTIONS",
+    "MAINTENANCE_OPTIONS",
+    "PLANNER_OPTIONS",
+    "DedicatedConnection",
+    "WorkerConnections",
+    "fetch_rows",
+    "heartbeat_options",
+    "local_settings_sql",
+    "raw_sql",
+    "role_engine",
+    "set_local_on_begin",
+]
 
 # What a database failure looks like on either path (SQLAlchemy's or psycopg's own).
 DB_ERRORS: Final = (sa.exc.DBAPIError, psycopg.Error)
@@ -216,3 +228,61 @@ class DedicatedConnection:
         if conn is not None:
             with contextlib.suppress(psycopg.Error):
                 conn.close()
+
+
+class WorkerConnections:
+    """Every connection of worker `name`, one per role, each named `flowq <role> <name>` in
+    `application_name` (pg_stat_activity shows who is who), so that a dropped connection in
+    one role never stalls another: the dedicated `claim`, `complete` and `heartbeat`
+    connections of the hot path, and SQLAlchemy pools (`engines`) only where SQLAlchemy is
+    needed: `session` (the handlers' ctx.session), `maintain` (maintenance, registry, schema
+    checks) and, with `schedules`, `schedule`. `listen_url`: where to LISTEN instead of `url`
+    (required behind PgBouncer, which cannot hold a LISTEN)."""
+
+    def __init__(self, url: URL, name: str, *, concurrency: int, heartbeat_interval: float,
+                 pgbouncer: bool = False, listen_url: URL | None = None,
+                 schedules: bool = False) -> None:
+        self.url = url
+        self.name = name
+        self.pgbouncer = pgbouncer
+        self.listen_url = listen_url
+        self.engines = {"maintain": self._engine("maintain", 2, MAINTENANCE_OPTIONS),
+                        "session": self._engine("session", concurrency + 2)}
+        if schedules:
+            self.engines["schedule"] = self._engine("schedule", 1, MAINTENANCE_OPTIONS)
+        self.claim = DedicatedConnection(url, f"flowq claim {name}", pgbouncer=pgbouncer)
+        self.complete = DedicatedConnection(url, f"flowq complete {name}", pgbouncer=pgbouncer)
+        self.heartbeat = DedicatedConnection(url, f"flowq heartbeat {name}",
+                                             options=heartbeat_options(heartbeat_interval),
+                                             pgbouncer=pgbouncer)
+
+    def _engine(self, role: str, size: int, planner_options: str | None = None) -> sa.Engine:
+        return role_engine(self.url, f"flowq {role} {self.name}", size,
+                           planner_options=planner_options, pgbouncer=self.pgbouncer)
+
+    def listen_conninfo(self) -> str | None:
+        """Where to LISTEN (libpq conninfo): `listen_url`, else `url` unless behind PgBouncer
+        (None: poll only)."""
+        target = self.listen_url or (None if self.pgbouncer else self.url)
+        if target is None:
+            return None
+        return target.set(drivername="postgresql").render_as_string(hide_password=False)
+
+    def metrics(self) -> DedicatedConnection | None:
+        """The queue gauges' connection, which holds a session-level advisory lock: never
+        through PgBouncer in transaction mode (the lock would stay with a server session
+        other clients get); there, only on `listen_url`, else no queue gauges at all."""
+        name = f"flowq metrics {self.name}"
+        if not self.pgbouncer:
+            return DedicatedConnection(self.url, name, options=MAINTENANCE_OPTIONS)
+        if self.listen_url is not None:
+            return DedicatedConnection(self.listen_url, name, options=MAINTENANCE_OPTIONS)
+        return None
+
+    def close(self) -> None:
+        """Dispose of the pools and close the claim and completion connections (the heartbeat
+        closes its own when it stops: it outlives the others' last statement)."""
+        for engine in self.engines.values():
+            engine.dispose()
+        self.claim.close()
+        self.complete.close()

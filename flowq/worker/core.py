@@ -33,7 +33,6 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import TYPE_CHECKING, Final
 
-import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from flowq.app import FlowQ
@@ -46,12 +45,7 @@ from flowq.storable import first_line
 from flowq.worker.claimer import Claimer
 from flowq.worker.completer import Completer
 from flowq.worker.config import WorkerConfig
-from flowq.worker.connection import (
-    MAINTENANCE_OPTIONS,
-    DedicatedConnection,
-    heartbeat_options,
-    role_engine,
-)
+from flowq.worker.connection import WorkerConnections
 from flowq.worker.executor import Executor
 from flowq.worker.heartbeat import Heartbeat
 from flowq.worker.listener import Listener
@@ -67,13 +61,16 @@ from flowq.worker.supervisor import SUPERVISOR_ENV, SupervisorWatch
 from flowq.worker.waits import WaitExpirer
 
 if TYPE_CHECKING:
-    from flowq.metrics import WorkerMetrics
+    from flowq.worker.metrics import WorkerMetrics
 
 __all__ = ["Worker", "WorkerConfig"]
 
 # When the maintenance passes first run after a start: soon (a worker that restarts after a
-# crash reaps its predecessor's jobs), the prune a little later.
+# crash reaps its predecessor's jobs), the prune a little later. Staggered, so that passes
+# of the same interval take turns on one pooled connection rather than open one each.
 FIRST_REAP: Final = 1.0
+FIRST_WAITS: Final = 1.2
+FIRST_EXPIRY: Final = 1.4
 FIRST_PRUNE: Final = 5.0
 # `running()`: how long after the grace period the thread may take before it is an error.
 STOP_SLACK: Final = 30.0
@@ -97,22 +94,19 @@ class Worker:
         self.q = Queries(app.schema)
         self.channel = notify_channel(app.schema)
         c = self.config
-        # Pools only where SQLAlchemy is needed: handlers' ctx.session, and maintenance
-        # (reaper, pruner, registry, schema checks). The hot path has dedicated psycopg
-        # connections.
-        self.engines = {
-            "maintain": self._engine("maintain", 2, planner_options=MAINTENANCE_OPTIONS),
-            "session": self._engine("session", c.concurrency + 2),
-        }
+        self.connections = WorkerConnections(
+            self.url, c.name, concurrency=c.concurrency, heartbeat_interval=c.heartbeat_interval,
+            pgbouncer=c.pgbouncer, listen_url=self.listen_url,
+            schedules=c.schedules and bool(app.schedules))
+        self.engines = self.connections.engines
         maintain = self.engines["maintain"]
         smap = schema_map(app.schema)
         session_bind = self.engines["session"]
         if smap:
             session_bind = session_bind.execution_options(schema_translate_map=smap)
         pgb = c.pgbouncer
-        self.claim_conn = DedicatedConnection(self.url, f"flowq claim {c.name}", pgbouncer=pgb)
-        self.complete_conn = DedicatedConnection(self.url, f"flowq complete {c.name}",
-                                                 pgbouncer=pgb)
+        self.claim_conn = self.connections.claim
+        self.complete_conn = self.connections.complete
         # The producer's doorbell: every part that frees capacity or learns of a due job
         # rings it. The parts are built before the producer (it reads them), so their
         # callbacks reach it through the methods below.
@@ -134,12 +128,12 @@ class Worker:
         self.executor.end_backend = None if pgb else self._end_backend
         self.metrics: WorkerMetrics | None = None
         if c.metrics_port is not None:
-            from flowq.metrics import WorkerMetrics  # prometheus_client only when asked for
+            from flowq.worker.metrics import WorkerMetrics  # prometheus_client only when asked for
 
             self.metrics = WorkerMetrics(
                 worker=c.name, concurrency=c.concurrency, queues=self.queues,
                 in_flight=lambda: self.executor.active, queries=self.q,
-                conn=self._metrics_conn())
+                conn=self.connections.metrics())
             self.completer.metrics = self.metrics
             self.executor.on_start = self.metrics.observe_pickup
         self.claimer = Claimer(self.claim_conn, self.q, self.queues, c.name,
@@ -148,20 +142,16 @@ class Worker:
                                  channel=self.channel, wake=self._wake,
                                  stopping=self._stopping, interrupted=self._interrupted)
         self.listener: Listener | None = None
-        listen_on = self.listen_url or (None if pgb else self.url)
-        if c.listen and listen_on is not None:
-            conninfo = listen_on.set(drivername="postgresql").render_as_string(
-                hide_password=False)
+        conninfo = self.connections.listen_conninfo()
+        if c.listen and conninfo is not None:
             self.listener = Listener(conninfo, self.channel, self.queues,
                                      self.producer.notified,
                                      application_name=f"flowq listen {c.name}"[:63],
                                      wake_in=self.producer.wake_at)
         self.heartbeat = Heartbeat(
-            DedicatedConnection(self.url, f"flowq heartbeat {c.name}",
-                                options=heartbeat_options(c.heartbeat_interval),
-                                pgbouncer=pgb),
-            self.q, self._held_claims, unsettled=self.executor.unsettled_claims,
-            interval=c.heartbeat_interval, on_cancelled=self.executor.cancel)
+            self.connections.heartbeat, self.q, self._held_claims,
+            unsettled=self.executor.unsettled_claims, interval=c.heartbeat_interval,
+            on_cancelled=self.executor.cancel)
         self.registry = Registry(maintain, self.q, worker=c.name, queues=self.queues,
                                  tasks=[p.name for p in app], concurrency=c.concurrency,
                                  interval=c.heartbeat_interval)
@@ -170,39 +160,22 @@ class Worker:
                              interval=c.reap_interval, first_delay=FIRST_REAP,
                              stopping=stopping)
         self.waits = WaitExpirer(maintain, self.q, interval=c.reap_interval,
-                                 first_delay=FIRST_REAP, stopping=stopping)
+                                 first_delay=FIRST_WAITS, stopping=stopping)
         # Twice the jobs' margin: an entry only informs, and a live worker enters again.
         self.expirer = WorkerExpirer(maintain, self.q, stale=2 * c.stale_after,
-                                     interval=c.reap_interval, first_delay=FIRST_REAP,
+                                     interval=c.reap_interval, first_delay=FIRST_EXPIRY,
                                      stopping=stopping)
         self.pruner = Pruner(maintain, self.q, retention=c.retention,
                              dead_retention=c.dead_retention, interval=c.prune_interval,
                              first_delay=FIRST_PRUNE, stopping=stopping)
         # Periodic schedules: a thread and a connection of their own (see its module).
         self.scheduler: Scheduler | None = None
-        if c.schedules and app.schedules:
-            self.engines["schedule"] = self._engine("schedule", 1,
-                                                    planner_options=MAINTENANCE_OPTIONS)
+        if "schedule" in self.engines:
             self.scheduler = Scheduler(self.engines["schedule"], app, stopping=stopping)
         supervisor = os.environ.get(SUPERVISOR_ENV)
         self.supervisor_watch = (SupervisorWatch(supervisor, self._orphaned, stopping=stopping)
                                  if supervisor else None)
         self._hint: threading.Thread | None = None
-
-    def _engine(self, role: str, size: int, planner_options: str | None = None) -> sa.Engine:
-        return role_engine(self.url, f"flowq {role} {self.config.name}", size,
-                           planner_options=planner_options, pgbouncer=self.config.pgbouncer)
-
-    def _metrics_conn(self) -> DedicatedConnection | None:
-        """The queue gauges' connection, which holds a session-level advisory lock: never
-        through PgBouncer in transaction mode (the lock would stay with a server session
-        other clients get); there, only on `listen_url`, else no queue gauges at all."""
-        name = f"flowq metrics {self.config.name}"
-        if not self.config.pgbouncer:
-            return DedicatedConnection(self.url, name, options=MAINTENANCE_OPTIONS)
-        if self.listen_url is not None:
-            return DedicatedConnection(self.listen_url, name, options=MAINTENANCE_OPTIONS)
-        return None
 
     @property
     def services(self) -> list[Service]:
@@ -402,7 +375,4 @@ class Worker:
                   released=len(unfinished) + len(ahead))
         if self.metrics is not None:
             self.metrics.close()
-        for engine in self.engines.values():
-            engine.dispose()
-        self.claim_conn.close()
-        self.complete_conn.close()
+        self.connections.close()

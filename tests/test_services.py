@@ -124,3 +124,16 @@ def test_a_base_exception_is_not_swallowed() -> None:
     with pytest.raises(SystemExit):
         service.run_guarded()
     assert service.failures == 0
+
+
+def test_the_supervisor_watch_tells_once_when_the_supervisor_is_gone() -> None:
+    import os
+
+    from flowq.worker.supervisor import SupervisorWatch
+
+    told: list[bool] = []
+    assert SupervisorWatch(str(os.getppid()), lambda: told.append(True)).run_once() == 0
+    assert told == []
+    gone = SupervisorWatch("not-a-pid", lambda: told.append(True))
+    assert [gone.run_once(), gone.run_once()] == [1, 0]
+    assert told == [True] and gone.orphaned

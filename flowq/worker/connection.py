@@ -1,4 +1,7 @@
-"""A dedicated autocommit psycopg connection for one hot-path thread (claims, completions).
+"""A worker's connections: `WorkerConnections` (one per role, each named in pg_stat_activity),
+the dedicated autocommit psycopg connection of a hot-path thread (`DedicatedConnection`:
+claims, completions, heartbeats), the SQLAlchemy pools of the other roles (`role_engine`),
+and the settings each role's connections carry.
 
 The claim loop and the completer each own one connection and send their named statements
 through psycopg directly, server-side prepared: no pool checkout, no BEGIN/COMMIT (each

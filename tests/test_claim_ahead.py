@@ -132,7 +132,7 @@ def test_fast_jobs_are_claimed_ahead_and_each_runs_once(app: flowq.FlowQ, engine
         flowq.enqueue_many(conn, fast, [{"n": i} for i in range(3000)])
     with running_worker(app, db_url, concurrency=2) as worker:
         wait_until(lambda: len(seen) == 3000, timeout=120, message="3,000 jobs")
-        ahead_seen = worker._ahead
+        ahead_seen = worker.producer.ahead
     assert set(seen.values()) == {1}
     assert ahead_seen > 0  # the rate of no-op handlers earns a claim-ahead at -c 2
     assert {r.status for r in job_rows(engine)} == {"succeeded"}
@@ -149,9 +149,9 @@ def test_claim_ahead_is_off_with_zero_and_refused_when_bad(app: flowq.FlowQ,
             Worker(app, db_url, WorkerConfig(claim_ahead=bad))  # type: ignore[arg-type]
     w = Worker(app, db_url, WorkerConfig(claim_ahead=0, concurrency=4))
     w.executor.finished = 100_000
-    w._rate_at -= 1.0
-    w._size_claim_ahead(time.monotonic())
-    assert w._ahead == 0 and w._free_slots() == 4
+    w.producer.rate_at -= 1.0
+    w.producer.size_claim_ahead(time.monotonic())
+    assert w.producer.ahead == 0 and w.producer.free_slots() == 4
 
 
 def held_worker(app: flowq.FlowQ, engine: sa.Engine, db_url: str, jobs: int, ahead: int,
@@ -167,8 +167,8 @@ def held_worker(app: flowq.FlowQ, engine: sa.Engine, db_url: str, jobs: int, ahe
     with engine.begin() as conn:
         ids = flowq.enqueue_many(conn, slow, [{"n": i} for i in range(jobs)])
     w = Worker(app, db_url, WorkerConfig(poll_interval=0.1, shutdown_grace=5, **config))
-    w._ahead = ahead
-    w._rate_at = time.monotonic() + 3600
+    w.producer.ahead = ahead
+    w.producer.rate_at = time.monotonic() + 3600
     return w, release, ids
 
 
@@ -198,7 +198,7 @@ def test_jobs_claimed_ahead_that_wait_too_long_are_handed_back(
             # Claimed ahead, then handed back after CLAIM_AHEAD_MAX_WAIT: the claim-ahead is
             # reset to nothing, so the worker holds just its running job.
             wait_until(lambda: w.executor.active == 1 and w.executor.ready == 0
-                       and w._ahead == 0, timeout=10, message="the stale ones handed back")
+                       and w.producer.ahead == 0, timeout=10, message="the stale ones handed back")
             wait_until(lambda: scalar(engine, "SELECT count(*) FROM flowq.jobs "
                                               "WHERE status = 'running'") == 1,
                        timeout=10, message="one row running")
@@ -258,3 +258,70 @@ def test_a_worker_whose_jobs_turn_slow_does_not_hoard_them(engine: sa.Engine, db
             "SELECT attempts FROM flowq.jobs WHERE id = ANY(:ids)"), {"ids": slow})}
     assert attempts == {1}  # a hand-back gives the attempt back
     assert json.dumps(sorted(slow_per_worker.values()))  # (printed on failure above)
+
+
+# -- the producer's wake-ups, without a database ----------------------------------------------
+
+
+class _Idle:
+    finished = 0
+    in_flight = 0
+    queued = 0
+
+    def oldest_ready_age(self) -> float:
+        return 0.0
+
+    def take_ready(self, older_than: float | None = None) -> list[tuple[int, int]]:
+        return []
+
+    def flush(self, timeout: float) -> bool:
+        return True
+
+
+def idle_producer(**config: Any) -> tuple[Any, threading.Event]:
+    from flowq.db import normalize_url
+    from flowq.db.sql import Queries
+    from flowq.worker.claimer import Claimer
+    from flowq.worker.connection import DedicatedConnection
+    from flowq.worker.producer import Producer
+
+    conn = DedicatedConnection(normalize_url("postgresql://unused/none"), "unused")
+    claimer = Claimer(conn, Queries("flowq"), ["default"], "w", lambda job: None)
+    wake = threading.Event()
+    producer = Producer(WorkerConfig(**config), claimer, _Idle(), _Idle(), Queries("flowq"),
+                        channel="flowq", wake=wake, stopping=threading.Event())
+    return producer, wake
+
+
+def test_the_producer_remembers_due_wake_ups_and_ignores_what_the_poll_covers() -> None:
+    producer, wake = idle_producer(poll_interval=5.0)
+    now = time.monotonic()
+    producer.wake_at(10.0)  # after the next poll anyway: not remembered
+    assert producer.take_due(now + 60) == (False, float("inf"))
+    assert not wake.is_set()
+    producer.wake_at(0.2)
+    producer.wake_at(0.1)
+    assert wake.is_set()
+    due, next_due = producer.take_due(now)
+    assert not due and now + 0.05 < next_due < now + 0.2
+    assert producer.take_due(now + 0.15)[0]  # the first one is due; the other remains
+    assert producer.take_due(now + 1.0) == (True, float("inf"))
+    for hostile in (float("nan"), float("inf"), -1.0, 0.0):  # anyone may NOTIFY: wake now
+        wake.clear()
+        producer.wake_at(hostile)
+        assert wake.is_set() and producer.take_due(now + 1.0) == (False, float("inf"))
+
+
+def test_the_producer_is_woken_by_freed_slots_only_for_a_batch() -> None:
+    producer, wake = idle_producer(concurrency=8)
+    assert producer.batch_threshold == 4 and producer.free_slots() == 8
+    producer.slot_freed(7)  # one slot free: not worth a claim
+    assert not wake.is_set()
+    producer.slot_freed(4)  # half of them
+    assert wake.is_set()
+    wake.clear()
+    producer.slot_freed(0)  # none busy
+    assert wake.is_set()
+    wake.clear()
+    producer.notified()
+    assert wake.is_set()

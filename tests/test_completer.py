@@ -132,7 +132,7 @@ def _item(job: ClaimedJob, outcome: Any) -> Any:
 def test_completions_and_heartbeats_lock_rows_in_id_order() -> None:
     """Both statements lock the same rows (a beat covers the batch being written): sent in
     one order, they cannot deadlock each other."""
-    from flowq.worker.maintenance import Heartbeat
+    from flowq.worker.heartbeat import Heartbeat
 
     sent: list[dict[str, Any]] = []
 

@@ -65,7 +65,7 @@ from flowq.db.schema import TERMINAL_STATUSES, jobs, notify_channel
 from flowq.db.sql import Queries
 from flowq.db.sql.fragments import plural
 from flowq.ops.runs import cancel_run, retry_run
-from flowq.worker.maintenance import Reaper
+from flowq.worker.reaper import Reaper
 
 Q = Queries("flowq")
 CHANNEL = notify_channel("flowq")

@@ -1,4 +1,5 @@
-"""Heartbeat, Reaper and Pruner, one `run_once()` at a time against a real PostgreSQL."""
+"""The maintenance services (heartbeat, reaper, waits' expiry, workers registry, pruner), one
+`run_once()` at a time against a real PostgreSQL."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ import sqlalchemy as sa
 from flowq.db.sql import Queries
 from flowq.testing import job_rows
 from flowq.worker.connection import DedicatedConnection
-from flowq.worker.maintenance import Heartbeat, Pruner, Reaper
+from flowq.worker.heartbeat import Heartbeat
+from flowq.worker.pruner import Pruner
+from flowq.worker.reaper import Reaper
+from flowq.worker.registry import Registry, WorkerExpirer
+from flowq.worker.waits import WaitExpirer
 
 Q = Queries("flowq")
 DAY = 86400.0
@@ -102,6 +107,96 @@ def test_only_one_reaper_runs_at_a_time(engine: sa.Engine) -> None:
     assert Reaper(engine, Q, stale_after=30).run_once() == 1
 
 
+def test_the_reaper_leaves_waits_and_registry_entries_to_their_own_services(
+        engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        waiting = add_job(conn, status="waiting")
+        conn.execute(sa.text("UPDATE flowq.jobs SET run_at = now() - interval '1 second' "
+                             "WHERE id = :i"), {"i": waiting})
+        add_worker(conn, "gone", beat_ago=3600)
+    assert Reaper(engine, Q, stale_after=30).run_once() == 0
+    assert rows_by_id(engine)[waiting].status == "waiting"
+    assert worker_names(engine) == ["gone"]
+
+
+# -- waits -------------------------------------------------------------------------------
+
+
+def test_waits_past_their_timeout_become_runnable(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        late = add_job(conn, status="waiting")
+        early = add_job(conn, status="waiting")
+        conn.execute(sa.text("UPDATE flowq.jobs SET run_at = now() - interval '1 second' "
+                             "WHERE id = :i"), {"i": late})
+        conn.execute(sa.text("UPDATE flowq.jobs SET run_at = now() + interval '1 hour' "
+                             "WHERE id = :i"), {"i": early})
+    assert WaitExpirer(engine, Q).run_once() == 1
+    rows = rows_by_id(engine)
+    assert (rows[late].status, rows[early].status) == ("pending", "waiting")
+    assert WaitExpirer(engine, Q).run_once() == 0
+
+
+def test_waits_expire_in_bounded_passes_one_at_a_time(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        for _ in range(3):
+            job = add_job(conn, status="waiting")
+            conn.execute(sa.text("UPDATE flowq.jobs SET run_at = now() - interval '1 second' "
+                                 "WHERE id = :i"), {"i": job})
+    with engine.connect() as other:
+        other.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext('flowq.waits'))"))
+        assert WaitExpirer(engine, Q).run_once() == 0  # another pass holds it
+        other.rollback()
+    expirer = WaitExpirer(engine, Q, limit=2)
+    assert [expirer.run_once() for _ in range(3)] == [2, 1, 0]
+
+
+# -- the workers registry ------------------------------------------------------------------
+
+
+def add_worker(conn: sa.Connection, name: str, *, beat_ago: float) -> None:
+    conn.execute(sa.text(
+        "INSERT INTO flowq.workers (name, host, pid, queues, tasks, concurrency, version, "
+        "heartbeat_at) VALUES (:name, 'h', 1, '{q}', '{t}', 1, 'x', "
+        "now() - make_interval(secs => :ago))"), {"name": name, "ago": beat_ago})
+
+
+def worker_names(engine: sa.Engine) -> list[str]:
+    with engine.connect() as conn:
+        return list(conn.execute(sa.text("SELECT name FROM flowq.workers ORDER BY name"))
+                    .scalars())
+
+
+def test_workers_that_stopped_beating_expire_from_the_registry(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        add_worker(conn, "gone", beat_ago=120)
+        add_worker(conn, "alive", beat_ago=1)
+    with engine.connect() as other:
+        other.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext('flowq.registry'))"))
+        assert WorkerExpirer(engine, Q, stale=60).run_once() == 0  # another pass holds it
+        other.rollback()
+    assert WorkerExpirer(engine, Q, stale=60).run_once() == 1
+    assert worker_names(engine) == ["alive"]
+
+
+def test_a_registry_entry_beats_enters_again_when_expired_and_leaves(engine: sa.Engine) -> None:
+    registry = Registry(engine, Q, worker="w1", queues=["a", "b"], tasks=["t"], concurrency=3)
+    registry.register()
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE flowq.workers SET heartbeat_at = now() - interval '1 hour'"))
+    assert registry.run_once() == 0  # a beat
+    with engine.connect() as conn:
+        row = conn.execute(sa.text("SELECT queues, tasks, concurrency, "
+                                   "heartbeat_at > now() - interval '1 minute' AS fresh "
+                                   "FROM flowq.workers")).one()
+    assert (row.queues, row.tasks, row.concurrency, row.fresh) == (["a", "b"], ["t"], 3, True)
+    with engine.begin() as conn:  # as if it stalled past the expiry
+        conn.execute(sa.text("DELETE FROM flowq.workers"))
+    assert registry.run_once() == 1  # entered again
+    assert worker_names(engine) == ["w1"]
+    registry.leave()
+    assert worker_names(engine) == []
+
+
 # -- heartbeat ---------------------------------------------------------------------------
 
 
@@ -114,7 +209,9 @@ def test_heartbeat_refreshes_held_jobs_and_reports_lost_ones(engine: sa.Engine) 
                      {"i": reaped})
     # `taken` was re-claimed under a new lease (its attempts may well be the same again)
     held = [(mine, 11), (reaped, 12), (taken, 13)]
-    assert sorted(heartbeat(engine, held).run_once()) == sorted([reaped, taken])
+    beat = heartbeat(engine, held)
+    assert beat.run_once() == 1  # still ours: `mine`
+    assert sorted(beat.lost) == sorted([reaped, taken])
     with engine.connect() as conn:
         ages: dict[int, float] = dict(conn.execute(sa.text(
             "SELECT id, extract(epoch FROM now() - heartbeat_at) FROM flowq.jobs "
@@ -124,7 +221,8 @@ def test_heartbeat_refreshes_held_jobs_and_reports_lost_ones(engine: sa.Engine) 
 
 def test_heartbeat_with_nothing_held_sends_nothing(engine: sa.Engine) -> None:
     beat = heartbeat(engine, [])
-    assert beat.run_once() == []
+    assert beat.run_once() == 0
+    assert beat.lost == []
     assert beat.conn.statements == 0
 
 

@@ -1,5 +1,5 @@
-"""Prometheus metrics (`flowq worker --metrics-port`, flowq.metrics) against a real PostgreSQL:
-real workers serve /metrics on a real port, and the tests scrape it over HTTP."""
+"""Prometheus metrics (`flowq worker --metrics-port`, flowq.worker.metrics) against a real
+PostgreSQL: real workers serve /metrics on a real port, and the tests scrape it over HTTP."""
 
 from __future__ import annotations
 
@@ -333,7 +333,7 @@ def test_without_the_extra_metrics_ask_for_it(app: flowq.FlowQ, db_url: str,
 def test_flowq_and_its_worker_import_no_prometheus_client() -> None:
     code = ("import sys, flowq, flowq.worker, flowq.cli.worker; "
             "assert 'prometheus_client' not in sys.modules; "
-            "assert 'flowq.metrics' not in sys.modules")
+            "assert 'flowq.worker.metrics' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 

@@ -35,7 +35,7 @@ from flowq.db.sql import Queries
 from flowq.local.postgres import LocalPostgres
 from flowq.names import DEFAULT_SCHEMA
 from flowq.testing import job_rows, wait_until
-from flowq.worker.maintenance import Reaper
+from flowq.worker.reaper import Reaper
 
 sys.path.insert(0, str(Path(__file__).parent / "apps"))
 import pipeline_fault_app as pfa

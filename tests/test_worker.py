@@ -28,6 +28,11 @@ def enqueue(engine: sa.Engine, task: Any, **kwargs: Any) -> int:
         return flowq.enqueue(conn, task, **kwargs).id
 
 
+def scalar(engine: sa.Engine, sql: str, **params: Any) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(sa.text(sql), params).scalar()
+
+
 def only_row(engine: sa.Engine, where: str = "TRUE", **params: Any) -> Any:
     [r] = job_rows(engine, where=where, **params)
     return r
@@ -489,7 +494,7 @@ def test_timed_out_handler_session_writes_roll_back(app: flowq.FlowQ, ledger: sa
 def test_reaped_handler_cannot_complete_and_its_writes_roll_back(
         app: flowq.FlowQ, ledger: sa.Engine, db_url: str) -> None:
     from flowq.db.sql import Queries
-    from flowq.worker.maintenance import Reaper
+    from flowq.worker.reaper import Reaper
 
     release = threading.Event()
     first_started = threading.Event()
@@ -587,7 +592,7 @@ def test_a_stalled_completer_throttles_claiming(app: flowq.FlowQ, engine: sa.Eng
     try:
         wait_until(lambda: w.completer.queued >= 8, 10, message="outcomes to pile up")
         for _ in range(10):  # give the claim loop every chance to over-claim
-            w._wake.set()
+            w.producer.wake()
             threading.Event().wait(0.05)
         running = len(job_rows(engine, where="status = 'running'"))
         # in flight (4) + queued (up to 2 x 4) + the batch stuck in the write (up to 2 x 4)
@@ -631,7 +636,7 @@ def test_a_prune_waiting_on_a_lock_does_not_delay_heartbeats(app: flowq.FlowQ,
     import time
 
     from flowq.db.sql import Queries
-    from flowq.worker.maintenance import Reaper
+    from flowq.worker.reaper import Reaper
 
     @app.task()
     def hold(ctx: Context, seconds: float) -> None:
@@ -648,11 +653,12 @@ def test_a_prune_waiting_on_a_lock_does_not_delay_heartbeats(app: flowq.FlowQ,
         blocker.execute(sa.text("SELECT id FROM flowq.jobs WHERE task = 'old' FOR UPDATE"))
         wait_until(lambda: only_row(engine, "id = :id", id=job).status == "running",
                    timeout=10, message="the job to start")
-        with engine.connect() as conn:
-            wait_until(lambda: conn.execute(sa.text(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND application_name LIKE 'flowq maintain%'")).scalar(), timeout=15,
-                message="the pruner to wait on the lock")
+        # A fresh transaction per look: pg_stat_activity is a snapshot taken once per
+        # transaction, so one open transaction would never see the pruner start waiting.
+        wait_until(lambda: scalar(engine, "SELECT count(*) FROM pg_stat_activity "
+                                          "WHERE wait_event_type = 'Lock' "
+                                          "AND application_name LIKE 'flowq maintain%'"),
+                   timeout=15, message="the pruner to wait on the lock")
         reaped = 0
         deadline = time.monotonic() + 4.0  # two stale periods while the pruner is stuck
         while time.monotonic() < deadline:
@@ -710,7 +716,7 @@ def test_a_worker_registers_beats_and_leaves_the_registry(app: flowq.FlowQ, engi
     """`flowq.workers` says who serves what; a crashed worker's entry expires, and a worker
     whose entry expired while it stalled enters again (issue 10: unserved jobs)."""
     from flowq.db.sql import Queries
-    from flowq.worker.maintenance import Reaper
+    from flowq.worker.registry import WorkerExpirer
 
     @app.task(queue="reg")
     def noop(ctx: Context) -> None: ...
@@ -729,7 +735,7 @@ def test_a_worker_registers_beats_and_leaves_the_registry(app: flowq.FlowQ, engi
         mine = wait_until(lambda: [e for e in entries() if e.name == w.config.name],
                           timeout=10, message="the worker's entry")
         assert (mine[0].queues, mine[0].tasks, mine[0].concurrency) == (["reg"], ["noop"], 10)
-        assert Reaper(engine, Queries("flowq"), stale_after=1.0).run_once() == 0
+        WorkerExpirer(engine, Queries("flowq"), stale=2.0).run_once()  # or the worker's own
         assert [e.name for e in entries()] == [w.config.name]  # the dead one expired
         with engine.begin() as conn:  # as if it stalled past the expiry
             conn.execute(sa.text("DELETE FROM flowq.workers"))

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 import flowq
 from flowq.db.sql import Queries
 from flowq.testing import job_rows, wait_until
-from flowq.worker.maintenance import Reaper
+from flowq.worker.reaper import Reaper
 
 Spawn = Callable[..., Any]
 FAST = ["--heartbeat-interval", "0.3", "--stale-after", "2", "--reap-interval", "0.5",

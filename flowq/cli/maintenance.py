@@ -21,11 +21,16 @@ __all__ = ["prune", "reap"]
 def reap(database_url: str | None, schema: str, stale_after: float) -> None:
     """Requeue (or bury) running jobs whose worker stopped heartbeating; one pass."""
     from flowq.db.sql import Queries
-    from flowq.worker.maintenance import Reaper
+    from flowq.worker.reaper import Reaper
+    from flowq.worker.registry import WorkerExpirer
+    from flowq.worker.waits import WaitExpirer
 
     engine = open_engine(database_url, schema)
     try:
         n = Reaper(engine, Queries(schema), stale_after=stale_after).run_once()
+        # The reaper's pass used to expire dead workers' entries and timed-out waits too.
+        WorkerExpirer(engine, Queries(schema), stale=2 * stale_after).run_once()
+        WaitExpirer(engine, Queries(schema)).run_once()
     finally:
         engine.dispose()
     click.echo(f"reaped {n} job(s).")
@@ -42,7 +47,7 @@ def prune(database_url: str | None, schema: str, retention: float, dead_retentio
           ) -> None:
     """Delete runs that finished longer ago than the retention; one pass."""
     from flowq.db.sql import Queries
-    from flowq.worker.maintenance import Pruner
+    from flowq.worker.pruner import Pruner
 
     engine = open_engine(database_url, schema)
     try:

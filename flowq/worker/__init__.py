@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from flowq.worker.core import Worker, WorkerConfig
-from flowq.worker.maintenance import Heartbeat, Pruner, Reaper
+from flowq.worker.config import WorkerConfig
+from flowq.worker.core import Worker
+from flowq.worker.heartbeat import Heartbeat
+from flowq.worker.pruner import Pruner
+from flowq.worker.reaper import Reaper
+from flowq.worker.registry import WorkerExpirer
+from flowq.worker.services import Service
+from flowq.worker.waits import WaitExpirer
 
-__all__ = ["Heartbeat", "Pruner", "Reaper", "Worker", "WorkerConfig"]
+__all__ = ["Heartbeat", "Pruner", "Reaper", "Service", "WaitExpirer", "Worker", "WorkerConfig",
+           "WorkerExpirer"]

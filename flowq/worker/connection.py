@@ -1,4 +1,7 @@
-"""A dedicated autocommit psycopg connection for one hot-path thread (claims, completions).
+"""A worker's connections: `WorkerConnections` (one per role, each named in pg_stat_activity),
+the dedicated autocommit psycopg connection of a hot-path thread (`DedicatedConnection`:
+claims, completions, heartbeats), the SQLAlchemy pools of the other roles (`role_engine`),
+and the settings each role's connections carry.
 
 The claim loop and the completer each own one connection and send their named statements
 through psycopg directly, server-side prepared: no pool checkout, no BEGIN/COMMIT (each
@@ -50,12 +53,26 @@ from sqlalchemy.sql.elements import TextClause
 
 from flowq.db.runner import fetch_rows, raw_sql, result_rows
 
-__all__ = ["DB_ERRORS", "HOT_PATH_OPTIONS", "MAINTENANCE_OPTIONS", "PLANNER_OPTIONS",
-           "DedicatedConnection", "fetch_rows", "heartbeat_options", "local_settings_sql",
-           "raw_sql", "set_local_on_begin"]
+__all__ = [
+    "DB_BACKOFF_MAX",
+    "DB_ERRORS",
+    "HOT_PATH_OPTIONS",
+    "MAINTENANCE_OPTIONS",
+    "PLANNER_OPTIONS",
+    "DedicatedConnection",
+    "WorkerConnections",
+    "fetch_rows",
+    "heartbeat_options",
+    "local_settings_sql",
+    "raw_sql",
+    "role_engine",
+    "set_local_on_begin",
+]
 
 # What a database failure looks like on either path (SQLAlchemy's or psycopg's own).
 DB_ERRORS: Final = (sa.exc.DBAPIError, psycopg.Error)
+# The longest a loop waits before it tries the database again after errors in a row.
+DB_BACKOFF_MAX: Final = 5.0
 # Server settings for connections that only run flowq's index-driven statements.
 PLANNER_OPTIONS: Final = "-c enable_seqscan=off"
 # The claim and completion connections also plan every execution (see the module docstring).
@@ -109,6 +126,26 @@ def set_local_on_begin(engine: sa.Engine, options: str) -> None:
     def _set_local(conn: sa.Connection) -> None:
         # SQLAlchemy's own recipe for statements at BEGIN: the DBAPI opens the transaction.
         conn.exec_driver_sql(statement)
+
+
+def role_engine(url: URL, application_name: str, size: int, *,
+                planner_options: str | None = None, pgbouncer: bool = False) -> sa.Engine:
+    """A SQLAlchemy pool of `size` (plus 2 overflow) for one role of a worker, named
+    `application_name` in pg_stat_activity, with `planner_options` as startup options (or,
+    with `pgbouncer`, applied with `SET LOCAL` at every BEGIN; nothing prepared)."""
+    # No pre-ping: it would cost a round trip per checkout. A dropped connection raises, is
+    # invalidated by SQLAlchemy, and the operation is retried by its caller.
+    connect_args: dict[str, object] = {"application_name": application_name[:63],
+                                       "connect_timeout": 10}
+    if pgbouncer:
+        connect_args["prepare_threshold"] = None  # nothing prepared outlives a transaction
+    elif planner_options:
+        connect_args["options"] = planner_options
+    engine = sa.create_engine(url, pool_size=size, max_overflow=2, pool_pre_ping=False,
+                              connect_args=connect_args)
+    if pgbouncer and planner_options:
+        set_local_on_begin(engine, planner_options)  # SET LOCAL at every BEGIN
+    return engine
 
 
 class DedicatedConnection:
@@ -193,3 +230,61 @@ class DedicatedConnection:
         if conn is not None:
             with contextlib.suppress(psycopg.Error):
                 conn.close()
+
+
+class WorkerConnections:
+    """Every connection of worker `name`, one per role, each named `flowq <role> <name>` in
+    `application_name` (pg_stat_activity shows who is who), so that a dropped connection in
+    one role never stalls another: the dedicated `claim`, `complete` and `heartbeat`
+    connections of the hot path, and SQLAlchemy pools (`engines`) only where SQLAlchemy is
+    needed: `session` (the handlers' ctx.session), `maintain` (maintenance, registry, schema
+    checks) and, with `schedules`, `schedule`. `listen_url`: where to LISTEN instead of `url`
+    (required behind PgBouncer, which cannot hold a LISTEN)."""
+
+    def __init__(self, url: URL, name: str, *, concurrency: int, heartbeat_interval: float,
+                 pgbouncer: bool = False, listen_url: URL | None = None,
+                 schedules: bool = False) -> None:
+        self.url = url
+        self.name = name
+        self.pgbouncer = pgbouncer
+        self.listen_url = listen_url
+        self.engines = {"maintain": self._engine("maintain", 2, MAINTENANCE_OPTIONS),
+                        "session": self._engine("session", concurrency + 2)}
+        if schedules:
+            self.engines["schedule"] = self._engine("schedule", 1, MAINTENANCE_OPTIONS)
+        self.claim = DedicatedConnection(url, f"flowq claim {name}", pgbouncer=pgbouncer)
+        self.complete = DedicatedConnection(url, f"flowq complete {name}", pgbouncer=pgbouncer)
+        self.heartbeat = DedicatedConnection(url, f"flowq heartbeat {name}",
+                                             options=heartbeat_options(heartbeat_interval),
+                                             pgbouncer=pgbouncer)
+
+    def _engine(self, role: str, size: int, planner_options: str | None = None) -> sa.Engine:
+        return role_engine(self.url, f"flowq {role} {self.name}", size,
+                           planner_options=planner_options, pgbouncer=self.pgbouncer)
+
+    def listen_conninfo(self) -> str | None:
+        """Where to LISTEN (libpq conninfo): `listen_url`, else `url` unless behind PgBouncer
+        (None: poll only)."""
+        target = self.listen_url or (None if self.pgbouncer else self.url)
+        if target is None:
+            return None
+        return target.set(drivername="postgresql").render_as_string(hide_password=False)
+
+    def metrics(self) -> DedicatedConnection | None:
+        """The queue gauges' connection, which holds a session-level advisory lock: never
+        through PgBouncer in transaction mode (the lock would stay with a server session
+        other clients get); there, only on `listen_url`, else no queue gauges at all."""
+        name = f"flowq metrics {self.name}"
+        if not self.pgbouncer:
+            return DedicatedConnection(self.url, name, options=MAINTENANCE_OPTIONS)
+        if self.listen_url is not None:
+            return DedicatedConnection(self.listen_url, name, options=MAINTENANCE_OPTIONS)
+        return None
+
+    def close(self) -> None:
+        """Dispose of the pools and close the claim and completion connections (the heartbeat
+        closes its own when it stops: it outlives the others' last statement)."""
+        for engine in self.engines.values():
+            engine.dispose()
+        self.claim.close()
+        self.complete.close()

@@ -16,7 +16,8 @@ with its tick (`ctx.scheduled_at`) and moves the cursor, in one transaction per 
 
 Between passes the thread sleeps until the next tick of any schedule (by the database's
 clock, translated with the offset measured at each pass), at most `MAX_SLEEP` (60 s); after a
-database error it tries again with a backoff of up to `DB_BACKOFF_MAX` (5 s).
+failed pass it tries again with a backoff of 0.5 s, doubling up to `DB_BACKOFF_MAX` (5 s). It
+is a `flowq.worker.services.Service` (named `scheduler`) with `run_once(now=None)`.
 """
 
 from __future__ import annotations
@@ -34,33 +35,35 @@ from flowq.define.schedules import Schedule
 from flowq.enqueueing.prepare import prepare_enqueue
 from flowq.enqueueing.sync import execute
 from flowq.storable import first_line
-from flowq.worker.connection import DB_ERRORS
+from flowq.worker.connection import DB_BACKOFF_MAX, DB_ERRORS
 from flowq.worker.logs import ERROR, INFO, WARNING, log_event
+from flowq.worker.services import Service
 
 __all__ = ["Scheduler"]
 
 MAX_SLEEP: Final = 60.0
-DB_BACKOFF_MAX: Final = 5.0
+FIRST_BACKOFF: Final = 0.5
 # Woken this much after a tick, so that the database's clock has passed it too.
 WAKE_SLACK: Final = 0.005
 
 
-class Scheduler:
+class Scheduler(Service):
     """Enqueues the due ticks of `app`'s schedules through `engine` (see the module docstring).
 
     `run_once(now=None)` makes one pass and returns how many runs it created; `start()` runs
     passes on a thread until `stop()` (or until `stopping`, an event shared with the worker,
     is set)."""
 
+    name = "scheduler"
+
     def __init__(self, engine: sa.Engine, app: FlowQ, *,
                  stopping: threading.Event | None = None, max_sleep: float = MAX_SLEEP) -> None:
+        super().__init__(interval=max_sleep, first_delay=0.0, stopping=stopping)
         self.engine = engine
         self.app = app
         self.schedules: list[Schedule] = app.schedules
         self.q = Queries(app.schema)
         self.max_sleep = max_sleep
-        self._stopping = stopping or threading.Event()
-        self._thread: threading.Thread | None = None
         self._next_tick: datetime | None = None
         self._clock_offset = 0.0  # the database's clock minus this host's, in seconds
 
@@ -131,35 +134,16 @@ class Scheduler:
 
     # -- the thread -----------------------------------------------------------------------------
 
-    def _sleep_for(self) -> float:
+    def next_delay(self) -> float:
         """Seconds until the next tick by the database's clock, capped at `max_sleep`."""
         if self._next_tick is None:
             return self.max_sleep
         wait = self._next_tick.timestamp() - self._clock_offset - time.time() + WAKE_SLACK
         return min(self.max_sleep, max(WAKE_SLACK, wait))
 
-    def _loop(self) -> None:
-        backoff = 0.5
-        while not self._stopping.is_set():
-            try:
-                self.run_once()
-                backoff, delay = 0.5, self._sleep_for()
-            except DB_ERRORS as exc:
-                log_event(WARNING, "scheduler pass failed; retrying", error=first_line(exc),
-                          retry_in_s=backoff)
-                delay, backoff = backoff, min(backoff * 2, DB_BACKOFF_MAX)
-            except Exception as exc:  # never let the scheduler die silently
-                log_event(ERROR, "scheduler crashed; will retry", error=repr(exc))
-                delay, backoff = backoff, min(backoff * 2, DB_BACKOFF_MAX)
-            self._stopping.wait(delay)
+    def failure_delay(self, failures: int) -> float:
+        return float(min(FIRST_BACKOFF * 2 ** (failures - 1), DB_BACKOFF_MAX))
 
     def start(self) -> None:
         if self.schedules:
-            self._thread = threading.Thread(target=self._loop, name="flowq-scheduler",
-                                            daemon=True)
-            self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stopping.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+            super().start()

@@ -6,6 +6,11 @@ drains within its grace period; SIGHUP is forwarded as SIGTERM) and the supervis
 once all have exited cleanly. Children run in their own process groups, so a Ctrl-C reaches
 them once, through the supervisor. A child that dies on its own (crash, OOM kill) is
 restarted after a short backoff; the reaper requeues the jobs it held.
+
+A child is told its supervisor's pid (`FLOWQ_SUPERVISOR_PID`): its `SupervisorWatch` looks
+every `SUPERVISOR_CHECK_INTERVAL` (1 s) whether that is still its parent, and when the
+supervisor is gone (SIGKILLed: its children are in their own process groups and would run on
+as orphans) the worker shuts down cleanly, as on SIGTERM.
 """
 
 from __future__ import annotations
@@ -14,16 +19,45 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from types import FrameType
 from typing import Final
 
 from flowq.worker.logs import INFO, WARNING, log_event
+from flowq.worker.services import Service
 
-__all__ = ["child_argv", "supervise"]
+__all__ = ["SUPERVISOR_ENV", "SupervisorWatch", "child_argv", "supervise"]
 
 SUPERVISOR_ENV: Final = "FLOWQ_SUPERVISOR_PID"
 RESTART_BACKOFF: Final = 1.0
+SUPERVISOR_CHECK_INTERVAL: Final = 1.0
+
+
+class SupervisorWatch(Service):
+    """Calls `on_orphaned()` once, when the process's parent is no longer `supervisor` (a
+    pid, as `SUPERVISOR_ENV` gives it)."""
+
+    name = "supervisor-watch"
+
+    def __init__(self, supervisor: str, on_orphaned: Callable[[], None], *,
+                 interval: float = SUPERVISOR_CHECK_INTERVAL,
+                 stopping: threading.Event | None = None) -> None:
+        super().__init__(interval=interval, stopping=stopping)
+        self.supervisor = supervisor
+        self.on_orphaned = on_orphaned
+        self.orphaned = False
+
+    def run_once(self) -> int:
+        """Look once; returns 1 when it found the supervisor gone (the first time), else 0."""
+        if self.orphaned or str(os.getppid()) == self.supervisor:
+            return 0
+        self.orphaned = True
+        log_event(WARNING, "the --processes supervisor is gone; shutting down",
+                  supervisor_pid=self.supervisor)
+        self.on_orphaned()
+        return 1
 
 
 def child_argv(argv: list[str]) -> list[str]:
@@ -48,7 +82,7 @@ def _spawn(cmd: list[str]) -> subprocess.Popen[bytes]:
     # group, and a child that got SIGINT from the terminal and again from `forward` would take
     # it as the second signal and exit at once, without draining.
     # Outside the group, a SIGKILLed supervisor's children would run on as orphans: they are
-    # told who their supervisor is and stop by themselves when it is gone (see core.py).
+    # told who their supervisor is and stop by themselves when it is gone (`SupervisorWatch`).
     env = {**os.environ, SUPERVISOR_ENV: str(os.getpid())}
     if sys.version_info >= (3, 11):
         return subprocess.Popen(cmd, process_group=0, env=env)

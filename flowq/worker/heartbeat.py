@@ -1,0 +1,82 @@
+"""The heartbeat: refreshes `heartbeat_at` of every job this worker holds, in one statement,
+every `interval` (default 5 s), on a thread and a connection of its own.
+
+Its own thread and connection are a hard rule: no maintenance statement (a prune waiting on a
+lock, a slow reap, the registry's beat) can delay a heartbeat past `stale_after` and get this
+worker's live jobs reaped. The connection's statement timeout is about one interval (see
+`flowq.worker.connection.heartbeat_options`): a beat that waits on a lock is cancelled and
+sent again rather than silencing every other job's heartbeat.
+
+Jobs whose fence (id, lease) no longer matches were taken from us (the reaper requeued them):
+each is logged once, and its result will be discarded. The beat also reads which running jobs
+were asked to stop (`flowq runs cancel`) and passes their claims to `on_cancelled`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from flowq.db.rows import Claim
+from flowq.db.sql import Queries
+from flowq.worker.config import DEFAULT_HEARTBEAT_INTERVAL
+from flowq.worker.connection import DedicatedConnection
+from flowq.worker.logs import WARNING, log_event
+from flowq.worker.services import STOP_TIMEOUT, Service
+
+__all__ = ["Heartbeat"]
+
+class Heartbeat(Service):
+    """Refreshes the heartbeats of the claims returned by `claims()`; `run_once()` returns how
+    many are still ours, and leaves the ids lost at that beat in `lost`."""
+
+    name = "heartbeat"
+
+    def __init__(self, conn: DedicatedConnection, queries: Queries,
+                 claims: Callable[[], list[Claim]],
+                 unsettled: Callable[[], list[Claim]] | None = None, *,
+                 interval: float = DEFAULT_HEARTBEAT_INTERVAL,
+                 on_cancelled: Callable[[list[Claim]], None] | None = None) -> None:
+        super().__init__(interval=interval)
+        self.conn = conn
+        self.q = queries
+        self.claims = claims
+        # The claims whose handler is still running (default: `claims`). Only those can be
+        # reported lost: a claim whose outcome is being written may stop matching the fence
+        # because we just completed it ourselves (the completer reports a dropped outcome).
+        self.unsettled = unsettled or claims
+        # Told the claims whose run was cancelled while they run (the executor tells their
+        # handlers).
+        self.on_cancelled = on_cancelled
+        self.lost: list[int] = []  # ids lost to the reaper at the last beat
+        self._reported: set[Claim] = set()  # lost claims already logged, while they run on
+
+    def run_once(self) -> int:
+        """Beat once; returns how many claims are still ours (`lost`: the ids that are not)."""
+        # In id order, as the completer writes its batches: two statements that lock the
+        # same rows in one order cannot deadlock (a beat covers the batch being written).
+        held = sorted(self.claims())
+        if not held:
+            self.lost = []
+            return 0
+        rows = self.conn.execute(self.q.heartbeat_jobs, {"ids": [c[0] for c in held],
+                                                         "leases": [c[1] for c in held]})
+        alive = {r[0] for r in rows}
+        cancelled = {r[0] for r in rows if r[1]}
+        if cancelled and self.on_cancelled is not None:
+            self.on_cancelled([c for c in held if c[0] in cancelled])
+        # A job that completed between reading the claims and the UPDATE no longer matches
+        # either: only a claim whose handler still runs after the UPDATE was taken from us.
+        running = set(self.unsettled())
+        lost = [c for c in held if c[0] not in alive and c in running]
+        for job_id, lease in lost:
+            if (job_id, lease) not in self._reported:  # once per claim, not every beat
+                log_event(WARNING, "lost the claim on a running job (reaped after a stale "
+                          "heartbeat); its result will be discarded", job_id=job_id,
+                          lease=lease)
+        self._reported = set(lost)
+        self.lost = [c[0] for c in lost]
+        return len(alive)
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+        super().stop(timeout)
+        self.conn.close()

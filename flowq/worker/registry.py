@@ -1,0 +1,152 @@
+"""The workers registry, `flowq.workers`: who serves which queues and tasks, as operators,
+`flowq status` and `flowq runs list` see it (which due jobs no live worker serves).
+
+- `Registry` is one worker's entry: `register()` at start, a beat every `interval` (the
+  heartbeat interval, default 5 s; `run_once()`), `leave()` at a clean stop. A worker whose
+  entry expired while it stalled enters again at its next beat. Its beat goes through the
+  maintenance pool, not the heartbeat's connection: the jobs' heartbeat never waits behind it.
+- `WorkerExpirer` removes the entries of workers that stopped beating for `stale` seconds
+  (the worker's `2 * stale_after`, default 60 s: an entry only informs, and a live worker
+  enters again if it ever loses its own), every `interval` (`reap_interval`, default 10 s),
+  under the advisory lock `<schema>.registry` (one pass at a time across all workers).
+
+At start a worker also writes its app's queue declarations (`Registry.declare_queues`), so
+that every worker enforces the same limits, and says which due jobs of its tasks wait on a
+queue none of its app's steps uses (`warn_stranded`: enqueued by name with a `queue=` no
+worker serves by default, they would wait forever).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import socket
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import sqlalchemy as sa
+
+from flowq.db.sql import Queries
+from flowq.storable import first_line
+from flowq.worker.config import (
+    DEFAULT_HEARTBEAT_INTERVAL,
+    DEFAULT_REAP_INTERVAL,
+    DEFAULT_STALE_AFTER,
+)
+from flowq.worker.connection import DB_ERRORS
+from flowq.worker.logs import WARNING, log_event
+from flowq.worker.services import Service
+
+if TYPE_CHECKING:
+    from flowq.define.queues import QueueConfig
+
+__all__ = ["Registry", "WorkerExpirer", "flowq_version", "warn_stranded"]
+
+
+def flowq_version() -> str:
+    """The installed flowq's version, as the registry shows it ("unknown" from a checkout)."""
+    try:
+        return importlib.metadata.version("flowq")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class Registry(Service):
+    """Worker `name`'s entry in the registry: what it serves, and that it is alive."""
+
+    name = "registry"
+
+    def __init__(self, engine: sa.Engine, queries: Queries, *, worker: str,
+                 queues: Sequence[str], tasks: Sequence[str], concurrency: int,
+                 interval: float = DEFAULT_HEARTBEAT_INTERVAL) -> None:
+        super().__init__(interval=interval)
+        self.engine = engine
+        self.queries = queries
+        self.worker = worker
+        self.queues = list(queues)
+        self.tasks = list(tasks)
+        self.concurrency = concurrency
+
+    def register(self) -> None:
+        """Enter (or refresh: a restart under the same name) this worker's entry."""
+        with self.engine.begin() as conn:
+            conn.execute(self.queries.register_worker, {
+                "name": self.worker, "host": socket.gethostname(), "pid": os.getpid(),
+                "queues": self.queues, "tasks": self.tasks, "concurrency": self.concurrency,
+                "version": flowq_version()})
+
+    def declare_queues(self, declared: Sequence[QueueConfig], keyed: Sequence[str]) -> None:
+        """Write the app's queue declarations (limits) and which of its queues key their jobs
+        (`concurrency_key=`), so that every worker enforces them."""
+        with self.engine.begin() as conn:
+            if declared:
+                conn.execute(self.queries.declare_queues, {
+                    "names": [d.name for d in declared],
+                    "concurrencies": [d.concurrency for d in declared],
+                    "rate_limits": [d.rate_limit.limit if d.rate_limit else None
+                                    for d in declared],
+                    "rate_periods": [d.rate_limit.seconds if d.rate_limit else None
+                                     for d in declared],
+                    "worker": self.worker})
+            if keyed:
+                conn.execute(self.queries.mark_keyed_queues, {"names": list(keyed)})
+
+    def run_once(self) -> int:
+        """Beat; returns 1 when the entry had expired and was entered again, else 0."""
+        with self.engine.begin() as conn:
+            beaten = conn.execute(self.queries.beat_worker, {"name": self.worker}).first()
+        if beaten is not None:
+            return 0
+        self.register()  # expired while this worker was stalled: enter it again
+        return 1
+
+    def leave(self) -> None:
+        """Remove the entry (a clean stop); if the database says no, it expires on its own."""
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(self.queries.unregister_worker, {"name": self.worker})
+        except DB_ERRORS as exc:
+            log_event(WARNING, "could not leave the workers registry", error=first_line(exc))
+
+
+class WorkerExpirer(Service):
+    """Removes the registry entries of workers that stopped beating `stale` seconds ago."""
+
+    name = "registry-expiry"
+
+    def __init__(self, engine: sa.Engine, queries: Queries, *,
+                 stale: float = 2 * DEFAULT_STALE_AFTER, interval: float = DEFAULT_REAP_INTERVAL,
+                 first_delay: float | None = None,
+                 stopping: threading.Event | None = None) -> None:
+        super().__init__(interval=interval, first_delay=first_delay, stopping=stopping)
+        self.engine = engine
+        self.queries = queries
+        self.stale = stale
+
+    def run_once(self) -> int:
+        """One pass; returns how many entries expired (0 if another worker holds the lock)."""
+        q = self.queries
+        with self.engine.begin() as conn:
+            if not conn.execute(q.try_maintenance_lock,
+                                {"name": f"{q.schema}.registry"}).scalar():
+                return 0
+            expired = list(conn.execute(q.expire_workers, {"stale": self.stale}).scalars())
+        if expired:
+            log_event(WARNING, "removed workers that stopped heartbeating from the registry",
+                      workers=",".join(expired))
+        return len(expired)
+
+
+def warn_stranded(engine: sa.Engine, queries: Queries, tasks: Sequence[str],
+                  queues: Sequence[str]) -> int:
+    """Log due jobs of `tasks` waiting on queues outside `queues` (those their app's steps
+    use, which its workers serve by default); returns how many (queue, task) groups."""
+    with engine.connect() as conn:
+        rows = conn.execute(queries.find_stranded_jobs, {"tasks": list(tasks),
+                                                         "queues": list(queues)}).all()
+    for r in rows:
+        log_event(WARNING, "due jobs wait on a queue no worker of this app serves by default: "
+                  "start one with --queues including it, or enqueue with the task's own queue",
+                  queue=r.queue, task=r.task, jobs=r.n, oldest_due_s=round(r.oldest_s, 1))
+    return len(rows)

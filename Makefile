@@ -19,6 +19,12 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The edit loop: every test but those marked `slow` (real worker processes, faults, builds;
+# tests/conftest.py names them). `make test` still runs everything, and CI calls it.
+.PHONY: test-quick
+test-quick: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
 lint: $(STAMP)
 	$(BIN)/ruff check flowq tests examples alembic
 	$(BIN)/mypy

@@ -54,10 +54,21 @@ SLOW_FILES = frozenset({
 })
 
 
+# The tiers: tests/unit (pure Python, no server), tests/integration (real PostgreSQL),
+# tests/acceptance (real processes). A unit test that reaches the server, through any fixture,
+# belongs in integration: collection stops and says so.
+SERVER_FIXTURES = frozenset({"flowq_postgres", "flowq_server_url"})
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.name in SLOW_FILES:
             item.add_marker(pytest.mark.slow)
+        needs = SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        if item.path.parent.name == "unit" and needs:
+            raise pytest.UsageError(f"{item.nodeid} is in tests/unit but uses the database "
+                                    f"server ({', '.join(sorted(needs))}): move it to "
+                                    "tests/integration")
 
 
 @pytest.fixture(autouse=True)

@@ -24,9 +24,11 @@ import faulty_app
 import ledger_app
 import pytest
 import sqlalchemy as sa
+from click.testing import CliRunner
 from support import APPS_DIR, Spawn, backends, held_by, terminate
 
 import flowq
+from flowq.cli import main
 from flowq.embedded import LocalPostgres
 from flowq.testing import job_rows, wait_until
 from flowq.worker import WorkerConfig
@@ -260,9 +262,9 @@ def test_default_bound_for_the_jobs_of_a_dead_worker() -> None:
 
 
 def flowq_reap(url: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "flowq", "reap", "--database-url", url,
-                           "--stale-after", "1"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
+    """`flowq reap --stale-after 1`, in-process; what it printed."""
+    done = CliRunner().invoke(main, ["reap", "--database-url", url, "--stale-after", "1"])
+    assert done.exit_code == 0, (done.output, done.exception)
     return done.stdout
 
 

@@ -52,14 +52,15 @@ def test_a_reclaim_by_the_same_worker_is_another_attempt(ledger: sa.Engine, db_u
                                                          spawn_worker: Spawn) -> None:
     """Reaped while its attempt still runs, a job claimed again by the same worker runs as a
     second attempt; the first attempt's end neither removes it nor lands (issue 9, #1)."""
-    worker = spawn_worker("hostile_app:app", db_url, "-c", "2", "--heartbeat-interval", "1",
-                          "--stale-after", "3", "--reap-interval", "1")
-    job = enqueue(ledger, ha.slow_record, sleep=12)
+    # Heartbeats four to a --stale-after, so a busy machine's late one costs no attempt.
+    worker = spawn_worker("hostile_app:app", db_url, "-c", "2", "--heartbeat-interval", "0.5",
+                          "--stale-after", "2", "--reap-interval", "0.5")
+    job = enqueue(ledger, ha.slow_record, sleep=8)
     wait_until(lambda: scalar(ledger, "SELECT count(*) FROM attempt_log") == 1, timeout=30,
                message="the first attempt to start")
     # The scenario, not a synchronisation: reap half-way through the first attempt, so that
-    # the second one outlives the first's end by more than --stale-after.
-    time.sleep(6)
+    # the second one outlives the first's end (by about 4 s) by more than --stale-after.
+    time.sleep(4)
     assert Reaper(ledger, Queries("flowq"), stale_after=0).run_once() == 1  # `flowq reap --stale-after 0`
     wait_until(lambda: final(ledger, [job]), timeout=90, message="the job to end")
     row = by_id(ledger)[job]

@@ -18,8 +18,6 @@ from __future__ import annotations
 import json
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import defaultdict
@@ -29,11 +27,13 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 import workflow_fault_app as wfa
+from click.testing import CliRunner
 from support import Row, Spawn, WorkerProcess, backends, held_by, scalar, stop_workers
 from support import rows as query
 from support import spawn_ready as spawn_workers
 
 import flowq
+from flowq.cli import main
 from flowq.queries import Queries
 from flowq.runs import cancel_run, get_run, retry_run
 from flowq.schema import DEFAULT_SCHEMA
@@ -175,9 +175,9 @@ def run_statuses(engine: sa.Engine, run_ids: Iterable[int]) -> dict[int, str]:
 
 
 def cli(db_url: str, *args: str) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-m", "flowq", *args, "--json", "--database-url",
-                          db_url], capture_output=True, text=True, timeout=60, check=False)
-    assert out.returncode == 0, out.stderr
+    """`flowq ARGS --json`, in-process; its parsed output."""
+    out = CliRunner().invoke(main, [*args, "--json", "--database-url", db_url])
+    assert out.exit_code == 0, (out.output, out.exception)
     result: dict[str, Any] = json.loads(out.stdout)
     return result
 

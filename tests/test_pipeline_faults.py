@@ -19,16 +19,17 @@ from __future__ import annotations
 
 import random
 import signal
-import sys
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
-from functools import partial
+from collections.abc import Iterable, Sequence
 from itertools import pairwise
-from pathlib import Path
 from typing import Any
 
+import pipeline_fault_app as pfa
 import pytest
 import sqlalchemy as sa
+from support import Row, Spawn, WorkerProcess, backends, held_by, stop_workers, terminate
+from support import rows as query
+from support import spawn_ready as spawn_workers
 
 import flowq
 from flowq.db.sql import Queries
@@ -37,9 +38,6 @@ from flowq.names import DEFAULT_SCHEMA
 from flowq.testing import job_rows, wait_until
 from flowq.worker.reaper import Reaper
 
-sys.path.insert(0, str(Path(__file__).parent / "apps"))
-import pipeline_fault_app as pfa
-
 APP = "pipeline_fault_app:app"
 # A dead worker's steps are reaped about a second after its last heartbeat.
 FAST = ["--heartbeat-interval", "0.2", "--stale-after", "1.0", "--reap-interval", "0.3",
@@ -47,27 +45,9 @@ FAST = ["--heartbeat-interval", "0.2", "--stale-after", "1.0", "--reap-interval"
 STEP_SLEEP = 0.2
 ALL_STEPS = {0, 1, 2}
 ROLES = ("session", "complete", "claim", "heartbeat", "maintain", "listen")
-# Log lines that only a flowq bug writes (a part of the worker crashed and carried on).
-CRASH_LINES = ("crashed", "could not start a claimed job")
-
-Spawn = Callable[..., Any]
-Row = sa.Row[Any]
 
 
 # -- helpers ----------------------------------------------------------------------------------
-
-@pytest.fixture
-def ledger(engine: sa.Engine) -> sa.Engine:
-    """The test database's engine, with the ledger table created."""
-    with engine.begin() as conn:
-        conn.exec_driver_sql(pfa.LEDGER_DDL)
-    return engine
-
-
-def query(engine: sa.Engine, sql: str, **params: Any) -> list[Row]:
-    with engine.connect() as conn:
-        return list(conn.execute(sa.text(sql), params))
-
 
 def enqueue_relays(engine: sa.Engine, n: int, *, start: int = 0, stagger: float = 0.0,
                    sleeps: Sequence[float] = (STEP_SLEEP,) * 3) -> list[int]:
@@ -87,26 +67,11 @@ def steps_in_flight(engine: sa.Engine) -> set[int]:
                                         "WHERE status IN ('pending', 'running')")}
 
 
-def held_by(engine: sa.Engine, pid: int) -> list[Row]:
-    """The running steps claimed by the worker process `pid`."""
-    return job_rows(engine, where="status = 'running' AND split_part(locked_by, ':', 2) = :p",
-                    p=str(pid))
-
-
-def backends(engine: sa.Engine, role: str, *, pid: int | None = None,
-             state: str | None = None) -> list[int]:
-    """Server pids of this database's connections of one worker role ('session', ...),
-    optionally of the worker process `pid` only, or in one `state` only."""
-    return [r[0] for r in query(
-        engine, "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-        "AND application_name LIKE :name AND (CAST(:state AS text) IS NULL OR state = :state)",
-        name=f"flowq {role} %" + (f":{pid}:%" if pid else ""), state=state)]
-
-
-def terminate(engine: sa.Engine, pids: Iterable[int]) -> None:
-    with engine.connect() as conn:
-        conn.execute(sa.text("SELECT pg_terminate_backend(pid) FROM unnest(:p) AS pid"),
-                     {"p": list(pids)})
+def spawn_ready(spawn_worker: Spawn, engine: sa.Engine, url: str, n: int, *args: str
+                ) -> list[WorkerProcess]:
+    """Start `n` workers and wait until each is up (listening), so that staggered runs are
+    not all overdue at once when the workers claim their first steps."""
+    return spawn_workers(spawn_worker, engine, APP, url, n, *args, *FAST)
 
 
 def describe_rows(rows: Iterable[Row]) -> list[str]:
@@ -186,32 +151,6 @@ def claims(engine: sa.Engine, ids: Iterable[int]) -> dict[int, tuple[Any, ...]]:
             for r in job_rows(engine, where="id = ANY(:ids)", ids=list(ids))}
 
 
-def spawn_ready(spawn_worker: Spawn, engine: sa.Engine, url: str, n: int, *args: str
-                ) -> list[Any]:
-    """Start `n` workers and wait until each is up (listening), so that staggered runs are
-    not all overdue at once when the workers claim their first steps."""
-    workers = [spawn_worker(APP, url, *args, *FAST) for _ in range(n)]
-    for w in workers:
-        wait_until(partial(backends, engine, "listen", pid=w.pid), timeout=60,
-                   message=f"worker {w.pid} listening")
-    return workers
-
-
-def assert_no_crash_lines(*workers: Any) -> None:
-    for w in workers:
-        bad = [line for line in w.log().splitlines() if any(s in line for s in CRASH_LINES)]
-        assert not bad, f"worker {w.pid} logged a crash: {bad[:5]}"
-
-
-def stop_workers(*workers: Any) -> None:
-    """SIGTERM each worker; each must drain and exit 0, having logged no crash."""
-    for w in workers:
-        w.signal(signal.SIGTERM)
-    for w in workers:
-        assert w.wait(timeout=60) == 0, w.log()[-3000:]
-    assert_no_crash_lines(*workers)
-
-
 # -- SIGKILL ----------------------------------------------------------------------------------
 
 def test_sigkill_mid_pipeline_twice_then_replacements_finish_every_run(
@@ -229,7 +168,7 @@ def test_sigkill_mid_pipeline_twice_then_replacements_finish_every_run(
         progress = int(total * rng.uniform(lo, hi))
         victim = rng.choice(workers)
 
-        def mid_pipeline(victim: Any = victim, progress: int = progress) -> list[Row]:
+        def mid_pipeline(victim: WorkerProcess = victim, progress: int = progress) -> list[Row]:
             if steps_succeeded(ledger) < progress or steps_in_flight(ledger) != ALL_STEPS:
                 return []
             held = held_by(ledger, victim.pid)
@@ -257,20 +196,20 @@ def test_sigkill_mid_pipeline_twice_then_replacements_finish_every_run(
 # -- PostgreSQL restart -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("mode", ["fast", "immediate"])
-def test_database_restart_mid_pipeline(pg_server: LocalPostgres | None, ledger: sa.Engine,
+def test_database_restart_mid_pipeline(flowq_postgres: LocalPostgres | None, ledger: sa.Engine,
                                        db_url: str, spawn_worker: Spawn, mode: str) -> None:
     """The server restarts while steps are inside their transactions at every step index.
     The embedded server runs with synchronous_commit off (`FAST_SETTINGS`), so an immediate
     shutdown may also lose the last commits the workers were told succeeded, as a failover
     to an asynchronous replica would: the runs must end exactly the same."""
-    if pg_server is None:
+    if flowq_postgres is None:
         pytest.skip("needs the embedded server to restart it")
     workers = spawn_ready(spawn_worker, ledger, db_url, 2, "--concurrency", "4")
     run_ids = enqueue_relays(ledger, 60, stagger=0.05)
     wait_until(lambda: steps_succeeded(ledger) >= 40 and steps_in_flight(ledger) == ALL_STEPS
                and len(backends(ledger, "session", state="idle in transaction")) >= 2,
                timeout=60, message="runs at every step, some steps inside their transaction")
-    pg_server.restart(mode)
+    flowq_postgres.restart(mode)
     ledger.dispose()  # the test's own pooled connections died with the server
     run_ids += enqueue_relays(ledger, 20, start=60, stagger=0.05)
 
@@ -343,7 +282,7 @@ def test_zombie_past_stale_after_changes_nothing_when_it_wakes(
     quiet = ("--concurrency", "4", "--no-maintenance", *FAST)
     zombie = spawn_worker(APP, db_url, *quiet)
 
-    def open_transactions(worker: Any) -> list[int]:
+    def open_transactions(worker: WorkerProcess) -> list[int]:
         return backends(ledger, "session", pid=worker.pid, state="idle in transaction")
 
     def caught() -> list[Row]:

@@ -2,37 +2,28 @@
 
 Every step writes one ledger row through `ctx.session`, committed with the step's success, so
 the ledger says exactly which steps took effect and how often. Run state is read through the
-CLI's `--json` output (`python -m flowq runs ...` in a subprocess) and the jobs table.
+CLI's `--json` output (`flowq runs ...`, invoked in-process) and the jobs table.
 """
 
 from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pipeline_app as pa
 import pytest
 import sqlalchemy as sa
+from click.testing import CliRunner
+from support import Spawn, rows, scalar
 
 import flowq
+from flowq.cli import main
 from flowq.testing import job_rows, wait_until
 
 FAST_POLL = ("--poll-interval", "0.1")
 FAST_REAP = ("--stale-after", "2", "--heartbeat-interval", "0.5", "--reap-interval", "0.5")
-Spawn = Callable[..., Any]
-
-
-@pytest.fixture
-def ledger(engine: sa.Engine) -> sa.Engine:
-    with engine.begin() as conn:
-        conn.exec_driver_sql(pa.LEDGER_DDL)
-    return engine
-
 
 def enqueue(engine: sa.Engine, pipeline: flowq.Pipeline, **kwargs: Any) -> flowq.Enqueued:
     with engine.begin() as conn:
@@ -40,23 +31,11 @@ def enqueue(engine: sa.Engine, pipeline: flowq.Pipeline, **kwargs: Any) -> flowq
 
 
 def runs_cli(db_url: str, *args: str) -> dict[str, Any]:
-    """`python -m flowq runs ARGS --json` in a subprocess; its parsed output."""
-    proc = subprocess.run([sys.executable, "-m", "flowq", "runs", *args, "--json",
-                           "--database-url", db_url], capture_output=True, text=True,
-                          timeout=60, check=False)
-    assert proc.returncode == 0, proc.stderr
-    data: dict[str, Any] = json.loads(proc.stdout)
+    """`flowq runs ARGS --json`, in-process; its parsed output."""
+    result = CliRunner().invoke(main, ["runs", *args, "--json", "--database-url", db_url])
+    assert result.exit_code == 0, (result.output, result.exception)
+    data: dict[str, Any] = json.loads(result.stdout)
     return data
-
-
-def scalar(engine: sa.Engine, sql: str, **params: Any) -> Any:
-    with engine.connect() as conn:
-        return conn.execute(sa.text(sql), params).scalar()
-
-
-def rows(engine: sa.Engine, sql: str, **params: Any) -> list[Any]:
-    with engine.connect() as conn:
-        return list(conn.execute(sa.text(sql), params))
 
 
 def ledger_counts(engine: sa.Engine, step: str) -> dict[int, int]:

@@ -1,29 +1,41 @@
 """No password in anything flowq prints: `flowq.db.mask_secrets` and every CLI command.
 
-Each command runs as a real `python -m flowq` process with a URL holding `PASSWORD`, given by
-`--database-url`, FLOWQ_DATABASE_URL or DATABASE_URL, in shapes that are malformed or that
-point at nothing (a closed port on 127.0.0.1, a host that does not resolve). The password
-must appear nowhere in stdout or stderr, and the failure must be one `Error: ` sentence.
+Each command runs with a URL holding `PASSWORD`, given by `--database-url`,
+FLOWQ_DATABASE_URL or DATABASE_URL, in shapes that are malformed or that point at nothing (a
+closed port on 127.0.0.1, a host that does not resolve). The password must appear nowhere in
+stdout or stderr, nor in a log record or a warning, and the failure must be one `Error: `
+sentence with exit code 2 and no exception escaping the command.
+
+The sweeps over every command and every shape run in-process (click's CliRunner on
+`flowq.cli.main`): what they check is what the command writes, which a process adds nothing to.
+What only a real `python -m flowq` process shows (the interpreter's own output: a traceback
+printed at exit, a warning, a log line through logging's last-resort handler) is checked once
+per command, each paired with another URL shape, in `test_real_processes_print_no_password`.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
 import sys
+import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pytest
+from click.testing import CliRunner
 
 import flowq.db
+from flowq.cli import main
 from flowq.errors import FlowqError
 
 PASSWORD = "S3cr3tPassw0rd"
 APP = "flowq_bench.app:app"  # importable wherever flowq-bench is installed (make test does)
-PARALLEL = 2
+PARALLEL = 2  # real processes at once
+URL_VARIABLES = ("FLOWQ_DATABASE_URL", "DATABASE_URL")
 
 
 @pytest.fixture(scope="module")
@@ -69,47 +81,130 @@ COMMANDS: dict[str, tuple[str, ...]] = {
 # demo and bench never read the environment (tests/test_demo.py): with only a variable set
 # they would start an embedded server, so they take the URL by option only.
 ENV_COMMANDS = [name for name in COMMANDS if name not in ("demo", "bench")]
+Call = tuple[tuple[str, ...], dict[str, str] | None]
 
 
 @dataclass(frozen=True)
 class Ran:
+    """What one command printed (and, in-process, logged and warned) and how it ended."""
+
     argv: Sequence[str]
     env: dict[str, str]
     returncode: int
     stdout: str
     stderr: str
+    # In-process only: the exception that escaped the command (None or SystemExit when it
+    # ended as a command should), the log records and warnings it emitted.
+    escaped: BaseException | None = None
+    logged: str = ""
 
     def __str__(self) -> str:
         return (f"{' '.join(self.argv)} env={self.env} -> {self.returncode}\n"
-                f"stdout: {self.stdout}\nstderr: {self.stderr}")
+                f"stdout: {self.stdout}\nstderr: {self.stderr}\nescaped: {self.escaped!r}\n"
+                f"logged: {self.logged}")
+
+
+class _Records(logging.Handler):
+    """Every log record emitted while a command runs, formatted with its traceback."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.setFormatter(logging.Formatter("%(name)s %(levelname)s %(message)s"))
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
 
 
 def flowq_cli(*args: str, env: dict[str, str] | None = None) -> Ran:
-    child_env = {k: v for k, v in os.environ.items()
-                 if k not in ("FLOWQ_DATABASE_URL", "DATABASE_URL")}
+    """`flowq ARGS` in-process, with neither URL variable set unless `env` sets it."""
+    records = _Records()
+    root = logging.getLogger()
+    root.addHandler(records)
+    try:
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            result = CliRunner().invoke(
+                main, list(args), env={**dict.fromkeys(URL_VARIABLES), **(env or {})})
+    finally:
+        root.removeHandler(records)
+    logged = "\n".join([*records.lines, *(str(w.message) for w in warned)])
+    escaped = result.exception
+    return Ran(args, env or {}, result.exit_code, result.stdout, result.stderr,
+               escaped, logged)
+
+
+def flowq_process(*args: str, env: dict[str, str] | None = None) -> Ran:
+    """`python -m flowq ARGS` as a real process, with neither URL variable set unless `env`
+    sets it."""
+    child_env = {k: v for k, v in os.environ.items() if k not in URL_VARIABLES}
     child_env.update(env or {})
     proc = subprocess.run([sys.executable, "-m", "flowq", *args], capture_output=True,
                           text=True, timeout=60, env=child_env)
     return Ran(args, env or {}, proc.returncode, proc.stdout, proc.stderr)
 
 
-def run_all(calls: list[tuple[tuple[str, ...], dict[str, str] | None]]) -> Iterator[Ran]:
+def run_all(calls: list[Call]) -> Iterator[Ran]:
+    for args, env in calls:
+        yield flowq_cli(*args, env=env)
+
+
+def run_processes(calls: list[Call]) -> Iterator[Ran]:
     with ThreadPoolExecutor(PARALLEL) as pool:
-        yield from pool.map(lambda call: flowq_cli(*call[0], env=call[1]), calls)
+        yield from pool.map(lambda call: flowq_process(*call[0], env=call[1]), calls)
 
 
 def assert_no_secret(ran: Ran) -> None:
-    assert PASSWORD not in ran.stdout and PASSWORD not in ran.stderr, str(ran)
+    printed = ran.stdout + ran.stderr + ran.logged + repr(ran.escaped)
+    assert PASSWORD not in printed, str(ran)
     # Nor a recognisable piece of it.
-    assert "S3cr3t" not in ran.stdout + ran.stderr and "Passw0rd" not in ran.stderr, str(ran)
+    assert "S3cr3t" not in printed and "Passw0rd" not in ran.stderr + ran.logged, str(ran)
+
+
+def assert_ended_as_a_command(ran: Ran) -> None:
+    """No exception escaped the command but the exit click turns its errors into."""
+    assert ran.escaped is None or isinstance(ran.escaped, SystemExit), str(ran)
 
 
 def assert_one_sentence(ran: Ran) -> None:
     """Exit code 2 and one line, `Error: ...`, on stderr: no traceback, no log lines."""
+    assert_ended_as_a_command(ran)
     assert ran.returncode == 2, str(ran)
     assert "Traceback" not in ran.stderr, str(ran)
     text = ran.stderr.strip()
     assert text.startswith("Error: ") and "\n" not in text, str(ran)
+
+
+def assert_command_failed_safely(ran: Ran) -> None:
+    """`migrate --sql` prints the DDL without connecting; every other command fails in one
+    sentence."""
+    assert_no_secret(ran)
+    if tuple(ran.argv[:2]) == ("migrate", "--sql"):
+        assert_ended_as_a_command(ran)
+        assert ran.returncode == 0 and "CREATE TABLE flowq.jobs" in ran.stdout, str(ran)
+    else:
+        assert_one_sentence(ran)
+
+
+def usage_error_calls(url: str) -> list[Call]:
+    """click's own messages echo a misplaced value: a URL given where it does not belong."""
+    return [
+        (("migrate", url), None),                            # unexpected extra argument
+        (("runs", "show", url), None),                       # not a valid integer
+        (("worker", APP, "--concurrency", url), None),       # not a valid integer range
+        (("worker", url, "--database-url", url), None),      # not MODULE:APP
+        (("demo", "--jobs", url), None),
+        (("bench", "--scenario", url, "--database-url", url), None),  # unknown scenario
+        ((url,), None),                                      # no such command
+    ]
+
+
+def assert_usage_error_safe(ran: Ran) -> None:
+    assert_no_secret(ran)
+    assert_ended_as_a_command(ran)
+    assert ran.returncode == 2, str(ran)
+    assert "Traceback" not in ran.stderr, str(ran)
+    assert ran.stderr.strip().splitlines()[-1].startswith("Error: "), str(ran)
 
 
 # -- mask_secrets ----------------------------------------------------------------------------
@@ -181,44 +276,36 @@ def test_no_command_prints_the_password_of_its_database_url(command: str,
                                                             closed_port: int) -> None:
     args = COMMANDS[command]
     shapes = url_shapes(closed_port)
-    results = list(run_all([((*args, "--database-url", url), None) for url in shapes.values()]))
-    for ran in results:
-        assert_no_secret(ran)
-        if command == "migrate --sql":  # prints the DDL without connecting
-            assert ran.returncode == 0 and "CREATE TABLE flowq.jobs" in ran.stdout, str(ran)
-        else:
-            assert_one_sentence(ran)
+    for ran in run_all([((*args, "--database-url", url), None) for url in shapes.values()]):
+        assert_command_failed_safely(ran)
 
 
-@pytest.mark.parametrize("var", ["FLOWQ_DATABASE_URL", "DATABASE_URL"])
+@pytest.mark.parametrize("var", URL_VARIABLES)
 def test_no_command_prints_the_password_of_its_environment_url(var: str,
                                                                closed_port: int) -> None:
     shapes = url_shapes(closed_port)
     urls = [shapes[s] for s in ("closed port", "password with @ : /", "query password",
                                 "libpq key/value")]
-    calls = [(COMMANDS[c], {var: url}) for c in ENV_COMMANDS for url in urls]
-    for ran in run_all(calls):
-        assert_no_secret(ran)
-        if ran.argv[:2] == ("migrate", "--sql"):
-            assert ran.returncode == 0, str(ran)
-        else:
-            assert_one_sentence(ran)
+    for ran in run_all([(COMMANDS[c], {var: url}) for c in ENV_COMMANDS for url in urls]):
+        assert_command_failed_safely(ran)
 
 
 def test_usage_errors_do_not_print_the_password(closed_port: int) -> None:
-    """click's own messages echo a misplaced value: a URL given where it does not belong."""
-    url = url_shapes(closed_port)["closed port"]
-    calls: list[tuple[tuple[str, ...], dict[str, str] | None]] = [
-        (("migrate", url), None),                            # unexpected extra argument
-        (("runs", "show", url), None),                       # not a valid integer
-        (("worker", APP, "--concurrency", url), None),       # not a valid integer range
-        (("worker", url, "--database-url", url), None),      # not MODULE:APP
-        (("demo", "--jobs", url), None),
-        (("bench", "--scenario", url, "--database-url", url), None),  # unknown scenario
-        ((url,), None),                                      # no such command
-    ]
-    for ran in run_all(calls):
-        assert_no_secret(ran)
-        assert ran.returncode == 2, str(ran)
-        assert "Traceback" not in ran.stderr, str(ran)
-        assert ran.stderr.strip().splitlines()[-1].startswith("Error: "), str(ran)
+    for ran in run_all(usage_error_calls(url_shapes(closed_port)["closed port"])):
+        assert_usage_error_safe(ran)
+
+
+@pytest.mark.slow
+def test_real_processes_print_no_password(closed_port: int) -> None:
+    """Every command once as a real process (each with another URL shape, round the list),
+    each URL variable once, and one usage error: what the interpreter itself prints."""
+    shapes = list(url_shapes(closed_port).values())
+    calls: list[Call] = [((*args, "--database-url", shapes[i % len(shapes)]), None)
+                         for i, args in enumerate(COMMANDS.values())]
+    env_url = url_shapes(closed_port)["password with @ : /"]
+    calls += [(COMMANDS["runs list"], {var: env_url}) for var in URL_VARIABLES]
+    usage = usage_error_calls(url_shapes(closed_port)["closed port"])
+    results = list(run_processes([*calls, usage[2]]))
+    for ran in results[:-1]:
+        assert_command_failed_safely(ran)
+    assert_usage_error_safe(results[-1])

@@ -20,33 +20,25 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import faulty_app
+import ledger_app
 import pytest
 import sqlalchemy as sa
+from click.testing import CliRunner
+from support import APPS_DIR, Spawn, backends, held_by, terminate
 
 import flowq
+from flowq.cli import main
+from flowq.local.postgres import LocalPostgres
 from flowq.testing import job_rows, wait_until
 from flowq.worker import WorkerConfig
-
-APPS_DIR = Path(__file__).parent / "apps"
-import faulty_app  # noqa: E402
-import ledger_app  # noqa: E402
 
 # Short maintenance intervals: a dead worker's jobs are reaped about a second after it dies.
 FAST = ["--heartbeat-interval", "0.2", "--stale-after", "1.0", "--reap-interval", "0.3",
         "--poll-interval", "0.2"]
 
-Spawn = Callable[..., Any]
-
 
 # -- helpers ----------------------------------------------------------------------------------
-
-@pytest.fixture
-def ledger(engine: sa.Engine) -> sa.Engine:
-    """The test database's engine, with the ledger table created."""
-    with engine.begin() as conn:
-        conn.execute(sa.text(ledger_app.LEDGER_DDL))
-    return engine
-
 
 def enqueue_records(engine: sa.Engine, n: int, *, sleep: float = 0.0, start: int = 0,
                     task: flowq.Pipeline = ledger_app.record) -> list[int]:
@@ -87,24 +79,14 @@ def ledger_rows(engine: sa.Engine, job_id: int) -> list[Any]:
                                  {"j": job_id}))
 
 
-def held_by(engine: sa.Engine, pid: int) -> list[int]:
+def held_ids(engine: sa.Engine, pid: int) -> list[int]:
     """Ids of the running jobs claimed by the worker process `pid`."""
-    rows = job_rows(engine, where="status = 'running' AND split_part(locked_by, ':', 2) = :p",
-                    p=str(pid))
-    return [r.id for r in rows]
+    return [r.id for r in held_by(engine, pid)]
 
 
 def holding(engine: sa.Engine, pid: int, n: int) -> Callable[[], list[int]]:
     """A condition: the ids of the running jobs of worker `pid`, once there are `n` of them."""
-    return lambda: ids if len(ids := held_by(engine, pid)) == n else []
-
-
-def backends(engine: sa.Engine, role: str) -> list[int]:
-    """Pids of this database's server backends of one worker role ('flowq claim …' etc.)."""
-    with engine.connect() as conn:
-        return list(conn.execute(sa.text(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-            "AND application_name LIKE :p"), {"p": f"flowq {role} %"}).scalars())
+    return lambda: ids if len(ids := held_ids(engine, pid)) == n else []
 
 
 def children_of(pid: int) -> list[int]:
@@ -280,9 +262,9 @@ def test_default_bound_for_the_jobs_of_a_dead_worker() -> None:
 
 
 def flowq_reap(url: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "flowq", "reap", "--database-url", url,
-                           "--stale-after", "1"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
+    """`flowq reap --stale-after 1`, in-process; what it printed."""
+    done = CliRunner().invoke(main, ["reap", "--database-url", url, "--stale-after", "1"])
+    assert done.exit_code == 0, (done.output, done.exception)
     return done.stdout
 
 
@@ -291,7 +273,7 @@ def test_zombie_worker_writes_nothing_after_its_job_was_reaped(
         ledger: sa.Engine, db_url: str, spawn_worker: Spawn, reaper: str) -> None:
     (run_id,) = enqueue_records(ledger, 1, sleep=2.0)
     zombie = spawn_worker("ledger_app:app", db_url, "--concurrency", "1", *FAST)
-    (job_id,) = wait_until(lambda: held_by(ledger, zombie.pid), timeout=30,
+    (job_id,) = wait_until(lambda: held_ids(ledger, zombie.pid), timeout=30,
                            message="worker A running the job")
     zombie.signal(signal.SIGSTOP)  # its heartbeat stops; its handler is frozen mid-sleep
     try:
@@ -484,15 +466,15 @@ def test_worker_with_a_bad_app_spec(db_url: str, spawn_worker: Spawn, spec: str,
 
 
 @pytest.mark.slow
-def test_database_restart_mid_run(pg_server: Any, ledger: sa.Engine, db_url: str,
+def test_database_restart_mid_run(flowq_postgres: LocalPostgres | None, ledger: sa.Engine, db_url: str,
                                   spawn_worker: Spawn) -> None:
-    if pg_server is None:
+    if flowq_postgres is None:
         pytest.skip("needs the embedded server to restart it")
     enqueue_records(ledger, 200, sleep=0.02)
     w = spawn_worker("ledger_app:app", db_url, "--concurrency", "4", *FAST)
     wait_until(lambda: status_counts(ledger).get("succeeded", 0) >= 20, timeout=30,
                message="the run under way")
-    pg_server.restart()
+    flowq_postgres.restart()
     ledger.dispose()  # the test's own pooled connections died with the server
     enqueue_records(ledger, 100, start=200)
 
@@ -524,9 +506,7 @@ def test_terminated_connections_one_role_at_a_time(ledger: sa.Engine, db_url: st
     for role in ("claim", "complete", "maintain", "session", "listen"):
         victims = wait_until(lambda r=role: backends(ledger, r), timeout=30,  # type: ignore[misc]
                              message=f"a {role} connection")
-        with ledger.connect() as conn:
-            conn.execute(sa.text("SELECT pg_terminate_backend(pid) FROM unnest(:p) AS pid"),
-                         {"p": victims})
+        terminate(ledger, victims)
         if role == "listen":
             old = set(victims)
             wait_until(lambda: set(backends(ledger, "listen")) - old, timeout=30,  # noqa: B023

@@ -9,29 +9,19 @@ readable `last_error`.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import hostile_app as ha
-import pytest
 import sqlalchemy as sa
+from support import Spawn, scalar
 
 import flowq
 from flowq.db.sql import Queries
 from flowq.testing import job_rows, wait_until
 from flowq.worker.reaper import Reaper
 
-Spawn = Callable[..., Any]
 FAST = ["--heartbeat-interval", "0.3", "--stale-after", "2", "--reap-interval", "0.5",
         "--poll-interval", "0.3"]
-
-
-@pytest.fixture
-def db(engine: sa.Engine) -> sa.Engine:
-    with engine.begin() as conn:
-        for ddl in ha.ddl():
-            conn.execute(sa.text(ddl))
-    return engine
 
 
 def enqueue(engine: sa.Engine, task: Any, **args: Any) -> int:
@@ -48,11 +38,6 @@ def final(engine: sa.Engine, ids: list[int]) -> bool:
     return all(rows[i].status in ("succeeded", "dead", "cancelled") for i in ids)
 
 
-def scalar(engine: sa.Engine, sql: str, **params: Any) -> Any:
-    with engine.connect() as conn:
-        return conn.execute(sa.text(sql), params).scalar()
-
-
 def assert_ledger_exact(engine: sa.Engine, ids: list[int]) -> None:
     """Each of `ids` succeeded and wrote exactly one ledger row."""
     with engine.connect() as conn:
@@ -63,44 +48,45 @@ def assert_ledger_exact(engine: sa.Engine, ids: list[int]) -> None:
         i: ("succeeded", 1) for i in ids}
 
 
-def test_a_reclaim_by_the_same_worker_is_another_attempt(db: sa.Engine, db_url: str,
+def test_a_reclaim_by_the_same_worker_is_another_attempt(ledger: sa.Engine, db_url: str,
                                                          spawn_worker: Spawn) -> None:
     """Reaped while its attempt still runs, a job claimed again by the same worker runs as a
     second attempt; the first attempt's end neither removes it nor lands (issue 9, #1)."""
-    worker = spawn_worker("hostile_app:app", db_url, "-c", "2", "--heartbeat-interval", "1",
-                          "--stale-after", "3", "--reap-interval", "1")
-    job = enqueue(db, ha.slow_record, sleep=12)
-    wait_until(lambda: scalar(db, "SELECT count(*) FROM attempt_log") == 1, timeout=30,
+    # Heartbeats four to a --stale-after, so a busy machine's late one costs no attempt.
+    worker = spawn_worker("hostile_app:app", db_url, "-c", "2", "--heartbeat-interval", "0.5",
+                          "--stale-after", "2", "--reap-interval", "0.5")
+    job = enqueue(ledger, ha.slow_record, sleep=8)
+    wait_until(lambda: scalar(ledger, "SELECT count(*) FROM attempt_log") == 1, timeout=30,
                message="the first attempt to start")
     # The scenario, not a synchronisation: reap half-way through the first attempt, so that
-    # the second one outlives the first's end by more than --stale-after.
-    time.sleep(6)
-    assert Reaper(db, Queries("flowq"), stale_after=0).run_once() == 1  # `flowq reap --stale-after 0`
-    wait_until(lambda: final(db, [job]), timeout=90, message="the job to end")
-    row = by_id(db)[job]
+    # the second one outlives the first's end (by about 4 s) by more than --stale-after.
+    time.sleep(4)
+    assert Reaper(ledger, Queries("flowq"), stale_after=0).run_once() == 1  # `flowq reap --stale-after 0`
+    wait_until(lambda: final(ledger, [job]), timeout=90, message="the job to end")
+    row = by_id(ledger)[job]
     assert (row.status, row.attempts) == ("succeeded", 2), row.last_error
-    assert scalar(db, "SELECT count(*) FROM attempt_log") == 2
+    assert scalar(ledger, "SELECT count(*) FROM attempt_log") == 2
     # Only the second attempt's ctx.session writes committed.
-    assert scalar(db, "SELECT array_agg(attempt) FROM ledger") == [2]
+    assert scalar(ledger, "SELECT array_agg(attempt) FROM ledger") == [2]
     assert "completion dropped" in worker.log()
     assert worker.proc.poll() is None
 
 
-def test_hostile_outcomes_never_wedge_the_worker(db: sa.Engine, db_url: str,
+def test_hostile_outcomes_never_wedge_the_worker(ledger: sa.Engine, db_url: str,
                                                  spawn_worker: Spawn) -> None:
     """Texts PostgreSQL refuses, delays that name no time, a policy that raises, exceptions
     that cannot be printed, SystemExit: each ends in a documented state, and the jobs batched
     beside them are written (issue 9, #2, #3, #10)."""
-    hostile = {name: enqueue(db, getattr(ha, name)) for name in (
+    hostile = {name: enqueue(ledger, getattr(ha, name)) for name in (
         "unprintable", "async_unprintable", "nul_error", "surrogate_error", "huge_error", "cancel_nul", "retry_inf",
         "retry_huge", "policy_raises", "exits", "interrupts", "not_json")}
-    records = [enqueue(db, ha.record, n=i) for i in range(40)]
+    records = [enqueue(ledger, ha.record, n=i) for i in range(40)]
     worker = spawn_worker("hostile_app:app", db_url, "-c", "4", *FAST)
     ends = [i for name, i in hostile.items() if name != "retry_huge"]
-    wait_until(lambda: final(db, ends + records), timeout=90,
+    wait_until(lambda: final(ledger, ends + records), timeout=90,
                message="every job but the far retry to end")
-    assert_ledger_exact(db, records)
-    rows = by_id(db)
+    assert_ledger_exact(ledger, records)
+    rows = by_id(ledger)
 
     def ended(name: str) -> tuple[str, int]:
         r = rows[hostile[name]]
@@ -133,57 +119,57 @@ def test_hostile_outcomes_never_wedge_the_worker(db: sa.Engine, db_url: str,
     # A result that cannot be stored is not re-run: it would repeat its side effects.
     assert ended("not_json") == ("dead", 1)
     assert "nested" in rows[hostile["not_json"]].last_error
-    assert scalar(db, "SELECT count(*) FROM attempt_log WHERE job_id = :j",
+    assert scalar(ledger, "SELECT count(*) FROM attempt_log WHERE job_id = :j",
                   j=hostile["not_json"]) == 1
     far = rows[hostile["retry_huge"]]
     assert (far.status, far.attempts) == ("pending", 1)
-    assert scalar(db, "SELECT run_at > now() + interval '300 days' FROM flowq.jobs "
+    assert scalar(ledger, "SELECT run_at > now() + interval '300 days' FROM flowq.jobs "
                       "WHERE id = :j", j=far.id)
     # Still claiming: nothing is stuck in the completer or holding a slot.
-    more = [enqueue(db, ha.record, n=100 + i) for i in range(10)]
-    wait_until(lambda: final(db, more), timeout=30, message="jobs enqueued afterwards")
-    assert_ledger_exact(db, records + more)
+    more = [enqueue(ledger, ha.record, n=100 + i) for i in range(10)]
+    wait_until(lambda: final(ledger, more), timeout=30, message="jobs enqueued afterwards")
+    assert_ledger_exact(ledger, records + more)
     assert worker.proc.poll() is None
 
 
-def test_async_timeouts_hold_when_the_coroutine_ignores_them(db: sa.Engine, db_url: str,
+def test_async_timeouts_hold_when_the_coroutine_ignores_them(ledger: sa.Engine, db_url: str,
                                                              spawn_worker: Spawn) -> None:
     """A coroutine that swallows cancellation is abandoned at its deadline; one that blocks the
     loop gets the loop replaced, and the async jobs beside it still finish (issue 9, #4)."""
     worker = spawn_worker("hostile_app:app", db_url, "-c", "6", *FAST)
-    stubborn = enqueue(db, ha.ignores_cancel)
-    blocker = enqueue(db, ha.blocks_loop, seconds=3.0)
-    fine = [enqueue(db, ha.async_record, n=i, sleep=0.5) for i in range(4)]
-    wait_until(lambda: final(db, [stubborn, blocker, *fine]), timeout=90,
+    stubborn = enqueue(ledger, ha.ignores_cancel)
+    blocker = enqueue(ledger, ha.blocks_loop, seconds=3.0)
+    fine = [enqueue(ledger, ha.async_record, n=i, sleep=0.5) for i in range(4)]
+    wait_until(lambda: final(ledger, [stubborn, blocker, *fine]), timeout=90,
                message="the async jobs to end")
-    rows = by_id(db)
+    rows = by_id(ledger)
     for job in (stubborn, blocker):
         assert (rows[job].status, rows[job].attempts) == ("dead", 2)
         assert rows[job].last_error.startswith("StepTimeout:"), rows[job].last_error
-    assert_ledger_exact(db, fine)
-    more = [enqueue(db, ha.async_record, n=10 + i) for i in range(5)]
-    wait_until(lambda: final(db, more), timeout=30, message="async jobs enqueued afterwards")
-    assert_ledger_exact(db, fine + more)
+    assert_ledger_exact(ledger, fine)
+    more = [enqueue(ledger, ha.async_record, n=10 + i) for i in range(5)]
+    wait_until(lambda: final(ledger, more), timeout=30, message="async jobs enqueued afterwards")
+    assert_ledger_exact(ledger, fine + more)
     assert worker.proc.poll() is None
 
 
-def test_a_short_retry_runs_long_before_the_next_poll(db: sa.Engine, db_url: str,
+def test_a_short_retry_runs_long_before_the_next_poll(ledger: sa.Engine, db_url: str,
                                                       spawn_worker: Spawn) -> None:
     """A retry due in 0.2 s runs about then, not at the next poll 60 s later (issue 9, #11)."""
     spawn_worker("hostile_app:app", db_url, "--poll-interval", "60")
-    job = enqueue(db, ha.retry_soon, after=0.2)
-    wait_until(lambda: final(db, [job]), timeout=20, message="the retried job to succeed")
-    assert (by_id(db)[job].status, by_id(db)[job].attempts) == ("succeeded", 2)
+    job = enqueue(ledger, ha.retry_soon, after=0.2)
+    wait_until(lambda: final(ledger, [job]), timeout=20, message="the retried job to succeed")
+    assert (by_id(ledger)[job].status, by_id(ledger)[job].attempts) == ("succeeded", 2)
 
 
-def test_a_delayed_job_runs_when_due_not_at_the_next_poll(db: sa.Engine, db_url: str,
+def test_a_delayed_job_runs_when_due_not_at_the_next_poll(ledger: sa.Engine, db_url: str,
                                                          spawn_worker: Spawn) -> None:
     """The NOTIFY of a job enqueued with `delay=0.5` tells the worker when it is due."""
     spawn_worker("hostile_app:app", db_url, "--poll-interval", "60")
-    wait_until(lambda: scalar(db, "SELECT count(*) FROM pg_stat_activity WHERE "
+    wait_until(lambda: scalar(ledger, "SELECT count(*) FROM pg_stat_activity WHERE "
                               "application_name LIKE 'flowq listen%' AND query LIKE 'LISTEN%'"),
                timeout=30, message="the worker to listen")
-    with db.begin() as conn:
+    with ledger.begin() as conn:
         job = flowq.enqueue(conn, ha.record, n=1, delay=0.5).job_id
-    wait_until(lambda: final(db, [job]), timeout=20, message="the delayed job to run")
-    assert_ledger_exact(db, [job])
+    wait_until(lambda: final(ledger, [job]), timeout=20, message="the delayed job to run")
+    assert_ledger_exact(ledger, [job])

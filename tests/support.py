@@ -1,0 +1,133 @@
+"""What flowq's own tests share besides fixtures: reading the test database, and real
+`flowq worker` processes (starting them, watching their connections, stopping them).
+
+The fixtures live in tests/conftest.py (`db_url`, `engine`, `ledger`, `Session`,
+`spawn_worker`, ...), built on the shipped pytest plugin's server (`flowq_server_url`,
+`flowq_postgres`); this module holds the plain functions tests import:
+
+- `rows(engine, sql, **params)` and `scalar(engine, sql, **params)` (exactly one row, one
+  column) read through a short connection of their own, so they see only committed data.
+- `WorkerProcess` (what `spawn_worker` returns), `spawn_ready` (start workers and wait until
+  each listens), `stop_workers` (SIGTERM, exit 0, no crash line in the log).
+- `backends(engine, role, pid=, state=)`, `terminate(engine, pids)`: a worker's server
+  connections, by the role in their `application_name` ("flowq claim <host>:<pid>:..."), as
+  fault tests find and cut them; `held_by(engine, pid)`: the running jobs a worker claimed.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from collections.abc import Callable, Iterable
+from functools import partial
+from pathlib import Path
+from typing import Any, Final
+
+import sqlalchemy as sa
+
+from flowq.testing import job_rows, wait_until
+
+__all__ = ["APPS_DIR", "CRASH_LINES", "Row", "Spawn", "WorkerProcess", "assert_no_crash_lines",
+           "backends", "held_by", "rows", "scalar", "spawn_ready", "stop_workers",
+           "terminate"]
+
+# The test apps (tests/apps/*.py) import as top-level modules, in the tests and in worker
+# processes (conftest puts this directory on sys.path, `spawn_worker` on the child's
+# PYTHONPATH).
+APPS_DIR: Final = Path(__file__).parent / "apps"
+# Log lines that only a flowq bug writes (a part of the worker crashed and carried on).
+CRASH_LINES: Final = ("crashed", "could not start a claimed job")
+
+Row = sa.Row[Any]
+
+
+# -- reading the database -----------------------------------------------------------------
+
+
+def rows(engine: sa.Engine, sql: str, **params: Any) -> list[Row]:
+    """The rows of `sql`, read through a connection of its own (committed data only)."""
+    with engine.connect() as conn:
+        return list(conn.execute(sa.text(sql), params))
+
+
+def scalar(engine: sa.Engine, sql: str, **params: Any) -> Any:
+    """The one value of `sql`: an error unless it returns exactly one row."""
+    with engine.connect() as conn:
+        return conn.execute(sa.text(sql), params).scalar_one()
+
+
+# -- worker processes ---------------------------------------------------------------------
+
+
+class WorkerProcess:
+    """A real `flowq worker` subprocess; its output goes to a log file kept for failures."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], log_path: Path) -> None:
+        self.proc = proc
+        self.log_path = log_path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def signal(self, signum: int) -> None:
+        self.proc.send_signal(signum)
+
+    def wait(self, timeout: float = 60.0) -> int:
+        return self.proc.wait(timeout=timeout)
+
+
+# What the `spawn_worker` fixture is: (app_spec, url, *args, env=None) -> WorkerProcess.
+Spawn = Callable[..., WorkerProcess]
+
+
+def backends(engine: sa.Engine, role: str, *, pid: int | None = None,
+             state: str | None = None) -> list[int]:
+    """Server pids of this database's connections of one worker role ('claim', 'listen',
+    ...), optionally of the worker process `pid` only, or in one `state` only."""
+    return [r[0] for r in rows(
+        engine, "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+        "AND application_name LIKE :name AND (CAST(:state AS text) IS NULL OR state = :state)",
+        name=f"flowq {role} %" + (f":{pid}:%" if pid else ""), state=state)]
+
+
+def terminate(engine: sa.Engine, pids: Iterable[int]) -> None:
+    """pg_terminate_backend each of these server pids."""
+    with engine.connect() as conn:
+        conn.execute(sa.text("SELECT pg_terminate_backend(pid) FROM unnest(:p) AS pid"),
+                     {"p": list(pids)})
+
+
+def held_by(engine: sa.Engine, pid: int) -> list[Row]:
+    """The running jobs claimed by the worker process `pid`."""
+    return job_rows(engine, where="status = 'running' AND split_part(locked_by, ':', 2) = :p",
+                    p=str(pid))
+
+
+def spawn_ready(spawn_worker: Spawn, engine: sa.Engine, app_spec: str, url: str, n: int,
+                *args: str) -> list[WorkerProcess]:
+    """Start `n` workers of `app_spec` and wait until each is up (listening), so that work
+    enqueued next is not all overdue at once when they claim."""
+    workers = [spawn_worker(app_spec, url, *args) for _ in range(n)]
+    for w in workers:
+        wait_until(partial(backends, engine, "listen", pid=w.pid), timeout=60,
+                   message=f"worker {w.pid} listening")
+    return workers
+
+
+def assert_no_crash_lines(*workers: WorkerProcess) -> None:
+    for w in workers:
+        bad = [line for line in w.log().splitlines() if any(s in line for s in CRASH_LINES)]
+        assert not bad, f"worker {w.pid} logged a crash: {bad[:5]}"
+
+
+def stop_workers(*workers: WorkerProcess) -> None:
+    """SIGTERM each worker; each must drain and exit 0, having logged no crash."""
+    for w in workers:
+        w.signal(signal.SIGTERM)
+    for w in workers:
+        assert w.wait(timeout=60) == 0, w.log()[-3000:]
+    assert_no_crash_lines(*workers)

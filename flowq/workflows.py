@@ -21,13 +21,14 @@ from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from flowq.app import find_definition
+from flowq.app import Step, find_definition
 from flowq.errors import RunNotFoundError, RunStateError, SignalError, WorkflowError
 from flowq.jsonargs import JSONError, dumps_checked
 from flowq.queries import queries
 from flowq.schema import DEFAULT_SCHEMA, notify_channel
 
-__all__ = ["MAX_MAP_BYTES", "MAX_MAP_ITEMS", "Each", "PreparedSignal", "Signalled", "each", "prepare_signal"]
+__all__ = ["MAX_MAP_BYTES", "MAX_MAP_ITEMS", "Each", "PreparedSignal", "Signalled", "each",
+           "prepare_signal", "with_signal"]
 
 # The most items one `each()` may map over: every instance is a row inserted by the
 # transaction that completes the mapping step, and its result is read back by the join.
@@ -84,6 +85,17 @@ def each(items: Iterable[Mapping[str, Any]]) -> Each:
                 "references (ids, keys) rather than the data itself")
         out.append(item)
     return Each(tuple(out), tuple(texts))
+
+
+def with_signal(step: Step[Any, Any], args: dict[str, Any], payload: Any = None
+                ) -> dict[str, Any]:
+    """`args` as `step` receives them: a step that waits for a signal gets its payload as the
+    argument named by `wait_for`. Checked before the signal came (at enqueue, or when a
+    predecessor succeeds), the payload is `None`: its slot counts as given. `args` itself
+    when the step waits for none."""
+    if step.wait_for is None:
+        return args
+    return {**args, step.wait_for: payload}
 
 
 @dataclass(frozen=True)

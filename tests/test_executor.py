@@ -34,7 +34,8 @@ class Recorder(Completer):
                                              "unused"), Queries("flowq"))
         self.outcomes: dict[int, Outcome] = {}
 
-    def submit(self, job: ClaimedJob, outcome: Outcome, duration: float) -> None:
+    def submit(self, job: ClaimedJob, outcome: Outcome, duration: float = 0.0,
+               session: StepSession | None = None) -> None:
         self.outcomes[job.id] = outcome
 
 
@@ -197,7 +198,7 @@ def test_a_loop_blocked_long_is_replaced_even_without_deadlines(app: flowq.FlowQ
     """The blocker's own timeout fired before the loop counted as blocked; the attempts that
     queued behind it must not wait (and be heartbeated) for as long as it blocks. One at its
     attempt cap ends instead of running past it (review findings 1 and 6)."""
-    run.executor.loop_blocked_for = 1.0
+    run.executor.watchdog.loop_blocked_for = 1.0
 
     @app.task(retry=TWO, timeout=0.2)
     async def blocker(ctx: Context) -> None:
@@ -253,7 +254,7 @@ def test_a_slot_is_not_lost_when_scheduling_or_spawning_fails(
     def no_loop(*args: Any) -> Any:
         raise OSError(24, "Too many open files")
 
-    monkeypatch.setattr(asyncio, "run_coroutine_threadsafe", no_loop)
+    monkeypatch.setattr(asyncio, "new_event_loop", no_loop)
     # Not started: logged and forgotten (the claim runs out, the reaper requeues the job).
     executor.submit(ClaimedJob(950, 950, 950, "later", "later", 0, "default", 0, 1, 10,
                                "{}", False, 0.0))

@@ -192,10 +192,18 @@ class Worker:
         self.claim_conn = DedicatedConnection(self.url, f"flowq claim {c.name}", pgbouncer=pgb)
         self.complete_conn = DedicatedConnection(self.url, f"flowq complete {c.name}",
                                                  pgbouncer=pgb)
-        self.completer = Completer(self.complete_conn, self.q, job_log=c.job_log)
         self._wake = threading.Event()
-        self.completer.on_written = self._wake.set
-        self.completer.on_scheduled = self._wake_at
+        self.metrics: WorkerMetrics | None = None
+        if c.metrics_port is not None:
+            from flowq.metrics import WorkerMetrics  # prometheus_client only when asked for
+
+            self.metrics = WorkerMetrics(
+                worker=c.name, concurrency=c.concurrency, queues=self.queues,
+                in_flight=lambda: self.executor.active, queries=self.q,
+                conn=self._metrics_conn())
+        self.completer = Completer(self.complete_conn, self.q, job_log=c.job_log,
+                                   on_written=self._wake.set, on_scheduled=self._wake_at,
+                                   metrics=self.metrics)
         self._notified = False
         self._due: list[float] = []  # monotonic times of retries this worker scheduled (heap)
         self._due_lock = threading.Lock()
@@ -205,20 +213,12 @@ class Worker:
         self.executor = Executor(
             app, self.completer, concurrency=c.concurrency,
             session_factory=lambda: StepSession(bind=session_bind),
-            on_slot_free=self._on_slot_free)
-        # Behind PgBouncer a session's backend pid is PgBouncer's own (not a server's): never
-        # terminate by it. An abandoned attempt's transaction then ends when its handler does.
-        self.executor.end_backend = None if pgb else self._end_backend
-        self.metrics: WorkerMetrics | None = None
-        if c.metrics_port is not None:
-            from flowq.metrics import WorkerMetrics  # prometheus_client only when asked for
-
-            self.metrics = WorkerMetrics(
-                worker=c.name, concurrency=c.concurrency, queues=self.queues,
-                in_flight=lambda: self.executor.active, queries=self.q,
-                conn=self._metrics_conn())
-            self.completer.metrics = self.metrics
-            self.executor.on_start = self.metrics.observe_pickup
+            on_slot_free=self._on_slot_free,
+            on_start=self.metrics.observe_pickup if self.metrics is not None else None,
+            # Behind PgBouncer a session's backend pid is PgBouncer's own (not a server's):
+            # never terminate by it. An abandoned attempt's transaction then ends when its
+            # handler does.
+            end_backend=None if pgb else self._end_backend)
         self.claimer = Claimer(self.claim_conn, self.q, self.queues, c.name,
                                self.executor.submit)
         self.heartbeat = m.Heartbeat(

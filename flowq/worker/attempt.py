@@ -28,12 +28,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
 from sqlalchemy.sql.elements import TextClause
 
+from flowq import tracing
 from flowq.app import FlowQ, Pipeline, Step
 from flowq.context import Context, StepSession
 from flowq.errors import (
@@ -250,12 +251,12 @@ class Attempt:
 
 
 def run_attempt(attempt: Attempt, *, call: Callable[[Call], Any] | None = None,
-                reraise: type[BaseException] | tuple[type[BaseException], ...] = ()
-                ) -> Outcome:
+                reraise: type[BaseException] | tuple[type[BaseException], ...] = (),
+                span: Any = None) -> Outcome:
     """Run `attempt` in this thread to its outcome. `call` calls the prepared handler (default:
-    `Call()`; the executor makes its span current there, the test kit awaits an async
-    handler). Exceptions of the `reraise` types propagate instead of being judged (the test
-    kit's KeyboardInterrupt)."""
+    `Call()`; the test kit's awaits an async handler); with a tracing `span`, it is current
+    while the handler runs. Exceptions of the `reraise` types propagate instead of being
+    judged (the test kit's KeyboardInterrupt)."""
     try:
         prepared = attempt.prepare()
     except reraise:
@@ -265,7 +266,10 @@ def run_attempt(attempt: Attempt, *, call: Callable[[Call], Any] | None = None,
     if not isinstance(prepared, Call):
         return prepared
     try:
-        result = prepared() if call is None else call(prepared)
+        if span is not None:
+            result = tracing.called_in(span, call or Call.__call__, prepared)
+        else:
+            result = prepared() if call is None else call(prepared)
     except reraise:
         raise
     except BaseException as exc:  # handlers may raise anything; the worker survives
@@ -273,11 +277,10 @@ def run_attempt(attempt: Attempt, *, call: Callable[[Call], Any] | None = None,
     return attempt.judge(result)
 
 
-async def arun_attempt(attempt: Attempt, *,
-                       call: Callable[[Call], Awaitable[Any]] | None = None) -> Outcome:
+async def arun_attempt(attempt: Attempt, *, span: Any = None) -> Outcome:
     """`run_attempt` for an `async def` handler, on the running loop: the database reads of
     `prepare()` run in a thread (never on the loop, where other handlers run), the handler is
-    awaited (`call` makes the awaitable: default `Call()`), and the same code judges it."""
+    awaited (with `span` current, when tracing), and the same code judges it."""
     try:
         prepared = (await asyncio.to_thread(attempt.prepare) if attempt.reads_database
                     else attempt.prepare())
@@ -286,7 +289,7 @@ async def arun_attempt(attempt: Attempt, *,
     if not isinstance(prepared, Call):
         return prepared
     try:
-        result = await (prepared() if call is None else call(prepared))
+        result = await (prepared() if span is None else tracing.awaited_in(span, prepared()))
     except BaseException as exc:  # CancelledError too: the watchdog settled it, or a cancel
         return attempt.judge_exception(exc)
     return attempt.judge(result)

@@ -2,29 +2,23 @@
 owns, in at most `concurrency` slots, and hands each outcome to the completer.
 
 What an attempt does and how its outcome is judged is `flowq.worker.attempt` (shared with the
-test kit); the executor only decides where and when it runs. A job claimed while every slot
-is busy waits in the claim-ahead buffer and starts, without a round trip to the database, as
-soon as a slot frees (`submit`, `take_ready`). Nothing a handler does can take a slot away:
-a thread that crashes settles its attempt as failed and lives on.
+test kit); the executor decides where and when it runs. A job claimed while every slot is
+busy waits in the claim-ahead buffer and starts as soon as a slot frees, without a round trip
+to the database. Nothing a handler does can take a slot away. Attempts are keyed by their
+claim, (job id, lease): a job reaped and claimed again by this same worker while its old
+attempt still runs is simply another attempt.
 
-Attempts are keyed by their claim, (job id, lease): a job reaped and claimed again by this
-same worker while its old attempt still runs is simply another attempt.
-
-Timeouts (`flowq.worker.watchdog`): an attempt past its step's `timeout` is abandoned. A sync
-handler cannot be killed: a replacement thread takes its slot, and whatever the stuck thread
-returns later is discarded (its `ctx.session` writes roll back; its open transaction is ended
-on the server at once through `end_backend`). An async handler is cancelled; if it ignores
-cancellation it is abandoned the same way. If the event loop itself is blocked (a handler
-calling `time.sleep` inside `async def`), the loop is replaced by a fresh one and the other
-attempts left on the blocked loop are retried at once (the attempt counts against the cap).
+Timeouts (found by `flowq.worker.watchdog`): a sync handler cannot be killed, so it is
+abandoned: a new thread takes its slot, whatever it returns later is discarded, and its open
+`ctx.session` transaction is ended on the server at once (`end_backend`). An async handler is
+cancelled, and abandoned the same way if it ignores that. A blocked event loop is replaced by
+a fresh one; the other attempts left on it are retried at once (counting against the cap).
 
 Callbacks, given at construction: `on_slot_free(in_flight)` after each attempt settles,
-`on_start(job, waited)` as each starts (with the seconds it waited claimed ahead: the
-metrics' pickup delay), `end_backend(pid)` ends a server process (None: an abandoned
-attempt's transaction ends when its handler does, e.g. behind PgBouncer).
-
-Tracing (`flowq.tracing`, only when OpenTelemetry is installed): each attempt is a CONSUMER
-span, started as it starts, current while the handler runs, ended with the outcome handed on.
+`on_start(job, waited)` as each starts (the seconds it waited claimed ahead: the metrics'
+pickup delay), `end_backend(pid)` ends a server process (None, e.g. behind PgBouncer: an
+abandoned attempt's transaction ends when its handler does). Tracing (`flowq.tracing`): each
+attempt is a CONSUMER span, current while the handler runs, ended with the outcome.
 """
 
 from __future__ import annotations
@@ -34,15 +28,15 @@ import collections
 import queue
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from flowq import tracing
 from flowq.app import FlowQ
-from flowq.context import Context, StepSession
+from flowq.context import StepSession
 from flowq.storable import describe, first_line, safe_str
-from flowq.worker.attempt import SUMMARY_CHARS, Attempt, Call, arun_attempt, run_attempt
+from flowq.worker.attempt import SUMMARY_CHARS, Attempt, arun_attempt, run_attempt
 from flowq.worker.completer import Completer
 from flowq.worker.logs import ERROR, INFO, WARNING, log_event
 from flowq.worker.model import Claim, ClaimedJob, Failed, Outcome, Succeeded
@@ -250,7 +244,7 @@ class Executor:
             if rec is None:
                 return
             try:
-                outcome = run_attempt(rec.attempt, call=_called_in(rec.span))
+                outcome = run_attempt(rec.attempt, span=rec.span)
             except BaseException as exc:  # a flowq bug: the attempt fails, the thread lives
                 log_event(ERROR, "handler thread crashed; the attempt fails", job_id=rec.job.id,
                           error=first_line(describe(exc)))
@@ -278,7 +272,7 @@ class Executor:
 
     async def _run_async(self, rec: _Running) -> None:
         rec.began = True
-        outcome = await arun_attempt(rec.attempt, call=_awaited_in(rec.span))
+        outcome = await arun_attempt(rec.attempt, span=rec.span)
         if rec.done:  # abandoned by the watchdog: nothing to write, no thread needed
             self._settle(rec, outcome)
             return
@@ -346,8 +340,9 @@ class Executor:
         return True
 
     def _end_transaction(self, rec: _Running) -> None:
-        pid = _backend_pid(rec.attempt.ctx)
-        if pid is None or self.end_backend is None:
+        ctx = rec.attempt.ctx
+        pid = getattr(ctx.opened_session if ctx is not None else None, "backend_pid", None)
+        if not isinstance(pid, int) or self.end_backend is None:
             return
         try:
             self.end_backend(pid)
@@ -392,20 +387,6 @@ class Executor:
             log_event(ERROR, "slot callback crashed", error=repr(exc))
 
 
-def _called_in(span: Any) -> Callable[[Call], Any] | None:
-    """How a sync attempt calls its handler: with its span current when tracing."""
-    if span is None:
-        return None
-    return lambda c: tracing.called_in(span, c.step.fn, c.ctx, **c.args)
-
-
-def _awaited_in(span: Any) -> Callable[[Call], Awaitable[Any]] | None:
-    """How an async attempt awaits its handler: with its span current when tracing."""
-    if span is None:
-        return None
-    return lambda c: tracing.awaited_in(span, c())
-
-
 def _quietly(session: StepSession | None, method: str) -> None:
     """Roll back or close a handler's session; a dead connection must not cost the slot."""
     if session is None:
@@ -415,9 +396,3 @@ def _quietly(session: StepSession | None, method: str) -> None:
     except Exception as exc:
         log_event(WARNING, f"ctx.session {method} failed", error=first_line(safe_str(exc)))
 
-
-def _backend_pid(ctx: Context | None) -> int | None:
-    """The server process of an attempt's open `ctx.session` transaction, if it has one."""
-    session = ctx.opened_session if ctx is not None else None
-    pid = getattr(session, "backend_pid", None)
-    return pid if isinstance(pid, int) else None

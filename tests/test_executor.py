@@ -246,8 +246,8 @@ def test_attempts_left_on_a_replaced_loop_leave_no_coroutine_unawaited(app: flow
                                    "{}", False, 0.0))
 
     submit(800, "blocker")
-    old = wait_until(executor.watchdog.current_loop, timeout=5, message="the loop")
-    wait_until(lambda: time.monotonic() - old.last_tick > 0.3, timeout=5,
+    old = [wait_until(executor.watchdog.current_loop, timeout=5, message="the loop")]
+    wait_until(lambda: time.monotonic() - old[0].last_tick > 0.3, timeout=5,
                message="the blocker to block the loop")
     submit(801, "quick")
     submit(802, "quick")
@@ -255,8 +255,7 @@ def test_attempts_left_on_a_replaced_loop_leave_no_coroutine_unawaited(app: flow
     wait_until(lambda: {800, 801, 802} <= recorder.outcomes.keys(), timeout=15,
                message="the three settled")
     assert isinstance(recorder.outcomes[801], Retried)
-    thread = old.thread
-    del old
+    thread = old.pop().thread  # and no reference to the loop is left here
     wait_until(lambda: not thread.is_alive(), timeout=10, message="the replaced loop to stop")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

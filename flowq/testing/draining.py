@@ -162,13 +162,12 @@ def _run(conn: sa.Connection, app: FlowQ, job: ClaimedJob,
         sessions.append(session)
         return session
 
-    attempt = Attempt(app, job, read=lambda statement, params: list(conn.execute(statement, params)),
-                      session_factory=session_factory)
+    run = writes.connection_runner(conn)  # reads and writes, in the test's transaction
+    attempt = Attempt(app, job, read=run, session_factory=session_factory)
     # In this thread, without timeouts; an async handler is awaited here rather than on an
     # executor's loop. An interrupted test run is not the handler's failure.
     outcome = run_attempt(attempt, call=_call, reraise=KeyboardInterrupt)
     q = queries(app.schema)
-    run = writes.connection_runner(conn)
     session = sessions[0] if sessions else None
     try:
         if isinstance(outcome, Succeeded):

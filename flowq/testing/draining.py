@@ -51,9 +51,14 @@ from flowq.app import FlowQ, validate_queue
 from flowq.context import StepSession
 from flowq.queries import queries
 from flowq.session import Enqueued
-from flowq.worker import writes
 from flowq.worker.attempt import Attempt, Call, run_attempt
 from flowq.worker.model import ClaimedJob, Failed, Outcome, Retried, Succeeded
+from flowq.worker.writes import (
+    complete_in_session,
+    connection_runner,
+    write_outcome,
+    write_successes,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
@@ -162,7 +167,7 @@ def _run(conn: sa.Connection, app: FlowQ, job: ClaimedJob,
         sessions.append(session)
         return session
 
-    run = writes.connection_runner(conn)  # reads and writes, in the test's transaction
+    run = connection_runner(conn)  # reads and writes, in the test's transaction
     attempt = Attempt(app, job, read=run, session_factory=session_factory)
     # In this thread, without timeouts; an async handler is awaited here rather than on an
     # executor's loop. An interrupted test run is not the handler's failure.
@@ -173,9 +178,9 @@ def _run(conn: sa.Connection, app: FlowQ, job: ClaimedJob,
         if isinstance(outcome, Succeeded):
             try:
                 if session is not None:
-                    ours = writes.complete_in_session(session, q, job, outcome)
+                    ours = complete_in_session(session, q, job, outcome)
                 else:
-                    ours = bool(writes.write_successes(run, q, [(job, outcome)]))
+                    ours = bool(write_successes(run, q, [(job, outcome)]))
             except Exception as exc:  # the handler's writes failed at commit, as in a worker
                 outcome = attempt.failure(exc)
             else:
@@ -184,7 +189,7 @@ def _run(conn: sa.Connection, app: FlowQ, job: ClaimedJob,
             session.rollback()
         written = _skipping_wait(outcome) if skip_waits else outcome
         assert not isinstance(written, Succeeded)
-        result = writes.write_outcome(run, q, job, written)
+        result = write_outcome(run, q, job, written)
         return (result[0] if result else "lost"), outcome
     finally:
         if session is not None:

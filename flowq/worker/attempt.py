@@ -48,7 +48,7 @@ from flowq.errors import (
 from flowq.queries import queries
 from flowq.retry import Retry
 from flowq.storable import clamp_delay, delay_of, describe, first_line, storable_text
-from flowq.worker import graph
+from flowq.worker.graph import InvalidResultError, spawn_roots, succeeded
 from flowq.worker.model import Cancelled, ClaimedJob, Failed, Outcome, Retried
 from flowq.workflows import with_signal
 
@@ -138,7 +138,7 @@ class Attempt:
         pipeline, step = self.resolved
         job = self.job
         try:
-            started = graph.start(pipeline, job)
+            started = spawn_roots(pipeline, job)
         except (ValueError, InvalidArgumentsError) as exc:
             return self.failure(exc, 0.0)
         if started is not None:
@@ -197,8 +197,8 @@ class Attempt:
         a result flowq cannot store or the graph cannot take, a permanent failure."""
         assert isinstance(self.resolved, tuple), "judged an attempt that could not run"
         try:
-            return graph.succeeded(*self.resolved, self.job, result)
-        except (graph.InvalidResultError, WorkflowError) as exc:
+            return succeeded(*self.resolved, self.job, result)
+        except (InvalidResultError, WorkflowError) as exc:
             return self.failure(exc, duration, permanent=True)
 
     def judge_exception(self, exc: BaseException, duration: float | None = None) -> Outcome:

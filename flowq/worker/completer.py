@@ -38,10 +38,10 @@ import sqlalchemy as sa
 
 from flowq.queries import Queries
 from flowq.storable import describe, first_line, storable_text
-from flowq.worker import writes
 from flowq.worker.connection import DB_ERRORS, DedicatedConnection
 from flowq.worker.logs import ERROR, INFO, WARNING, log_event
 from flowq.worker.model import Cancelled, Claim, ClaimedJob, Failed, Outcome, Retried, Succeeded
+from flowq.worker.writes import complete_in_session, end_job, write_outcome, write_successes
 
 if TYPE_CHECKING:
     from flowq.context import StepSession
@@ -117,7 +117,7 @@ class Completer:
         if session is not None:
             if not isinstance(outcome, Succeeded):
                 raise TypeError("only a success is written in the handler's session")
-            if writes.complete_in_session(session, self.q, job, outcome):
+            if complete_in_session(session, self.q, job, outcome):
                 self._log_success(job, duration)
             else:
                 self._log_lost(job, "completion")
@@ -241,7 +241,7 @@ class Completer:
             f"the outcome was {type(item.outcome).__name__}: "
             f"{first_line(_summary(item.outcome))}")
         try:
-            result = writes.end_job(self.conn.execute, self.q, item.job, "dead", text)
+            result = end_job(self.conn.execute, self.q, item.job, "dead", text)
         except DB_ERRORS as exc:
             if is_unavailable(exc):
                 raise
@@ -263,7 +263,7 @@ class Completer:
         successes = [i for i in batch if isinstance(i.outcome, Succeeded) and not i.written]
         run = self.conn.execute
         if successes:
-            ours = writes.write_successes(run, self.q, [(i.job, _success(i.outcome))
+            ours = write_successes(run, self.q, [(i.job, _success(i.outcome))
                                                         for i in successes])
             for i in successes:
                 i.written = True
@@ -274,7 +274,7 @@ class Completer:
         for i in batch:
             if not i.written:
                 assert not isinstance(i.outcome, Succeeded)
-                result = writes.write_outcome(run, self.q, i.job, i.outcome)
+                result = write_outcome(run, self.q, i.job, i.outcome)
                 i.written = True
                 if result is not None and result[0] == "pending" and self.on_scheduled:
                     self.on_scheduled(result[1])

@@ -8,7 +8,7 @@
   `InvalidResultError`; a map the graph does not allow raises `WorkflowError`. Both are
   permanent: the attempt judges them `dead`, since running the handler again would repeat
   its side effects and return the same.
-- `start(pipeline, job)`: a run enqueued by name, without the definition, is one row for its
+- `spawn_roots(pipeline, job)`: a run enqueued by name, without the definition, is one row for its
   first step (''); a pipeline with several roots, or a root that waits or is delayed, has
   that row start them all instead: it succeeds at once and spawns every root.
 
@@ -27,14 +27,14 @@ from flowq.storable import safe_str
 from flowq.worker.model import ClaimedJob, Spawn, Succeeded
 from flowq.workflows import Each, with_signal
 
-__all__ = ["InvalidResultError", "result_text", "start", "succeeded"]
+__all__ = ["InvalidResultError", "result_text", "spawn_roots", "succeeded"]
 
 
 class InvalidResultError(Exception):
     """The handler's result cannot be stored or does not fit the next step."""
 
 
-def start(pipeline: Pipeline, job: ClaimedJob) -> Succeeded | None:
+def spawn_roots(pipeline: Pipeline, job: ClaimedJob) -> Succeeded | None:
     """The success of a run's start row that spawns its roots, or None for an ordinary row.
     Raises ValueError or InvalidArgumentsError when the stored arguments fit no root."""
     roots = pipeline.roots

@@ -160,7 +160,7 @@ class Executor:
                 continue
             rec.attempt.cancelled = True
             if rec.loop is not None:
-                rec.loop.loop.call_soon_threadsafe(self._cancel_task, rec)
+                rec.loop.call(self._cancel_task, rec)
             log_event(INFO, "run cancelled; told the running handler", job_id=rec.job.id,
                       task=rec.job.task, step=rec.job.step)
 
@@ -330,7 +330,7 @@ class Executor:
             tracing.end_attempt(rec.span, outcome, rec.attempt.error)
         self._finish_slot(rec)
         if rec.loop is not None:
-            rec.loop.loop.call_soon_threadsafe(self._cancel_task, rec)
+            rec.loop.call(self._cancel_task, rec)
         else:
             try:
                 self._spawn()  # the stuck thread keeps its OS thread; the slot gets a new one

@@ -19,6 +19,7 @@ the executor's loop (None before the first async attempt), `replace_loop(loop, n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -56,13 +57,27 @@ class EventLoop:
 
     @classmethod
     def new(cls) -> EventLoop:
-        """A new loop, running on its own thread."""
+        """A new loop, running on its own thread until it is stopped, then closed."""
         loop = asyncio.new_event_loop()
-        started = cls(loop, threading.Thread(target=loop.run_forever, name="flowq-asyncio",
-                                             daemon=True))
+        started = cls(loop, threading.Thread(target=cls._run, args=(loop,),
+                                             name="flowq-asyncio", daemon=True))
         loop.call_soon_threadsafe(started._tick)
         started.thread.start()
         return started
+
+    @staticmethod
+    def _run(loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            loop.run_forever()
+        finally:
+            # Tasks left on it stay unfinished (their attempts were settled or released): a
+            # closed loop drops them, and a thread finishing for one of them finds it closed.
+            loop.close()
+
+    def call(self, fn: Callable[..., object], *args: object) -> None:
+        """Run `fn(*args)` on the loop soon, from any thread; nothing once it is closed."""
+        with contextlib.suppress(RuntimeError):  # "Event loop is closed"
+            self.loop.call_soon_threadsafe(fn, *args)
 
     def _tick(self) -> None:
         self.last_tick = time.monotonic()
@@ -74,7 +89,7 @@ class EventLoop:
     def stop(self) -> None:
         """Stop the loop (once it runs again, if a handler blocks it)."""
         self.stopping = True
-        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.call(self.loop.stop)
 
 
 class Watched(Protocol):

@@ -9,6 +9,7 @@ status, attempts, result, the error's first line, and for a retry the time it is
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -18,6 +19,8 @@ from tenacity import stop_after_attempt, wait_fixed
 import flowq
 from flowq import Context
 from flowq.testing import drain, run_step, run_until_idle
+from flowq.worker.attempt import Attempt, arun_attempt, run_attempt
+from flowq.worker.model import ClaimedJob, Failed
 
 WAIT = 30  # a retry's wait: long past the worker's idle horizon, so it is left pending
 
@@ -139,3 +142,30 @@ def test_run_step_returns_and_raises_what_the_worker_stores() -> None:
     with pytest.raises(AssertionError, match="InvalidResultError: step 'unstorable' returned "
                                              "a value flowq cannot store"):
         run_step(app.get("unstorable"), n=3)  # type: ignore[arg-type]
+
+
+def claimed(task: str, *, attempts: int, max_attempts: int) -> ClaimedJob:
+    return ClaimedJob(1, 1, 1, task, "", 0, "default", 0, attempts, max_attempts, '{"n": 1}',
+                      False, 0.0)
+
+
+def test_the_live_policy_caps_a_known_step_and_the_row_an_unknown_one() -> None:
+    """One rule for the attempt cap (docs/pipelines.md): the step's live policy when the worker
+    knows the step (the row's copy may be stale), the row's `max_attempts` when it does not."""
+    app = make_app()
+    # Enqueued when `flaky` allowed one attempt; the deployed policy allows three.
+    stale = run_attempt(Attempt(app, claimed("flaky", attempts=1, max_attempts=1)))
+    assert isinstance(stale, Failed) and stale.retry_in == WAIT
+    last = run_attempt(Attempt(app, claimed("flaky", attempts=3, max_attempts=10)))
+    assert isinstance(last, Failed) and last.retry_in is None
+    # A task this worker does not know: retried with the default backoff up to the row's cap.
+    for attempts, retried in ((1, True), (11, True), (12, False)):
+        unknown = run_attempt(Attempt(app, claimed("renamed", attempts=attempts,
+                                                   max_attempts=12)))
+        assert isinstance(unknown, Failed), attempts
+        assert unknown.text.startswith("UnknownTaskError: no task or pipeline named 'renamed'")
+        assert (unknown.retry_in is not None) is retried, attempts
+    # RetryStep (here from an async handler) counts against the same cap.
+    capped = asyncio.run(arun_attempt(Attempt(app, claimed("later", attempts=10,
+                                                           max_attempts=99))))
+    assert isinstance(capped, Failed) and "attempt cap of 10" in capped.text

@@ -1,4 +1,4 @@
-"""Completer: writes the outcomes the executor decided, fenced, batched where that is safe.
+"""Completer: writes the outcomes attempts decided, fenced, batched where that is safe.
 
 Outcomes of handlers that did not use `ctx.session` are queued and written by one thread in
 batches: all the successes of a batch in one `UPDATE … FROM unnest(…)` that also inserts

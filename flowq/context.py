@@ -3,14 +3,15 @@
 `ctx.session` is a SQLAlchemy Session opened lazily on first use. Its writes commit in the
 same transaction that records the step's success, so they happen exactly once per run even
 when a step is re-run after a crash: a worker that lost its claim rolls them back. flowq owns
-that commit; a handler calling `commit()` gets an error. A handler that never touches
-`ctx.session` holds no transaction while it runs.
+that commit (`commit_step_session`, called by the worker and the test kit); a handler calling
+`commit()` gets an error. A handler that never touches `ctx.session` holds no transaction
+while it runs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -19,7 +20,7 @@ from sqlalchemy import Connection, event
 from flowq.enqueueing.sync import Session
 from flowq.errors import CancelRun, FlowqError
 
-__all__ = ["Context", "StepSession"]
+__all__ = ["Context", "StepSession", "commit_step_session"]
 
 
 class StepSession(Session):
@@ -38,17 +39,25 @@ class StepSession(Session):
             )
         super().commit()
 
-    def _flowq_commit(self) -> None:
-        self._flowq_may_commit = True
-        try:
-            super().commit()
-        finally:
-            self._flowq_may_commit = False
+
+def commit_step_session(session: StepSession) -> None:
+    """Commit a handler's `ctx.session`, which refuses `commit()` from the handler itself: what
+    the completion of a step does once its success is written in that session's transaction."""
+    session._flowq_may_commit = True
+    try:
+        session.commit()
+    finally:
+        session._flowq_may_commit = False
 
 
-@dataclass
+@dataclass(init=False)
 class Context:
-    """The handler's view of the job it runs."""
+    """The handler's view of the job it runs.
+
+    Built by the worker for each attempt (and by `flowq.testing.make_context`):
+    `session_factory` opens `ctx.session` on first use, `scheduled_at` is the tick of a
+    scheduled run, and `cancelled` tells whether the run was cancelled while the step runs
+    (asked each time the handler looks, so the worker can learn it later)."""
 
     job_id: int
     run_id: int
@@ -56,22 +65,30 @@ class Context:
     step: str
     attempt: int
     queue: str
-    _session_factory: Callable[[], StepSession] | None = field(default=None, repr=False)
-    _session: StepSession | None = field(default=None, repr=False)
     map_index: int | None = None  # the item position, in an instance of a mapped step
-    _scheduled_at: datetime | None = field(default=None, repr=False)
-    _cancelled: bool = field(default=False, repr=False)
+
+    def __init__(self, job_id: int, run_id: int, task: str, step: str, attempt: int,
+                 queue: str, *, map_index: int | None = None,
+                 session_factory: Callable[[], StepSession] | None = None,
+                 scheduled_at: datetime | None = None,
+                 cancelled: Callable[[], bool] | None = None) -> None:
+        self.job_id, self.run_id, self.task, self.step = job_id, run_id, task, step
+        self.attempt, self.queue, self.map_index = attempt, queue, map_index
+        self._session_factory = session_factory
+        self._session: StepSession | None = None
+        self._scheduled_at = scheduled_at
+        self._cancelled = cancelled
 
     @property
     def cancelled(self) -> bool:
         """True once the run was cancelled while this step runs (the worker learns it within
         a heartbeat interval). Stop early with `raise_if_cancelled()`; a handler that finishes
         anyway has its success recorded, but no later step runs."""
-        return self._cancelled
+        return self._cancelled is not None and self._cancelled()
 
     def raise_if_cancelled(self) -> None:
         """Raise `flowq.CancelRun` if the run was cancelled: the step ends `cancelled`."""
-        if self._cancelled:
+        if self.cancelled:
             raise CancelRun("the run was cancelled while this step ran")
 
     @property
@@ -104,6 +121,12 @@ class Context:
     @property
     def session_used(self) -> bool:
         return self._session is not None
+
+    @property
+    def opened_session(self) -> StepSession | None:
+        """`ctx.session` if the handler opened it, else None (without opening it): what the
+        worker commits with the step's success, or rolls back."""
+        return self._session
 
     def __getstate__(self) -> dict[str, Any]:  # pragma: no cover - contexts are not pickled
         raise TypeError("a flowq Context cannot be pickled")

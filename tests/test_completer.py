@@ -15,6 +15,7 @@ from flowq.testing import job_rows, wait_until
 from flowq.worker.completer import Completer
 from flowq.worker.connection import DedicatedConnection
 from flowq.worker.model import Cancelled, Failed, Retried, Succeeded
+from flowq.worker.writes import write_successes
 
 Q = Queries("flowq")
 APP_NAME = "test complete"
@@ -91,7 +92,7 @@ def test_a_stale_claims_outcome_is_dropped_not_written(engine: sa.Engine,
 
 
 def test_two_claims_of_one_step_in_a_batch_create_one_successor(
-        engine: sa.Engine, completer: Completer) -> None:
+        engine: sa.Engine, db_url: str) -> None:
     """A worker can hold two claims of one step: an attempt the reaper took, and its own
     re-claim. Both successes may land in one batch; only the current claim completes, and
     only it creates the next step (found by tests/test_lifecycle.py)."""
@@ -114,19 +115,18 @@ def test_two_claims_of_one_step_in_a_batch_create_one_successor(
         [row] = conn.execute(Q.claim_jobs, {"queue": "default", "limit": 1, "worker": "w"})
     new = ClaimedJob(*row)
     nxt = (Spawn(two, "chain", '{"n": 1}'),)
-    with completer._cond:  # both outcomes in one batch
-        completer._items += [_item(old, Succeeded('{"n": 1}', nxt)),
-                             _item(new, Succeeded('{"n": 1}', nxt))]
-        completer._cond.notify()
-    assert completer.flush(10.0)
+    batched = Completer(DedicatedConnection(normalize_url(db_url), APP_NAME), Q)
+    # Submitted before its thread starts: both outcomes are in its first batch.
+    batched.submit(old, Succeeded('{"n": 1}', nxt), 0.1)
+    batched.submit(new, Succeeded('{"n": 1}', nxt), 0.1)
+    batched.start()
+    try:
+        assert batched.flush(10.0)
+    finally:
+        batched.stop(timeout=5.0)
+        batched.conn.close()
     steps = [(r.step, r.status) for r in job_rows(engine)]
     assert steps == [("t", "succeeded"), ("two", "pending")]
-
-
-def _item(job: ClaimedJob, outcome: Any) -> Any:
-    from flowq.worker.completer import _Item
-
-    return _Item(job, outcome, 0.1)
 
 
 def test_completions_and_heartbeats_lock_rows_in_id_order() -> None:
@@ -140,11 +140,9 @@ def test_completions_and_heartbeats_lock_rows_in_id_order() -> None:
         sent.append(params)
         return []
 
-    completer = Completer(DedicatedConnection(normalize_url("postgresql://unused/none"),
-                                              "unused"), Queries("flowq"))
     jobs = [ClaimedJob(i, i, i, "t", "t", 0, "default", 0, 1, 3, "{}", False, 0.0)
             for i in (7, 3, 9, 1)]
-    completer._write_successes(run, [_item(j, Succeeded("null")) for j in jobs])
+    write_successes(run, Queries("flowq"), [(j, Succeeded("null")) for j in jobs])
     assert sent[-1]["ids"] == [1, 3, 7, 9]
 
     class Conn:

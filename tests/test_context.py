@@ -8,7 +8,7 @@ import pytest
 import sqlalchemy as sa
 
 import flowq
-from flowq.context import Context, StepSession
+from flowq.context import Context, StepSession, commit_step_session
 
 
 def make_ctx(**over: object) -> Context:
@@ -37,7 +37,7 @@ def test_session_is_opened_lazily_and_once() -> None:
         made.append(StepSession())
         return made[-1]
 
-    ctx = make_ctx(_session_factory=factory)
+    ctx = make_ctx(session_factory=factory)
     assert not ctx.session_used and made == []
     assert ctx.session is ctx.session
     assert ctx.session_used and len(made) == 1
@@ -64,7 +64,7 @@ def test_step_session_refuses_commit_but_flowq_can_commit(engine: sa.Engine) -> 
     s.execute(sa.text("INSERT INTO t VALUES (1)"))
     with pytest.raises(flowq.FlowqError, match=r"do not call commit\(\)"):
         s.commit()
-    s._flowq_commit()
+    commit_step_session(s)
     with pytest.raises(flowq.FlowqError):  # the permission does not outlive flowq's commit
         s.commit()
     s.close()
@@ -79,7 +79,7 @@ def test_step_session_can_enqueue(app: flowq.FlowQ, engine: sa.Engine) -> None:
 
     s = StepSession(bind=engine)
     s.enqueue(follow_up, n=1)
-    s._flowq_commit()
+    commit_step_session(s)
     s.close()
     from flowq.testing import assert_enqueued
 

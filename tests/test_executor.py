@@ -35,7 +35,8 @@ class Recorder(Completer):
                                              "unused"), Queries("flowq"))
         self.outcomes: dict[int, Outcome] = {}
 
-    def submit(self, job: ClaimedJob, outcome: Outcome, duration: float) -> None:
+    def submit(self, job: ClaimedJob, outcome: Outcome, duration: float = 0.0,
+               session: StepSession | None = None) -> None:
         self.outcomes[job.id] = outcome
 
 
@@ -198,7 +199,7 @@ def test_a_loop_blocked_long_is_replaced_even_without_deadlines(app: flowq.FlowQ
     """The blocker's own timeout fired before the loop counted as blocked; the attempts that
     queued behind it must not wait (and be heartbeated) for as long as it blocks. One at its
     attempt cap ends instead of running past it (review findings 1 and 6)."""
-    run.executor.loop_blocked_for = 1.0
+    run.executor.watchdog.loop_blocked_for = 1.0
 
     @app.task(retry=TWO, timeout=0.2)
     async def blocker(ctx: Context) -> None:
@@ -220,6 +221,47 @@ def test_a_loop_blocked_long_is_replaced_even_without_deadlines(app: flowq.FlowQ
     assert isinstance(retried, Retried) and retried.reason.startswith("EventLoopBlocked")
     assert isinstance(capped, Failed) and capped.retry_in is None
     wait_until(lambda: executor.in_flight == 0, timeout=5, message="the slots back")
+
+
+def test_attempts_left_on_a_replaced_loop_leave_no_coroutine_unawaited(app: flowq.FlowQ,
+                                                                       run: Any) -> None:
+    """An async attempt's coroutine is made on its loop, only when the loop starts it: those
+    queued behind a blocker on a loop that is replaced, and stops once it unblocks, leave none
+    un-awaited (the `coroutine ... was never awaited` warning seen in test_lifecycle)."""
+    import gc
+    import warnings
+
+    executor = run.executor
+    executor.watchdog.loop_blocked_for = 1.0
+
+    @app.task(retry=TWO, timeout=0.2)
+    async def blocker(ctx: Context) -> None:
+        time.sleep(2.5)
+
+    @app.task(retry=TWO)
+    async def quick(ctx: Context) -> None:
+        await asyncio.sleep(0.01)
+
+    def submit(job_id: int, task: str) -> None:
+        executor.submit(ClaimedJob(job_id, job_id, job_id, task, task, 0, "default", 0, 1, 2,
+                                   "{}", False, 0.0))
+
+    submit(800, "blocker")
+    old = [wait_until(executor.watchdog.current_loop, timeout=5, message="the loop")]
+    wait_until(lambda: time.monotonic() - old[0].last_tick > 0.3, timeout=5,
+               message="the blocker to block the loop")
+    submit(801, "quick")
+    submit(802, "quick")
+    recorder = executor.completer
+    wait_until(lambda: {800, 801, 802} <= recorder.outcomes.keys(), timeout=15,
+               message="the three settled")
+    assert isinstance(recorder.outcomes[801], Retried)
+    thread = old.pop().thread  # and no reference to the loop is left here
+    wait_until(lambda: not thread.is_alive(), timeout=10, message="the replaced loop to stop")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gc.collect()
+    assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []
 
 
 def test_a_policy_wait_without_max_is_clamped(app: flowq.FlowQ, run: Any) -> None:
@@ -254,7 +296,7 @@ def test_a_slot_is_not_lost_when_scheduling_or_spawning_fails(
     def no_loop(*args: Any) -> Any:
         raise OSError(24, "Too many open files")
 
-    monkeypatch.setattr(asyncio, "run_coroutine_threadsafe", no_loop)
+    monkeypatch.setattr(asyncio, "new_event_loop", no_loop)
     # Not started: logged and forgotten (the claim runs out, the reaper requeues the job).
     executor.submit(ClaimedJob(950, 950, 950, "later", "later", 0, "default", 0, 1, 10,
                                "{}", False, 0.0))

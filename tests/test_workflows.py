@@ -435,8 +435,9 @@ def test_two_parents_completing_at_once_create_the_join_once(engine: sa.Engine) 
 
     from flowq.db.rows import ClaimedJob
     from flowq.db.sql import Queries
-    from flowq.testing._worker import judge, record, runner, writer
-    from flowq.worker.completer import _Item
+    from flowq.worker.attempt import Attempt, run_attempt
+    from flowq.worker.model import Succeeded
+    from flowq.worker.writes import connection_runner, write_successes
 
     app, _ = make_app()
     q = Queries("flowq")
@@ -448,22 +449,16 @@ def test_two_parents_completing_at_once_create_the_join_once(engine: sa.Engine) 
         claimed = [ClaimedJob(*r) for r in conn.execute(
             q.claim_jobs, {"queue": "default", "limit": 2, "worker": "t"})]
     assert sorted(j.step for j in claimed) == ["left", "right"]
-    executor = judge(app, lambda: None)  # type: ignore[arg-type,return-value]
-    outcomes = []
-    for job in claimed:
-        rec = record(executor, job)
-        ctx, args = executor._prepare(rec, rec.resolved[1])  # type: ignore[index]
-        outcomes.append(executor._outcome_of_result(
-            rec, *rec.resolved, rec.resolved[1].fn(ctx, **args), 0.0))  # type: ignore[misc]
+    outcomes = [o for job in claimed if isinstance(o := run_attempt(Attempt(app, job)), Succeeded)]
+    assert len(outcomes) == 2
     first, second = engine.connect(), engine.connect()
     first.begin()
-    writer("flowq")._write_successes(runner(first), [_Item(claimed[0], outcomes[0], 0.0)])
+    write_successes(connection_runner(first), q, [(claimed[0], outcomes[0])])
     done = threading.Event()
 
     def complete_second() -> None:
         with second.begin():
-            writer("flowq")._write_successes(runner(second),
-                                             [_Item(claimed[1], outcomes[1], 0.0)])
+            write_successes(connection_runner(second), q, [(claimed[1], outcomes[1])])
         done.set()
 
     t = threading.Thread(target=complete_second)

@@ -7,7 +7,9 @@ strategies whether to try again and after how long; the answer becomes `run_at`.
 
 Defaults (`Retry()`): at most `DEFAULT_MAX_ATTEMPTS` (10) attempts, exponential backoff with
 jitter from 1 s up to 10 minutes. The attempt cap is also stored on each row (`max_attempts`)
-so the reaper, which runs SQL only, can send a job that crashes every worker to `dead`.
+so the reaper, which runs SQL only, can send a job that crashes every worker to `dead`; a
+worker that knows the step judges by the live policy instead (which cap wins, and why:
+`flowq.worker.attempt`).
 """
 
 from __future__ import annotations

@@ -75,13 +75,19 @@ class Step(Generic[P, R]):
                 f"{self._misfit(args, exc)}"
             ) from None
 
+    def with_signal(self, args: dict[str, Any], payload: Any = None) -> dict[str, Any]:
+        """`args` as this step receives them: a step that waits for a signal gets its payload
+        as the argument named by `wait_for`. Checked before the signal came (at enqueue, or
+        when a predecessor succeeds), the payload is `None`: its slot counts as given. `args`
+        itself when the step waits for none."""
+        if self.wait_for is None:
+            return args
+        return {**args, self.wait_for: payload}
+
     def check_input(self, args: dict[str, Any], what: str = "arguments") -> None:
         """`check_arguments` for the keywords this step is called with: `args` and, for a
         step waiting for a signal, its payload under the signal's name (not known yet)."""
-        if self.wait_for is None:
-            self.check_arguments(args, what)
-        else:
-            self.check_arguments({**args, self.wait_for: None}, what)
+        self.check_arguments(self.with_signal(args), what)
 
     def _misfit(self, args: dict[str, Any], exc: TypeError) -> str:
         # bind() names only its first complaint (often a missing argument), so name every

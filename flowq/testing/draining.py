@@ -1,11 +1,12 @@
 """`drain(target, app)`: run every due job now, in this thread, one at a time, deterministically.
 
-A test calls it where a worker would run later. It claims with the worker's claim statement
-(`claim_any_jobs`, which ignores queue pauses and limits; `claim_run_jobs` for `runs=`), decides each outcome with the executor's own rules, and writes
-it with the completer's fenced statements (`complete_job`/`complete_step`, `retry_job`,
-`end_job`), so the rows end exactly as a worker would leave them: pipeline successors are
-created and then run, failures are retried by their step's policy until its attempt cap, then
-buried `dead`.
+A test calls it where a worker would run later. It is built from the worker's own parts:
+it claims with the worker's claim statement (`claim_any_jobs`, which ignores queue pauses and
+limits; `claim_run_jobs` for `runs=`), runs each attempt with `flowq.worker.attempt` (the
+function the worker's executor runs), and writes its outcome with `flowq.worker.writes` on the
+test's connection (a handler's `ctx.session` completes as a worker completes it), so the rows
+end exactly as a worker would leave them: pipeline successors are created and then run,
+failures are retried by their step's policy until its attempt cap, then buried `dead`.
 
 Where the jobs run follows `target`:
 - a Session or Connection: inside its transaction, and the handler's `ctx.session` joins it
@@ -38,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import time
 from collections import Counter
 from collections.abc import Coroutine, Iterable, Iterator
 from dataclasses import dataclass
@@ -52,12 +52,15 @@ from flowq.db.rows import ClaimedJob
 from flowq.db.sql import queries
 from flowq.define.app import FlowQ
 from flowq.enqueueing.prepare import Enqueued
-from flowq.errors import InvalidArgumentsError, SignalTimeout
 from flowq.names import validate_queue
-from flowq.testing._worker import judge, record, runner, writer
-from flowq.worker.completer import _Item
-from flowq.worker.executor import Executor, _Running
+from flowq.worker.attempt import Attempt, Call, run_attempt
 from flowq.worker.model import Failed, Outcome, Retried, Succeeded
+from flowq.worker.writes import (
+    complete_in_session,
+    connection_runner,
+    write_outcome,
+    write_successes,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
@@ -166,63 +169,38 @@ def _run(conn: sa.Connection, app: FlowQ, job: ClaimedJob,
         sessions.append(session)
         return session
 
-    executor = judge(app, session_factory)
-    executor.read = lambda statement, params: list(conn.execute(statement, params))
-    rec = record(executor, job)
-    outcome = _attempt(executor, rec)
-    run = runner(conn)
-    completer = writer(app.schema)
+    run = connection_runner(conn)  # reads and writes, in the test's transaction
+    attempt = Attempt(app, job, read=run, session_factory=session_factory)
+    # In this thread, without timeouts; an async handler is awaited here rather than on an
+    # executor's loop. An interrupted test run is not the handler's failure.
+    outcome = run_attempt(attempt, call=_call, reraise=KeyboardInterrupt)
+    q = queries(app.schema)
     session = sessions[0] if sessions else None
     try:
         if isinstance(outcome, Succeeded):
             try:
                 if session is not None:
-                    # As the completer's `complete_in_session`: the session's transaction (a
-                    # SAVEPOINT here) first, so that the completion is undone with its writes
-                    # if they fail at commit.
-                    session.connection()
-                ours = completer._write_successes(run, [_Item(job, outcome, 0.0)])
-                if session is not None:
-                    session._flowq_commit()
+                    ours = complete_in_session(session, q, job, outcome)
+                else:
+                    ours = bool(write_successes(run, q, [(job, outcome)]))
             except Exception as exc:  # the handler's writes failed at commit, as in a worker
-                if session is not None:
-                    session.rollback()
-                outcome = executor._failure(rec, exc, time.monotonic() - rec.started)
+                outcome = attempt.failure(exc)
             else:
-                return ("succeeded" if job.id in ours else "lost"), outcome
+                return ("succeeded" if ours else "lost"), outcome
         elif session is not None:
             session.rollback()
         written = _skipping_wait(outcome) if skip_waits else outcome
-        result = completer._write_other(run, _Item(job, written, 0.0))
+        assert not isinstance(written, Succeeded)
+        result = write_outcome(run, q, job, written)
         return (result[0] if result else "lost"), outcome
     finally:
         if session is not None:
             session.close()
 
 
-def _attempt(executor: Executor, rec: _Running) -> Outcome:
-    """What the worker's executor would decide for this attempt (its `_run_sync`, with an
-    `async def` handler awaited here rather than on the executor's loop)."""
-    if not isinstance(rec.resolved, tuple):
-        return executor._failure(rec, rec.resolved, 0.0)
-    pipeline, step = rec.resolved
-    started = executor._start_outcome(rec, pipeline)
-    if started is not None:
-        return started
-    try:
-        ctx, args = executor._prepare(rec, step)
-    except (InvalidArgumentsError, SignalTimeout) as exc:
-        return executor._failure(rec, exc, 0.0)
-    try:
-        result = step.fn(ctx, **args)
-        if step.is_async:
-            result = run_coroutine(result)
-    except KeyboardInterrupt:
-        raise  # the test run was interrupted: not the handler's failure
-    except BaseException as exc:  # handlers may raise anything, as in a worker
-        return executor._exception_outcome(rec, exc, time.monotonic() - rec.started)
-    return executor._outcome_of_result(rec, pipeline, step, result,
-                                       time.monotonic() - rec.started)
+def _call(call: Call) -> object:
+    result = call()
+    return run_coroutine(result) if call.step.is_async else result
 
 
 def run_coroutine(coro: Coroutine[Any, Any, Any]) -> Any:

@@ -8,9 +8,9 @@ commit or rollback; without one, using `ctx.session` raises FlowqError). Pass a
 
 `run_step` checks the arguments as a worker would (they must bind to the handler; `Task` and
 `Pipeline` run their first step), awaits an `async def` handler (`asyncio.run`; inside a
-running loop use `await arun_step(...)`), and checks the result by the executor's rules: a
-value flowq cannot store, or one that does not fit the pipeline's next step, raises
-AssertionError. Exceptions the handler raises (`RetryStep`, `CancelRun`, any other) propagate,
+running loop use `await arun_step(...)`), and judges the result as a worker would
+(`flowq.worker.attempt.Attempt.judge`, the graph rules included): a value flowq cannot store,
+or one that does not fit the pipeline's next step, raises AssertionError. Exceptions the handler raises (`RetryStep`, `CancelRun`, any other) propagate,
 for `pytest.raises`. It returns the handler's result.
 """
 
@@ -26,7 +26,8 @@ from flowq.define.pipeline import Pipeline
 from flowq.define.step import Step
 from flowq.define.workflows import Each
 from flowq.jsonargs import JSONError, dumps_checked
-from flowq.testing._worker import judge, record
+from flowq.worker.attempt import Attempt
+from flowq.worker.graph import InvalidResultError, result_text
 from flowq.worker.model import Failed
 
 __all__ = ["SYNTHETIC_ID", "arun_step", "make_context", "run_step"]
@@ -51,7 +52,7 @@ def make_context(task_or_step: Pipeline | Step[Any, Any], *,
     return Context(job_id=job_id, run_id=run_id,
                    task=pipeline.name if pipeline is not None else step.name,
                    step=step.name, attempt=attempt, queue=step.queue,
-                   _session_factory=factory)
+                   session_factory=factory)
 
 
 def _prepared(task_or_step: Pipeline | Step[Any, Any], session: orm.Session | None,
@@ -62,30 +63,24 @@ def _prepared(task_or_step: Pipeline | Step[Any, Any], session: orm.Session | No
 
 
 def _checked(task_or_step: Pipeline | Step[Any, Any], ctx: Context, result: Any) -> Any:
-    """`result`, if the executor would store it (and feed it to the next step)."""
+    """`result`, if a worker would store it (and feed it to the next step)."""
     pipeline, step = _resolve(task_or_step)
     if pipeline is None:  # a bare step: which pipeline follows is unknown; only storability
         if isinstance(result, Each):  # its items were checked by `flowq.each`
             return result
         try:
-            dumps_checked(result, "the result")
-        except JSONError as exc:
-            raise AssertionError(f"step {step.name!r} returned a value flowq cannot store: "
-                                 f"{exc}") from None
+            result_text(step, result)
+        except InvalidResultError as exc:
+            raise AssertionError(str(exc)) from None
         return result
     job = ClaimedJob(id=ctx.job_id, lease=0, run_id=ctx.run_id, task=ctx.task, step=step.name,
                      step_index=step.index, queue=step.queue, priority=0, attempts=ctx.attempt,
                      max_attempts=step.retry.attempt_cap, args="{}", cancel_requested=False,
                      age=0.0)
-    executor = judge(pipeline.app, _no_session)
-    outcome = executor._outcome_of_result(record(executor, job), pipeline, step, result, 0.0)
+    outcome = Attempt(pipeline.app, job).judge(result, 0.0)
     if isinstance(outcome, Failed):
         raise AssertionError(outcome.summary)
     return result
-
-
-def _no_session() -> StepSession:
-    raise AssertionError("unreachable: judging a result opens no session")
 
 
 def run_step(task_or_step: Pipeline | Step[Any, Any], *, session: orm.Session | None = None,

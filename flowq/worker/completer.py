@@ -1,15 +1,20 @@
-"""Completer: writes the outcomes the executor decided, fenced, batched where that is safe.
+"""Completer: writes the outcomes attempts decided, fenced, batched where that is safe.
 
 Outcomes of handlers that did not use `ctx.session` are queued and written by one thread in
 batches: all the successes of a batch in one `UPDATE … FROM unnest(…)` that also inserts
 their pipeline successors, each other outcome (retry, dead, cancelled) by primary key.
 While a batch is being written the next one accumulates, so batching grows with load and
-costs no latency when idle. Handlers that used `ctx.session` are completed on that session
-instead (`complete_in_session`), so their writes and the step's success commit together.
+costs no latency when idle. The success of a handler that used `ctx.session` is written on
+that session instead, at once and in the caller's thread, so its writes and the step's
+success commit together. One entry point for both: `submit(job, outcome, duration,
+session=None)`. The statements themselves are `flowq.worker.writes`, fenced on the claim: an
+outcome for a row this worker no longer owns (reaped, released, cancelled) is dropped with a
+log line.
 
-Every write is a compare-and-set on the claim, (id, lease) and `running`: a row this worker
-no longer owns (reaped, released, cancelled) is left alone and the outcome is dropped with a
-log line. Re-sending a write that already committed is harmless for the same reason.
+Options (constructor): `job_log=True` logs each success (failures are always logged);
+`on_written` is called after each batch (the worker wakes its claim loop), `on_scheduled`
+with the delay of each retry written (the worker wakes when it is due), `metrics` counts
+each outcome (`flowq.metrics`).
 
 One outcome must never hold up the others. When the database is unavailable (connection
 lost, server shutting down, read-only, out of connections) the batch waits and is retried
@@ -24,25 +29,23 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import psycopg
 import sqlalchemy as sa
-from sqlalchemy.orm import Session
-from sqlalchemy.sql.elements import TextClause
 
 from flowq.db.rows import Claim, ClaimedJob
-from flowq.db.schema import notify_channel
 from flowq.db.sql import Queries
-from flowq.db.sql.fragments import plural
 from flowq.storable import describe, first_line, storable_text
-from flowq.worker.connection import DB_ERRORS, DedicatedConnection, fetch_rows
+from flowq.worker.connection import DB_ERRORS, DedicatedConnection
 from flowq.worker.logs import ERROR, INFO, WARNING, log_event
-from flowq.worker.model import Cancelled, Failed, Outcome, Retried, Spawn, Succeeded
+from flowq.worker.model import Cancelled, Failed, Outcome, Retried, Succeeded
+from flowq.worker.writes import complete_in_session, end_job, write_outcome, write_successes
 
 if TYPE_CHECKING:
+    from flowq.context import StepSession
     from flowq.worker.metrics import OutcomeObserver
 
 __all__ = ["Completer", "is_unavailable"]
@@ -55,11 +58,6 @@ GIVE_UP_AFTER: Final = 600.0
 # connection exceptions, operator intervention (shutdown, cancel), insufficient resources,
 # transaction rollback (deadlock, serialization), system errors; and read-only transactions.
 _UNAVAILABLE_CLASSES: Final = frozenset({"08", "57", "53", "40", "58"})
-
-# Runs one named statement and returns its rows as tuples: the completer's own dedicated
-# connection, or the connection of a handler's ctx.session.
-_Run = Callable[[TextClause, Mapping[str, Any]], list[tuple[Any, ...]]]
-
 
 def is_unavailable(exc: BaseException) -> bool:
     """True when a database error means "try again later" rather than "this write is bad"."""
@@ -86,12 +84,16 @@ class _Item:
 class Completer:
     """Writes outcomes; one background thread, started with `start()`."""
 
-    def __init__(self, conn: DedicatedConnection, queries: Queries, *, job_log: bool = True
-                 ) -> None:
+    def __init__(self, conn: DedicatedConnection, queries: Queries, *, job_log: bool = True,
+                 on_written: Callable[[], None] | None = None,
+                 on_scheduled: Callable[[float], None] | None = None,
+                 metrics: OutcomeObserver | None = None) -> None:
         self.conn = conn
         self.q = queries
-        self.channel = notify_channel(queries.schema)
         self.job_log = job_log
+        self.on_written = on_written
+        self.on_scheduled = on_scheduled
+        self.metrics = metrics
         self._items: list[_Item] = []
         self._writing: list[_Item] = []  # the batch being written: its claims need heartbeats
         self._cond = threading.Condition()
@@ -99,9 +101,6 @@ class Completer:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.written = 0
-        self.on_written: Callable[[], None] | None = None  # after each batch (wakes claims)
-        self.on_scheduled: Callable[[float], None] | None = None  # a retry due in N seconds
-        self.metrics: OutcomeObserver | None = None  # counts each outcome (flowq.metrics)
 
     # -- public ---------------------------------------------------------------------------
 
@@ -109,8 +108,21 @@ class Completer:
         self._thread = threading.Thread(target=self._loop, name="flowq-completer", daemon=True)
         self._thread.start()
 
-    def submit(self, job: ClaimedJob, outcome: Outcome, duration: float) -> None:
-        """Queue an outcome for the next batch."""
+    def submit(self, job: ClaimedJob, outcome: Outcome, duration: float = 0.0,
+               session: StepSession | None = None) -> None:
+        """Hand on the outcome of an attempt that ran `duration` seconds: queued for the next
+        batch. With `session`, the handler's `ctx.session` (a success only), it is written
+        now, in that session's transaction, and committed with the handler's writes (rolled
+        back if the claim is no longer ours); what the commit raises propagates, after the
+        rollback, for the caller to judge as the attempt's failure."""
+        if session is not None:
+            if not isinstance(outcome, Succeeded):
+                raise TypeError("only a success is written in the handler's session")
+            if complete_in_session(session, self.q, job, outcome):
+                self._log_success(job, duration)
+            else:
+                self._log_lost(job, "completion")
+            return
         with self._cond:
             self._items.append(_Item(job, outcome, duration))
             self._cond.notify()
@@ -144,31 +156,6 @@ class Completer:
         if self._thread is not None:
             self._thread.join(timeout=1.0)
         return ok
-
-    def complete_in_session(self, job: ClaimedJob, outcome: Succeeded, session: Session,
-                            duration: float) -> bool:
-        """Commit the handler's `ctx.session` writes together with its success, or roll them
-        back if the claim is no longer ours. True when committed."""
-        try:
-            conn = session.connection()
-            raw = conn.connection.dbapi_connection
-
-            def run(clause: TextClause, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
-                if isinstance(raw, psycopg.Connection):
-                    return fetch_rows(raw, clause, params)
-                return [tuple(r) for r in conn.execute(clause, params)]
-
-            ours = self._write_successes(run, [_Item(job, outcome, duration)])
-            if not ours:
-                session.rollback()
-                self._log_lost(job, "completion")
-                return False
-            session._flowq_commit()  # type: ignore[attr-defined]
-        except BaseException:
-            session.rollback()
-            raise
-        self._log_success(job, duration)
-        return True
 
     # -- the batch loop ---------------------------------------------------------------------
 
@@ -255,7 +242,7 @@ class Completer:
             f"the outcome was {type(item.outcome).__name__}: "
             f"{first_line(_summary(item.outcome))}")
         try:
-            result = self._end(self.conn.execute, item.job, "dead", text)
+            result = end_job(self.conn.execute, self.q, item.job, "dead", text)
         except DB_ERRORS as exc:
             if is_unavailable(exc):
                 raise
@@ -277,7 +264,8 @@ class Completer:
         successes = [i for i in batch if isinstance(i.outcome, Succeeded) and not i.written]
         run = self.conn.execute
         if successes:
-            ours = self._write_successes(run, successes)
+            ours = write_successes(run, self.q, [(i.job, _success(i.outcome))
+                                                        for i in successes])
             for i in successes:
                 i.written = True
                 if i.job.id in ours:
@@ -286,62 +274,12 @@ class Completer:
                     self._log_lost(i.job, "completion")
         for i in batch:
             if not i.written:
-                result = self._write_other(run, i)
+                assert not isinstance(i.outcome, Succeeded)
+                result = write_outcome(run, self.q, i.job, i.outcome)
                 i.written = True
+                if result is not None and result[0] == "pending" and self.on_scheduled:
+                    self.on_scheduled(result[1])
                 self._log_other(i, result)
-
-    def _write_successes(self, run: _Run, items: Sequence[_Item]) -> set[int]:
-        """Mark `items` succeeded and insert their successors, in one statement; the ids that
-        were still ours."""
-        # In id order, as the heartbeat locks them: the same rows locked in one order by both
-        # statements cannot deadlock (seen once in a 1,000,000-job drain before the sort).
-        items = sorted(items, key=lambda i: i.job.id)
-        claims = [{"id": i.job.id, "lease": i.job.lease, "result": _result(i.outcome)}
-                  for i in items]
-        spawns = [(i.job, sp) for i in items for sp in _spawn(i.outcome)]
-        single = len(claims) == 1
-        params = _params(claims, single)
-        if not spawns:
-            stmt = self.q.complete_job if single else self.q.complete_jobs
-        else:
-            # Chains and map instances take the plain statement; joins and signals the
-            # workflow one (counters, rendezvous), which costs more to plan and run.
-            simple = all(sp.simple for _, sp in spawns)
-            params.update(_params([_successor(job, sp, full=not simple) for job, sp in spawns],
-                                  False, prefix="next_"))
-            params["channel"] = self.channel
-            if simple:
-                stmt = self.q.complete_step if single else self.q.complete_steps
-            else:
-                stmt = self.q.complete_flow if single else self.q.complete_flows
-        return {r[0] for r in run(stmt, params)}
-
-    def _write_other(self, run: _Run, item: _Item) -> tuple[str, float] | None:
-        """Retry, bury or cancel one job; (new status, delay) or None if it was not ours."""
-        job, outcome = item.job, item.outcome
-        if isinstance(outcome, Cancelled):
-            return self._end(run, job, "cancelled", f"CancelRun: {outcome.reason}")
-        if isinstance(outcome, Retried):
-            delay: float | None = outcome.delay
-            error = f"RetryStep: {outcome.reason}"
-        else:
-            assert isinstance(outcome, Failed)
-            delay, error = outcome.retry_in, outcome.text
-        if delay is None:
-            return self._end(run, job, "dead", error)
-        rows = run(self.q.retry_job, {"id": job.id, "lease": job.lease, "delay": delay,
-                                      "error": error})
-        if not rows:
-            return None
-        if rows[0][0] == "pending" and self.on_scheduled is not None:
-            self.on_scheduled(delay)
-        return rows[0][0], delay
-
-    def _end(self, run: _Run, job: ClaimedJob, status: str,
-             error: str) -> tuple[str, float] | None:
-        rows = run(self.q.end_job, {"id": job.id, "lease": job.lease, "status": status,
-                                    "error": error})
-        return (rows[0][0], 0.0) if rows else None
 
     # -- logging ----------------------------------------------------------------------------
 
@@ -389,34 +327,9 @@ def _summary(outcome: Outcome) -> str:
     return "succeeded"
 
 
-def _result(outcome: Outcome) -> str:
+def _success(outcome: Outcome) -> Succeeded:
     assert isinstance(outcome, Succeeded)
-    return outcome.result
-
-
-def _spawn(outcome: Outcome) -> tuple[Spawn, ...]:
-    return outcome.spawn if isinstance(outcome, Succeeded) else ()
-
-
-def _successor(job: ClaimedJob, sp: Spawn, *, full: bool) -> dict[str, Any]:
-    """The parameters of one spawned row: `flowq.db.sql._SUCCESSOR`'s columns, and with
-    `full` those of `_SPAWN` (the signal it waits for, its share in a join)."""
-    step = sp.step
-    row: dict[str, Any] = {
-        "id": job.id, "lease": job.lease, "task": sp.task, "step": step.name,
-        "step_index": step.index, "queue": step.queue, "max_attempts": step.retry.attempt_cap,
-        "args": sp.args, "map_index": sp.map_index, "delay": step.delay}
-    if full:
-        row.update(signal=step.wait_for, wait=step.wait_timeout, parents=sp.parents,
-                   delta=sp.delta, source=sp.parent, input=sp.input)
-    return row
-
-
-def _params(rows: list[dict[str, Any]], single: bool, prefix: str = "") -> dict[str, Any]:
-    """Bind parameters for `rows` in the shape `flowq.db.sql._rows` expects."""
-    if single:
-        return {prefix + k: v for k, v in rows[0].items()}
-    return {prefix + plural(k): [r[k] for r in rows] for k in rows[0]}
+    return outcome
 
 
 def _ids(items: Any) -> str:

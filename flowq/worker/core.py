@@ -112,21 +112,6 @@ class Worker:
         # rings it. The parts are built before the producer (it reads them), so their
         # callbacks reach it through the methods below.
         self._wake = threading.Event()
-        # Set when the worker starts stopping: ends the claim loop and the maintenance
-        # services at once (the heartbeat and the registry's beat run on until the end).
-        self._stopping = threading.Event()
-        self._signals = 0
-        self._signalled: int | None = None  # set by the signal handler, acted on by the loop
-        self.completer = Completer(self.complete_conn, self.q, job_log=c.job_log)
-        self.completer.on_written = self._wake.set
-        self.completer.on_scheduled = self._wake_at
-        self.executor = Executor(
-            app, self.completer, concurrency=c.concurrency,
-            session_factory=lambda: StepSession(bind=session_bind),
-            on_slot_free=self._on_slot_free)
-        # Behind PgBouncer a session's backend pid is PgBouncer's own (not a server's): never
-        # terminate by it. An abandoned attempt's transaction then ends when its handler does.
-        self.executor.end_backend = None if pgb else self._end_backend
         self.metrics: WorkerMetrics | None = None
         if c.metrics_port is not None:
             from flowq.worker.metrics import WorkerMetrics  # prometheus_client only when asked for
@@ -135,8 +120,23 @@ class Worker:
                 worker=c.name, concurrency=c.concurrency, queues=self.queues,
                 in_flight=lambda: self.executor.active, queries=self.q,
                 conn=self.connections.metrics())
-            self.completer.metrics = self.metrics
-            self.executor.on_start = self.metrics.observe_pickup
+        self.completer = Completer(self.complete_conn, self.q, job_log=c.job_log,
+                                   on_written=self._wake.set, on_scheduled=self._wake_at,
+                                   metrics=self.metrics)
+        # Set when the worker starts stopping: ends the claim loop and the maintenance
+        # services at once (the heartbeat and the registry's beat run on until the end).
+        self._stopping = threading.Event()
+        self._signals = 0
+        self._signalled: int | None = None  # set by the signal handler, acted on by the loop
+        self.executor = Executor(
+            app, self.completer, concurrency=c.concurrency,
+            session_factory=lambda: StepSession(bind=session_bind),
+            on_slot_free=self._on_slot_free,
+            on_start=self.metrics.observe_pickup if self.metrics is not None else None,
+            # Behind PgBouncer a session's backend pid is PgBouncer's own (not a server's):
+            # never terminate by it. An abandoned attempt's transaction then ends when its
+            # handler does.
+            end_backend=None if pgb else self._end_backend)
         self.claimer = Claimer(self.claim_conn, self.q, self.queues, c.name,
                                self.executor.submit)
         self.producer = Producer(c, self.claimer, self.executor, self.completer, self.q,

@@ -2,8 +2,9 @@
 
 The claimed job itself is a row: `flowq.db.rows.ClaimedJob`, with its `Claim` (id, lease).
 
-An outcome is decided by the executor (which knows the step, its retry policy and the
-exception) and only written by the completer, so every value in it is already storable:
+An outcome is decided where the attempt runs (`flowq.worker.attempt`, which knows the step,
+its retry policy and the exception) and only written (`flowq.worker.writes`, through the
+completer or the test kit), so every value in it is already storable:
 texts without NUL or lone surrogates and capped in length, delays finite and in range.
 
 - `Succeeded`: the result (JSON text) and, in a pipeline, what it spawns: the steps it

@@ -1,0 +1,297 @@
+"""One attempt of a claimed job, from its row to its `Outcome`: the rules the worker's executor
+and the test kit (`flowq.testing.drain`, `run_step`) share.
+
+- `resolve(app, job)`: the job's pipeline and step, or an `UnknownTaskError` (a name this
+  worker's app does not know, or a step removed in a deploy): a failure retried later, never
+  a crash.
+- `Attempt(app, job, read=..., session_factory=...)` prepares the handler's call
+  (`prepare()`: its `Context` and arguments; a join's mapped inputs and a late signal's
+  payload are read from the database through `read`) and judges what came back:
+  `judge(result)` by the graph rules of `flowq.worker.graph`, `judge_exception(exc)` and
+  `failure(exc)` by the step's retry policy.
+- `run_attempt(attempt)` runs one attempt in the calling thread; `arun_attempt(attempt)`
+  awaits an `async def` handler. Both call the same preparing and judging code.
+
+The attempt cap, one rule: when the worker knows the step, its live policy's cap wins
+(`Retry.attempt_cap`); the row's `max_attempts` is a copy made at enqueue, stale when the run
+was enqueued by name without the definition or the policy changed in a deploy, and only
+serves the SQL-only reaper. When the worker does not know the step (`UnknownTaskError`), the
+row's `max_attempts` is the cap and the default backoff the wait (`Attempt.policy`).
+
+Nothing a handler does escapes: any `BaseException` (`SystemExit` and `KeyboardInterrupt`
+included) fails the attempt, an exception whose `__str__` raises is described by its type,
+and a retry policy that raises fails the attempt for good with both errors in `last_error`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from sqlalchemy.sql.elements import TextClause
+
+from flowq import tracing
+from flowq.context import Context, StepSession
+from flowq.db.rows import ClaimedJob
+from flowq.db.sql import queries
+from flowq.define.app import FlowQ
+from flowq.define.pipeline import Pipeline
+from flowq.define.retry import Retry
+from flowq.define.step import Step
+from flowq.errors import (
+    CancelRun,
+    InvalidArgumentsError,
+    RetryStep,
+    SignalTimeout,
+    UnknownTaskError,
+    WorkflowError,
+)
+from flowq.storable import clamp_delay, delay_of, describe, first_line, storable_text
+from flowq.worker.graph import InvalidResultError, spawn_roots, succeeded
+from flowq.worker.model import Cancelled, Failed, Outcome, Retried
+
+__all__ = ["SUMMARY_CHARS", "Attempt", "Call", "Reader", "arun_attempt", "resolve",
+           "run_attempt"]
+
+SUMMARY_CHARS: Final = 300  # of an error, in log lines (last_error keeps MAX_TEXT_CHARS)
+
+Reader = Callable[[TextClause, dict[str, Any]], list[Any]]
+"""Runs one workflow read (a join's mapped inputs, a signal's payload): its rows."""
+
+
+def resolve(app: FlowQ, job: ClaimedJob) -> tuple[Pipeline, Step[Any, Any]] | UnknownTaskError:
+    """The pipeline and step `job` runs, or why this worker's app cannot run it."""
+    pipeline = app.get(job.task)
+    if pipeline is None:
+        return UnknownTaskError(
+            f"no task or pipeline named {job.task!r} is registered in this worker's app "
+            "(enqueued by a newer producer, or renamed?); it will be retried")
+    step = pipeline.step_named(job.step) if job.step else pipeline.first
+    if step is None:
+        return UnknownTaskError(
+            f"pipeline {job.task!r} has no step named {job.step!r} (removed or renamed in "
+            "a deploy?); it will be retried")
+    return pipeline, step
+
+
+@dataclass(frozen=True)
+class Call:
+    """A prepared handler call: the step, its context and its keyword arguments."""
+
+    step: Step[Any, Any]
+    ctx: Context
+    args: dict[str, Any]
+
+    def __call__(self) -> Any:
+        return self.step.fn(self.ctx, **self.args)
+
+
+class Attempt:
+    """One attempt of `job`: resolved at construction, prepared once, judged once.
+
+    `started` (monotonic) is when its clock started: durations and the policy's elapsed time
+    count from it (the executor resets it when the attempt leaves its claim-ahead buffer).
+    `cancelled` is set when the run is cancelled while the attempt runs; the handler sees it
+    as `ctx.cancelled`. `error` is the exception that failed it, once judged (for tracing)."""
+
+    def __init__(self, app: FlowQ, job: ClaimedJob, *, read: Reader | None = None,
+                 session_factory: Callable[[], StepSession] | None = None) -> None:
+        self.app = app
+        self.job = job
+        self.resolved = resolve(app, job)
+        self.read = read
+        self.session_factory = session_factory
+        self.started = time.monotonic()
+        self.cancelled = False
+        self.ctx: Context | None = None
+        self.error: BaseException | None = None
+
+    @property
+    def step(self) -> Step[Any, Any] | None:
+        return self.resolved[1] if isinstance(self.resolved, tuple) else None
+
+    @property
+    def policy(self) -> Retry:
+        """The retry policy that judges this attempt's failures (see the module: the cap)."""
+        step = self.step
+        return step.retry if step is not None else Retry(max_attempts=self.job.max_attempts)
+
+    @property
+    def reads_database(self) -> bool:
+        """Whether `prepare()` reads the database (an async attempt prepares off its loop)."""
+        step = self.step
+        return self.job.joined or (step is not None and step.wait_for is not None)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    # -- before the handler ---------------------------------------------------------------
+
+    def prepare(self) -> Call | Outcome:
+        """The handler's call, or the outcome the attempt has without one: an unknown step,
+        the start of a run that spawns its roots, arguments that do not bind, a signal that
+        did not come. A database error of a read propagates (`run_attempt` judges it)."""
+        if not isinstance(self.resolved, tuple):
+            return self.failure(self.resolved, 0.0)
+        pipeline, step = self.resolved
+        job = self.job
+        try:
+            started = spawn_roots(pipeline, job)
+        except (ValueError, InvalidArgumentsError) as exc:
+            return self.failure(exc, 0.0)
+        if started is not None:
+            return started
+        try:
+            args = json.loads(job.args)
+            if not isinstance(args, dict):
+                raise InvalidArgumentsError("the stored arguments are not a JSON object")
+            if job.joined:
+                self._gather(step, args)
+            if step.wait_for is not None and step.wait_for not in args:
+                args = self._receive(step, args)
+            step.check_arguments(args, what=f"stored arguments of job {job.id}")
+        except ValueError as exc:
+            return self.failure(InvalidArgumentsError(f"job {job.id}: {exc}"), 0.0)
+        except (InvalidArgumentsError, SignalTimeout) as exc:
+            return self.failure(exc, 0.0)
+        self.ctx = Context(job.id, job.run_id, job.task, step.name, job.attempts, job.queue,
+                           map_index=job.map_index, session_factory=self.session_factory,
+                           scheduled_at=job.scheduled_at, cancelled=self._cancel_seen)
+        return Call(step, self.ctx, args)
+
+    def _cancel_seen(self) -> bool:
+        return self.cancelled or self.job.cancel_requested
+
+    def _rows(self, statement: TextClause, params: dict[str, Any]) -> list[Any]:
+        if self.read is None:
+            raise RuntimeError("this attempt reads the database, but was given no reader")
+        return self.read(statement, params)
+
+    def _gather(self, step: Step[Any, Any], args: dict[str, Any]) -> None:
+        """A join's inputs: the static parents' results came with the row; a mapped parent's
+        are its instances' results, read now, in item order (none: it mapped `[]`)."""
+        q = queries(self.app.schema)
+        for parent in step.parents:
+            if parent not in args:
+                rows = self._rows(q.select_map_results,
+                                  {"run_id": self.job.run_id, "step": parent})
+                args[parent] = [r[0] for r in rows]
+
+    def _receive(self, step: Step[Any, Any], args: dict[str, Any]) -> dict[str, Any]:
+        """A waiting step that runs without its payload: its timeout passed, unless the signal
+        came while it was between attempts."""
+        rows = self._rows(queries(self.app.schema).find_signal,
+                          {"run_id": self.job.run_id, "name": step.wait_for})
+        if not rows:
+            raise SignalTimeout(
+                f"signal {step.wait_for!r} did not arrive within {step.wait_timeout:g}s "
+                f"(run {self.job.run_id}, step {step.name!r})")
+        return step.with_signal(args, rows[0][0])
+
+    # -- judging --------------------------------------------------------------------------
+
+    def judge(self, result: Any, duration: float | None = None) -> Outcome:
+        """The outcome of the handler's return value: a success with what it spawns, or, for
+        a result flowq cannot store or the graph cannot take, a permanent failure."""
+        assert isinstance(self.resolved, tuple), "judged an attempt that could not run"
+        try:
+            return succeeded(*self.resolved, self.job, result)
+        except (InvalidResultError, WorkflowError) as exc:
+            return self.failure(exc, duration, permanent=True)
+
+    def judge_exception(self, exc: BaseException, duration: float | None = None) -> Outcome:
+        """The outcome of what the handler raised: `RetryStep`, `CancelRun`, a cancellation
+        the run asked for, or a failure for the retry policy to judge."""
+        if self.cancelled and isinstance(exc, asyncio.CancelledError):
+            return Cancelled("the run was cancelled while this step ran")
+        if isinstance(exc, RetryStep):
+            try:
+                delay = delay_of(exc.after)
+            except ValueError as bad:
+                return self.failure(bad, duration)
+            reason = storable_text(exc.reason or "retry requested by the handler")
+            return self.retried(delay, reason, failed_as=f"RetryStep: {reason}",
+                                summary=f"RetryStep: {first_line(reason)[:SUMMARY_CHARS]}")
+        if isinstance(exc, CancelRun):
+            return Cancelled(storable_text(exc.reason or "cancelled by the handler"))
+        return self.failure(exc, duration)
+
+    def retried(self, delay: float, reason: str, *, failed_as: str, summary: str) -> Outcome:
+        """Try again after `delay` seconds, unless this attempt is the last the cap allows:
+        then the job ends `dead`, its error `failed_as` and the cap."""
+        cap = self.policy.attempt_cap
+        if self.job.attempts < cap:
+            return Retried(delay, reason)
+        return Failed(f"{failed_as} (the attempt cap of {cap} is reached)", None, summary)
+
+    def failure(self, exc: BaseException, duration: float | None = None, *,
+                permanent: bool = False) -> Failed:
+        """The outcome of a failed attempt: when to retry it by the policy, or dead.
+        `duration` defaults to the time since `started`."""
+        duration = self.elapsed() if duration is None else duration
+        text = describe(exc)
+        summary = first_line(text)[:SUMMARY_CHARS]
+        self.error = exc
+        step = self.step
+        # Running again would fail the same way; a missed signal is retried only by a policy
+        # the step was given.
+        if permanent or isinstance(exc, WorkflowError) or (
+                isinstance(exc, SignalTimeout) and not (step is not None and step.retry_given)):
+            return Failed(text, None, summary)
+        try:
+            delay = self.policy.next_delay(self.job.attempts, exc, self.job.age + duration)
+        except BaseException as policy_error:  # a predicate like `e.code >= 500` on a ValueError
+            text = storable_text(f"{text}\n\nThe step's retry policy raised while judging this "
+                                 f"failure, so it is not retried:\n{describe(policy_error)}")
+            return Failed(text, None, summary)
+        # A wait without a `max` grows past any date (wait_exponential at attempt 50): clamp.
+        return Failed(text, None if delay is None else clamp_delay(delay), summary)
+
+
+def run_attempt(attempt: Attempt, *, call: Callable[[Call], Any] | None = None,
+                reraise: type[BaseException] | tuple[type[BaseException], ...] = (),
+                span: Any = None) -> Outcome:
+    """Run `attempt` in this thread to its outcome. `call` calls the prepared handler (default:
+    `Call()`; the test kit's awaits an async handler); with a tracing `span`, it is current
+    while the handler runs. Exceptions of the `reraise` types propagate instead of being
+    judged (the test kit's KeyboardInterrupt)."""
+    try:
+        prepared = attempt.prepare()
+    except reraise:
+        raise
+    except BaseException as exc:
+        return attempt.failure(exc)
+    if not isinstance(prepared, Call):
+        return prepared
+    try:
+        if span is not None:
+            result = tracing.called_in(span, call or Call.__call__, prepared)
+        else:
+            result = prepared() if call is None else call(prepared)
+    except reraise:
+        raise
+    except BaseException as exc:  # handlers may raise anything; the worker survives
+        return attempt.judge_exception(exc)
+    return attempt.judge(result)
+
+
+async def arun_attempt(attempt: Attempt, *, span: Any = None) -> Outcome:
+    """`run_attempt` for an `async def` handler, on the running loop: the database reads of
+    `prepare()` run in a thread (never on the loop, where other handlers run), the handler is
+    awaited (with `span` current, when tracing), and the same code judges it."""
+    try:
+        prepared = (await asyncio.to_thread(attempt.prepare) if attempt.reads_database
+                    else attempt.prepare())
+    except BaseException as exc:
+        return attempt.failure(exc)
+    if not isinstance(prepared, Call):
+        return prepared
+    try:
+        result = await (prepared() if span is None else tracing.awaited_in(span, prepared()))
+    except BaseException as exc:  # CancelledError too: the watchdog settled it, or a cancel
+        return attempt.judge_exception(exc)
+    return attempt.judge(result)

@@ -16,6 +16,7 @@ from typing import Any
 import ledger_app as la
 import pytest
 import sqlalchemy as sa
+from support import rows, scalar
 
 import flowq
 from flowq.context import Context, StepSession
@@ -28,14 +29,8 @@ from flowq.worker.model import Outcome
 FAST_POLL = ("--poll-interval", "0.1")
 
 
-def scalar(engine: sa.Engine, sql: str, **params: Any) -> Any:
-    with engine.connect() as c:
-        return c.execute(sa.text(sql), params).scalar_one()
-
-
 def ledger(engine: sa.Engine) -> list[Any]:
-    with engine.connect() as c:
-        return list(c.execute(sa.text("SELECT job_id, pid FROM ledger")))
+    return rows(engine, "SELECT job_id, pid FROM ledger")
 
 
 def live_workers(engine: sa.Engine) -> int:

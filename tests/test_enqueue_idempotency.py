@@ -31,11 +31,6 @@ KEY = "order-1"
 
 
 @pytest.fixture
-def Session(engine: sa.Engine) -> sessionmaker[flowq.Session]:
-    return sessionmaker(engine, class_=flowq.Session)
-
-
-@pytest.fixture
 def existing(Session: sessionmaker[flowq.Session]) -> flowq.Enqueued:
     """A run committed under KEY before the test starts."""
     with Session.begin() as s:

@@ -26,13 +26,6 @@ FAST = ("--poll-interval", "0.2", "--heartbeat-interval", "0.5", "--stale-after"
 Q = Queries("flowq")
 
 
-@pytest.fixture
-def ledger(engine: sa.Engine) -> sa.Engine:
-    with engine.begin() as conn:
-        conn.exec_driver_sql(qa.LEDGER_DDL)
-    return engine
-
-
 def intervals(engine: sa.Engine, task: str) -> list[Any]:
     with engine.connect() as conn:
         return list(conn.execute(sa.text(

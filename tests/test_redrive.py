@@ -15,6 +15,7 @@ import pipeline_app as pa
 import pytest
 import sqlalchemy as sa
 from runs_cli import cli, cli_json
+from support import scalar
 
 import flowq
 from flowq.ops.runs import get_run, list_runs, parse_when, retry_runs
@@ -46,11 +47,6 @@ def two_a(ctx: flowq.Context, n: int) -> dict[str, int]:
 @two.step(queue="second")
 def two_b(ctx: flowq.Context, n: int) -> int:
     return n
-
-
-def scalar(engine: sa.Engine, sql: str, **params: Any) -> Any:
-    with engine.connect() as c:
-        return c.execute(sa.text(sql), params).scalar_one()
 
 
 def many(engine: sa.Engine, task: Any, n: int, start: int = 0) -> list[int]:

@@ -27,13 +27,6 @@ STEP_KEYS = {"job_id", "step", "index", "queue", "status", "attempts", "max_atte
              "locked_by", "finished_at", "last_error", "args", "result", "map_index"}
 
 
-@pytest.fixture
-def ledger(engine: sa.Engine) -> sa.Engine:
-    with engine.begin() as conn:
-        conn.exec_driver_sql(pa.LEDGER_DDL)
-    return engine
-
-
 def enqueue(engine: sa.Engine, pipeline: flowq.Pipeline, **kwargs: Any) -> flowq.Enqueued:
     with engine.begin() as conn:
         return flowq.enqueue(conn, pipeline, **kwargs)

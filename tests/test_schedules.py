@@ -319,18 +319,18 @@ def test_due_ticks_latest_plus_recent_by_default_all_with_catch_up(app: flowq.Fl
 
 
 @pytest.fixture
-def ledger() -> list[tuple[int, datetime | None]]:
+def ran() -> list[tuple[int, datetime | None]]:
     return []
 
 
 @pytest.fixture
-def ticking(app: flowq.FlowQ, ledger: list[tuple[int, datetime | None]]
+def ticking(app: flowq.FlowQ, ran: list[tuple[int, datetime | None]]
             ) -> Callable[..., Schedule]:
     def define(**options: Any) -> Schedule:
         @app.periodic(**options)
         @app.task(name=options.get("name") or "tick")
         def tick(ctx: flowq.Context, n: int = 0) -> None:
-            ledger.append((ctx.run_id, ctx.scheduled_at))
+            ran.append((ctx.run_id, ctx.scheduled_at))
 
         return next(s for s in app.schedules if s.name == (options.get("name") or "tick"))
 
@@ -342,7 +342,7 @@ BASE = at("2025-06-01T12:00:00.250Z")
 
 def test_a_new_schedule_starts_from_now_then_enqueues_each_tick_once(
         engine: sa.Engine, app: flowq.FlowQ, ticking: Callable[..., Schedule],
-        ledger: list[tuple[int, datetime | None]]) -> None:
+        ran: list[tuple[int, datetime | None]]) -> None:
     s = ticking(every=timedelta(seconds=1), args={"n": 7})
     scheduler = Scheduler(engine, app)
     assert scheduler.run_once(BASE) == 0  # entered at BASE: no backfill
@@ -363,8 +363,8 @@ def test_a_new_schedule_starts_from_now_then_enqueues_each_tick_once(
     assert args == [({"n": 7},)]
     # The handler reads the tick it runs for.
     drain(engine, app)
-    assert sorted(ledger) == [(r.run_id, r.scheduled_at) for r in runs]
-    assert all(t is not None and t.tzinfo is UTC for _, t in ledger)
+    assert sorted(ran) == [(r.run_id, r.scheduled_at) for r in runs]
+    assert all(t is not None and t.tzinfo is UTC for _, t in ran)
 
 
 def test_concurrent_passes_enqueue_each_tick_exactly_once(
@@ -472,17 +472,17 @@ def test_an_app_without_schedules_or_with_them_switched_off_runs_no_scheduler(
 
 def test_a_worker_thread_enqueues_ticks_by_the_database_clock(
         db_url: str, engine: sa.Engine, app: flowq.FlowQ,
-        ticking: Callable[..., Schedule], ledger: list[tuple[int, datetime | None]]) -> None:
+        ticking: Callable[..., Schedule], ran: list[tuple[int, datetime | None]]) -> None:
     ticking(every=timedelta(seconds=1))
     w = Worker(app, db_url, WorkerConfig(poll_interval=0.2, shutdown_grace=5))
     t = threading.Thread(target=w.run, kwargs={"install_signals": False})
     t.start()
     try:
-        wait_until(lambda: len(ledger) >= 3, timeout=30, message="three ticks run")
+        wait_until(lambda: len(ran) >= 3, timeout=30, message="three ticks run")
     finally:
         w.stop()
         t.join(timeout=30)
-    ticks = [s for _, s in sorted(ledger) if s is not None]
+    ticks = [s for _, s in sorted(ran) if s is not None]
     assert ticks == [ticks[0] + timedelta(seconds=i) for i in range(len(ticks))]
 
 

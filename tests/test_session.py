@@ -66,11 +66,6 @@ def listener(db_url: str) -> Iterator[Listener]:
     lst.close()
 
 
-@pytest.fixture
-def Session(engine: sa.Engine) -> sessionmaker[flowq.Session]:
-    return sessionmaker(engine, class_=flowq.Session)
-
-
 def _rows(engine: sa.Engine) -> list[sa.Row[Any]]:
     with engine.connect() as c:
         return list(c.execute(sa.text(

@@ -51,11 +51,6 @@ def right(ctx: flowq.Context, n: int) -> dict[str, int]:
     return {"n": n}
 
 
-@pytest.fixture
-def Session(engine: sa.Engine) -> sessionmaker[flowq.Session]:
-    return sessionmaker(engine, class_=flowq.Session)
-
-
 @pytest.fixture(autouse=True)
 def _clear() -> Iterator[None]:
     done.clear()

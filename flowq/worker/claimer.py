@@ -28,7 +28,6 @@ class Claimer:
     def __init__(self, conn: DedicatedConnection, queries: Queries, queues: Sequence[str],
                  name: str, submit: Callable[[ClaimedJob], None]) -> None:
         self.conn = conn
-        self.q = queries
         self.store = Store(conn.execute, queries.schema)
         self.queues = list(queues)
         self.name = name

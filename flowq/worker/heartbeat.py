@@ -39,7 +39,6 @@ class Heartbeat(Service):
                  on_cancelled: Callable[[list[Claim]], None] | None = None) -> None:
         super().__init__(interval=interval)
         self.conn = conn
-        self.q = queries
         self.store = Store(conn.execute, queries.schema)
         self.claims = claims
         # The claims whose handler is still running (default: `claims`). Only those can be

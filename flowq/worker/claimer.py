@@ -4,8 +4,10 @@ One `claim_jobs` statement per queue, the queues visited in rotation (the pendin
 with the queue, so `queue = ANY(...)` could not use its order across queues), each asking for
 what is still free. A paused queue is skipped; a limited one (`flowq.queues`) is claimed with
 `claim_limited_jobs` in a short transaction that first locks the queue's row. Each row is
-handed to the executor as soon as its statement returns, so an error in a later queue's claim drops nothing: the rows already claimed are already
-running. Autocommit on a dedicated connection: each claim is one atomic statement.
+handed to the executor as soon as its statement returns, so an error in a later queue's claim
+drops nothing: the rows already claimed are already running. Autocommit on a dedicated
+connection: each claim is one atomic statement. The statements, their parameters and the
+claimed rows (`ClaimedJob`, read by column name) are `flowq.db.store.Store`'s.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -10,7 +10,9 @@ import sqlalchemy as sa
 
 from flowq.db import normalize_url
 from flowq.db.rows import ClaimedJob
+from flowq.db.runner import Rows, runner
 from flowq.db.sql import Queries
+from flowq.db.store import Store
 from flowq.testing import job_rows, wait_until
 from flowq.worker.completer import Completer
 from flowq.worker.connection import DedicatedConnection
@@ -25,8 +27,8 @@ def claim(engine: sa.Engine, n: int) -> list[ClaimedJob]:
     with engine.begin() as conn:
         conn.execute(sa.text("INSERT INTO flowq.jobs (task, step) "
                              "SELECT 't', 't' FROM generate_series(1, :n)"), {"n": n})
-        rows = conn.execute(Q.claim_jobs, {"queue": "default", "limit": n, "worker": "w"})
-        return sorted((ClaimedJob(*r) for r in rows), key=lambda j: j.id)
+        jobs = Store(runner(conn, direct=False)).claim("default", n, "w")
+        return sorted(jobs, key=lambda j: j.id)
 
 
 @pytest.fixture
@@ -112,8 +114,7 @@ def test_two_claims_of_one_step_in_a_batch_create_one_successor(
     [old] = claim(engine, 1)
     with engine.begin() as conn:  # reaped, then claimed again by the same worker
         conn.execute(sa.text("UPDATE flowq.jobs SET status = 'pending'"))
-        [row] = conn.execute(Q.claim_jobs, {"queue": "default", "limit": 1, "worker": "w"})
-    new = ClaimedJob(*row)
+        [new] = Store(runner(conn, direct=False)).claim("default", 1, "w")
     nxt = (Spawn(two, "chain", '{"n": 1}'),)
     batched = Completer(DedicatedConnection(normalize_url(db_url), APP_NAME), Q)
     # Submitted before its thread starts: both outcomes are in its first batch.
@@ -136,13 +137,13 @@ def test_completions_and_heartbeats_lock_rows_in_id_order() -> None:
 
     sent: list[dict[str, Any]] = []
 
-    def run(statement: Any, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        sent.append(params)
-        return []
+    def run(statement: Any, params: Mapping[str, Any], /) -> Rows:
+        sent.append(dict(params))
+        return Rows()
 
     jobs = [ClaimedJob(i, i, i, "t", "t", 0, "default", 0, 1, 3, "{}", False, 0.0)
             for i in (7, 3, 9, 1)]
-    write_successes(run, Queries("flowq"), [(j, Succeeded("null")) for j in jobs])
+    write_successes(Store(run), [(j, Succeeded("null")) for j in jobs])
     assert sent[-1]["ids"] == [1, 3, 7, 9]
 
     class Conn:

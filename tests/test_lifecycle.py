@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Final
 
 import pytest
@@ -63,7 +64,7 @@ import flowq
 from flowq import FlowQ, Pipeline, Retry, RunStateError
 from flowq.db.schema import TERMINAL_STATUSES, jobs, notify_channel
 from flowq.db.sql import Queries
-from flowq.db.sql.fragments import plural
+from flowq.db.sql.fragments import bind_rows
 from flowq.ops.runs import cancel_run, retry_run
 from flowq.worker.reaper import Reaper
 
@@ -179,10 +180,9 @@ class Claim:
 def bind(rows: list[dict[str, Any]], *, single: bool, prefix: str = "") -> dict[str, Any]:
     """Bind parameters in the shape `flowq.queries` expects: scalars for one row, arrays for a
     batch (`id` -> `ids`)."""
-    if single:
-        [row] = rows
-        return {prefix + k: v for k, v in row.items()}
-    return {prefix + plural(k): [r[k] for r in rows] for k in rows[0]}
+    columns = tuple((name, "") for name in rows[0])  # the types are the statement's
+    return bind_rows(columns, [SimpleNamespace(**r) for r in rows], single=single,
+                     prefix=prefix)
 
 
 def successor(claim: Claim, result: str) -> dict[str, Any] | None:

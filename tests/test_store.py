@@ -199,12 +199,22 @@ def test_reap(engine: sa.Engine, store: Store) -> None:
     assert (reaped.id, reaped.status, reaped.attempts) == (job.id, "pending", 1)
 
 
-def test_positional_readers_still_match_the_names(engine: sa.Engine) -> None:
-    """Until every caller reads claims through the store (the claimer and the test kit still
-    build `ClaimedJob(*row)`), the claim's columns stay in the dataclass' field order."""
+def test_a_dedicated_connection_is_a_runner(engine: sa.Engine, db_url: str) -> None:
+    """The worker's hot-path connection sends the store's verbs, and a limited claim's two
+    statements in one transaction (`claim_limited_statements`, then `read_limited`)."""
+    from flowq.worker.connection import DedicatedConnection
+
+    ids = insert_jobs(engine, 2, queue="slow")
     insert_jobs(engine, 1)
     with engine.begin() as conn:
-        result = conn.execute(Q.claim_jobs, {"queue": "default", "limit": 1, "worker": "w1"})
-        columns, (row,) = tuple(result.keys()), result.all()
-    assert list(columns) == [f.name for f in dataclasses.fields(ClaimedJob)]
-    assert read(ClaimedJob, Rows(columns, [tuple(row)])) == [ClaimedJob(*row)]
+        conn.execute(sa.text("INSERT INTO flowq.queues (name, concurrency) VALUES ('slow', 1)"))
+    conn = DedicatedConnection(normalize_url(db_url), "test store")
+    try:
+        store = Store(conn.execute)
+        (job,) = store.claim("default", 5, "w1")
+        assert [b.id for b in store.heartbeat([job.claim])] == [job.id]
+        got = store.read_limited(conn.transaction(
+            store.claim_limited_statements("slow", 5, "w1")))
+        assert [j.id for j in got.jobs] == ids[:1] and got.held_back
+    finally:
+        conn.close()

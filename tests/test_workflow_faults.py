@@ -34,9 +34,8 @@ from support import spawn_ready as spawn_workers
 
 import flowq
 from flowq.cli import main
-from flowq.db.rows import ClaimedJob
-from flowq.db.sql import Queries
-from flowq.names import DEFAULT_SCHEMA
+from flowq.db.runner import runner
+from flowq.db.store import Store
 from flowq.ops.runs import cancel_run, get_run, retry_run
 from flowq.testing import job_rows, wait_until
 from flowq.testing.draining import _run as run_claimed  # one attempt, as `drain` runs it
@@ -585,16 +584,14 @@ def test_join_created_once_when_parents_complete_concurrently(ledger: sa.Engine,
     on its own connection with the worker's statements. The first completion's transaction
     stays open while the second one's statement runs (it must wait on the join counter),
     then both commit: the join exists exactly once, with both inputs."""
-    q = Queries(DEFAULT_SCHEMA)
     with ledger.begin() as conn:
         run_id = flowq.enqueue(conn, wfa.race, n=7, sleep=0.0).id
     with ledger.begin() as conn:
-        start = conn.execute(q.claim_jobs, {"queue": "default", "limit": 1,
-                                            "worker": "test:0:race"}).first()
-        assert run_claimed(conn, wfa.app, ClaimedJob(*start), True)[0] == "succeeded"
+        [start] = Store(runner(conn, direct=False)).claim("default", 1, "test:0:race")
+        assert run_claimed(conn, wfa.app, start, True)[0] == "succeeded"
     with ledger.begin() as conn:
-        claimed = {r.step: ClaimedJob(*r) for r in conn.execute(
-            q.claim_jobs, {"queue": "default", "limit": 10, "worker": "test:0:race"})}
+        claimed = {j.step: j for j in Store(runner(conn, direct=False)).claim(
+            "default", 10, "test:0:race")}
     assert sorted(claimed) == ["left", "right"]
     second = "right" if first == "left" else "left"
 
@@ -634,10 +631,9 @@ def test_join_created_once_when_parents_complete_concurrently(ledger: sa.Engine,
     assert query(ledger, "SELECT remaining FROM flowq.joins WHERE run_id = :r",
                  r=run_id) == [(0,)]
     with ledger.begin() as conn:
-        job = conn.execute(q.claim_jobs, {"queue": "default", "limit": 10,
-                                          "worker": "test:0:race"}).all()
+        job = Store(runner(conn, direct=False)).claim("default", 10, "test:0:race")
         assert [r.step for r in job] == ["join"]
-        assert run_claimed(conn, wfa.app, ClaimedJob(*job[0]), True)[0] == "succeeded"
+        assert run_claimed(conn, wfa.app, job[0], True)[0] == "succeeded"
     rows = assert_diamonds_exact(ledger, [run_id], [7], ledgered=["join"])
     assert rows[run_id, "join"].result["sum"] == 78
 

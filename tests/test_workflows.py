@@ -433,32 +433,30 @@ def test_two_parents_completing_at_once_create_the_join_once(engine: sa.Engine) 
     waits on the join's counter row, then sees the first's decrement; one join row."""
     import threading
 
-    from flowq.db.rows import ClaimedJob
-    from flowq.db.sql import Queries
+    from flowq.db.runner import runner
+    from flowq.db.store import Store
     from flowq.worker.attempt import Attempt, run_attempt
     from flowq.worker.model import Succeeded
-    from flowq.worker.writes import connection_runner, write_successes
+    from flowq.worker.writes import write_successes
 
     app, _ = make_app()
-    q = Queries("flowq")
     with engine.begin() as conn:
         run = flowq.enqueue(conn, app.get("diamond"), n=1)
     with pytest.raises(AssertionError, match="max_jobs"):
         drain(engine, app, max_jobs=1)  # start: left and right are pending
     with engine.begin() as conn:
-        claimed = [ClaimedJob(*r) for r in conn.execute(
-            q.claim_jobs, {"queue": "default", "limit": 2, "worker": "t"})]
+        claimed = Store(runner(conn, direct=False)).claim("default", 2, "t")
     assert sorted(j.step for j in claimed) == ["left", "right"]
     outcomes = [o for job in claimed if isinstance(o := run_attempt(Attempt(app, job)), Succeeded)]
     assert len(outcomes) == 2
     first, second = engine.connect(), engine.connect()
     first.begin()
-    write_successes(connection_runner(first), q, [(claimed[0], outcomes[0])])
+    write_successes(Store(runner(first, direct=False)), [(claimed[0], outcomes[0])])
     done = threading.Event()
 
     def complete_second() -> None:
         with second.begin():
-            write_successes(connection_runner(second), q, [(claimed[1], outcomes[1])])
+            write_successes(Store(runner(second, direct=False)), [(claimed[1], outcomes[1])])
         done.set()
 
     t = threading.Thread(target=complete_second)

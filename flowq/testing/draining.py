@@ -49,18 +49,15 @@ from sqlalchemy import orm
 
 from flowq.context import StepSession
 from flowq.db.rows import ClaimedJob
+from flowq.db.runner import Runner, runner
 from flowq.db.sql import queries
+from flowq.db.store import Store
 from flowq.define.app import FlowQ
 from flowq.enqueueing.prepare import Enqueued
 from flowq.names import validate_queue
 from flowq.worker.attempt import Attempt, Call, run_attempt
 from flowq.worker.model import Failed, Outcome, Retried, Succeeded
-from flowq.worker.writes import (
-    complete_in_session,
-    connection_runner,
-    write_outcome,
-    write_successes,
-)
+from flowq.worker.writes import complete_in_session, write_outcome, write_successes
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
@@ -145,16 +142,17 @@ def _transaction(target: Target) -> Iterator[sa.Connection]:
 
 def _claim(conn: sa.Connection, schema: str, names: list[str],
            run_ids: list[int] | None) -> ClaimedJob | None:
-    q = queries(schema)
+    store = Store(_runner(conn), schema)
     for name in names:
-        params: dict[str, Any] = {"queue": name, "limit": 1, "worker": WORKER_NAME}
-        if run_ids is None:
-            row = conn.execute(q.claim_any_jobs, params).first()
-        else:
-            row = conn.execute(q.claim_run_jobs, {**params, "run_ids": run_ids}).first()
-        if row is not None:
-            return ClaimedJob(*row)
+        claimed = store.claim_any(name, 1, WORKER_NAME, run_ids)
+        if claimed:
+            return claimed[0]
     return None
+
+
+def _runner(conn: sa.Connection) -> Runner:
+    """The test's connection as a runner: through SQLAlchemy, in the test's transaction."""
+    return runner(conn, direct=False)
 
 
 def _run(conn: sa.Connection, app: FlowQ, job: ClaimedJob,
@@ -169,20 +167,20 @@ def _run(conn: sa.Connection, app: FlowQ, job: ClaimedJob,
         sessions.append(session)
         return session
 
-    run = connection_runner(conn)  # reads and writes, in the test's transaction
+    run = _runner(conn)  # reads and writes, in the test's transaction
     attempt = Attempt(app, job, read=run, session_factory=session_factory)
     # In this thread, without timeouts; an async handler is awaited here rather than on an
     # executor's loop. An interrupted test run is not the handler's failure.
     outcome = run_attempt(attempt, call=_call, reraise=KeyboardInterrupt)
-    q = queries(app.schema)
+    store = Store(run, app.schema)
     session = sessions[0] if sessions else None
     try:
         if isinstance(outcome, Succeeded):
             try:
                 if session is not None:
-                    ours = complete_in_session(session, q, job, outcome)
+                    ours = complete_in_session(session, app.schema, job, outcome)
                 else:
-                    ours = bool(write_successes(run, q, [(job, outcome)]))
+                    ours = bool(write_successes(store, [(job, outcome)]))
             except Exception as exc:  # the handler's writes failed at commit, as in a worker
                 outcome = attempt.failure(exc)
             else:
@@ -191,7 +189,7 @@ def _run(conn: sa.Connection, app: FlowQ, job: ClaimedJob,
             session.rollback()
         written = _skipping_wait(outcome) if skip_waits else outcome
         assert not isinstance(written, Succeeded)
-        result = write_outcome(run, q, job, written)
+        result = write_outcome(store, job, written)
         return (result[0] if result else "lost"), outcome
     finally:
         if session is not None:

@@ -3,18 +3,20 @@
 One `claim_jobs` statement per queue, the queues visited in rotation (the pending index leads
 with the queue, so `queue = ANY(...)` could not use its order across queues), each asking for
 what is still free. A paused queue is skipped; a limited one (`flowq.queues`) is claimed with
-`claim_limited_jobs` in a short transaction that first locks the queue's row. Each row is handed to the executor as soon as its statement returns, so
-an error in a later queue's claim drops nothing: the rows already claimed are already
-running. Autocommit on a dedicated connection: each claim is one atomic statement.
+`claim_limited_jobs` in a short transaction that first locks the queue's row. Each row is
+handed to the executor as soon as its statement returns, so an error in a later queue's claim
+drops nothing: the rows already claimed are already running. Autocommit on a dedicated
+connection: each claim is one atomic statement. The statements, their parameters and the
+claimed rows (`ClaimedJob`, read by column name) are `flowq.db.store.Store`'s.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from flowq.db.rows import ClaimedJob
 from flowq.db.sql import Queries
+from flowq.db.store import Store
 from flowq.storable import describe, first_line
 from flowq.worker.connection import DedicatedConnection
 from flowq.worker.logs import ERROR, log_event
@@ -28,7 +30,7 @@ class Claimer:
     def __init__(self, conn: DedicatedConnection, queries: Queries, queues: Sequence[str],
                  name: str, submit: Callable[[ClaimedJob], None]) -> None:
         self.conn = conn
-        self.q = queries
+        self.store = Store(conn.execute, queries.schema)
         self.queues = list(queues)
         self.name = name
         self.submit = submit
@@ -43,25 +45,22 @@ class Claimer:
 
     def refresh(self) -> None:
         """Re-read which of our queues are paused or limited (every poll interval)."""
-        rows = self.conn.execute(self.q.select_controlled_queues, {"queues": self.queues})
-        self.controlled = {name: paused for name, paused in rows}
+        self.controlled = self.store.controlled_queues(self.queues)
 
-    def _claim(self, queue: str, want: int) -> list[tuple[Any, ...]]:
-        params = {"queue": queue, "limit": want, "worker": self.name}
+    def _claim(self, queue: str, want: int) -> list[ClaimedJob]:
         paused = self.controlled.get(queue)
         if paused:
             return []
         if paused is None:
-            return self.conn.execute(self.q.claim_jobs, params)
+            return self.store.claim(queue, want, self.name)
         # Limited: take the queue's lock, then claim in a snapshot taken after it, so what
-        # the other workers' claims started is counted. The last column says whether the
+        # the other workers' claims started is counted. The `more` column says whether the
         # limits held due jobs back; a row of NULLs stands for "none claimed".
-        rows = self.conn.transaction([
-            (self.q.lock_queue, params),
-            (self.q.claim_limited_jobs, {**params, "scan": max(100, 4 * want)})])
-        if rows and rows[0][-1]:
+        limited = self.store.read_limited(self.conn.transaction(
+            self.store.claim_limited_statements(queue, want, self.name)))
+        if limited.held_back:
             self.held_back = True
-        return [r[:-1] for r in rows if r[0] is not None]
+        return limited.jobs
 
     def run_once(self, free_slots: int,
                  submit: Callable[[ClaimedJob], None] | None = None) -> int:
@@ -76,8 +75,7 @@ class Claimer:
             want = free_slots - got
             if want <= 0:
                 break
-            for row in self._claim(self.queues[(start + i) % n], want):
-                job = ClaimedJob(*row)
+            for job in self._claim(self.queues[(start + i) % n], want):
                 got += 1
                 self.claimed += 1
                 try:

@@ -38,6 +38,7 @@ import sqlalchemy as sa
 
 from flowq.db.rows import Claim, ClaimedJob
 from flowq.db.sql import Queries
+from flowq.db.store import Store
 from flowq.storable import describe, first_line, storable_text
 from flowq.worker.connection import DB_ERRORS, DedicatedConnection
 from flowq.worker.logs import ERROR, INFO, WARNING, log_event
@@ -90,6 +91,8 @@ class Completer:
                  metrics: OutcomeObserver | None = None) -> None:
         self.conn = conn
         self.q = queries
+        # The connection's `execute` is its runner: the store's verbs send through it.
+        self.store = Store(conn.execute, queries.schema)
         self.job_log = job_log
         self.on_written = on_written
         self.on_scheduled = on_scheduled
@@ -118,7 +121,7 @@ class Completer:
         if session is not None:
             if not isinstance(outcome, Succeeded):
                 raise TypeError("only a success is written in the handler's session")
-            if complete_in_session(session, self.q, job, outcome):
+            if complete_in_session(session, self.q.schema, job, outcome):
                 self._log_success(job, duration)
             else:
                 self._log_lost(job, "completion")
@@ -242,7 +245,7 @@ class Completer:
             f"the outcome was {type(item.outcome).__name__}: "
             f"{first_line(_summary(item.outcome))}")
         try:
-            result = end_job(self.conn.execute, self.q, item.job, "dead", text)
+            result = end_job(self.store, item.job, "dead", text)
         except DB_ERRORS as exc:
             if is_unavailable(exc):
                 raise
@@ -262,10 +265,9 @@ class Completer:
         # a batch costs one round trip per statement, no BEGIN/COMMIT. Items are marked
         # written as their statement commits, so a failure later in the batch re-sends none.
         successes = [i for i in batch if isinstance(i.outcome, Succeeded) and not i.written]
-        run = self.conn.execute
         if successes:
-            ours = write_successes(run, self.q, [(i.job, _success(i.outcome))
-                                                        for i in successes])
+            ours = write_successes(self.store, [(i.job, _success(i.outcome))
+                                                for i in successes])
             for i in successes:
                 i.written = True
                 if i.job.id in ours:
@@ -275,7 +277,7 @@ class Completer:
         for i in batch:
             if not i.written:
                 assert not isinstance(i.outcome, Succeeded)
-                result = write_outcome(run, self.q, i.job, i.outcome)
+                result = write_outcome(self.store, i.job, i.outcome)
                 i.written = True
                 if result is not None and result[0] == "pending" and self.on_scheduled:
                     self.on_scheduled(result[1])

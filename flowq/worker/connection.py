@@ -40,7 +40,7 @@ every execution anyway, which is what `force_custom_plan` asks of a prepared one
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import psycopg
@@ -49,9 +49,8 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 from sqlalchemy import event
 from sqlalchemy.engine import URL
-from sqlalchemy.sql.elements import TextClause
 
-from flowq.db.runner import fetch_rows, raw_sql, result_rows
+from flowq.db.runner import Rows, fetch_rows, raw_sql, result_rows
 
 __all__ = [
     "DB_BACKOFF_MAX",
@@ -61,10 +60,8 @@ __all__ = [
     "PLANNER_OPTIONS",
     "DedicatedConnection",
     "WorkerConnections",
-    "fetch_rows",
     "heartbeat_options",
     "local_settings_sql",
-    "raw_sql",
     "role_engine",
     "set_local_on_begin",
 ]
@@ -174,8 +171,9 @@ class DedicatedConnection:
                                          options=self.options)
         return self._conn
 
-    def execute(self, clause: TextClause, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
-        """Run one statement; its rows as tuples (empty when it returns none)."""
+    def execute(self, clause: sa.ClauseElement, params: Mapping[str, Any]) -> Rows:
+        """Run one statement; its rows (empty when it returns none). A `flowq.db.runner.Runner`,
+        so a `flowq.db.store.Store` sends through it."""
         if self.set_local is not None:
             return self.transaction([(clause, params)])
         conn = self._conn if self._conn is not None and not self._conn.closed else self._open()
@@ -187,13 +185,13 @@ class DedicatedConnection:
                 self.close()
             raise
 
-    def transaction(self, statements: list[tuple[TextClause, Mapping[str, Any]]]
-                    ) -> list[tuple[Any, ...]]:
+    def transaction(self, statements: Sequence[tuple[sa.ClauseElement, Mapping[str, Any]]]
+                    ) -> Rows:
         """Run `statements` in one transaction, each in a snapshot of its own (READ
         COMMITTED); the rows of the last one."""
         conn = self._conn if self._conn is not None and not self._conn.closed else self._open()
         self.statements += len(statements)
-        rows: list[tuple[Any, ...]] = []
+        rows = Rows()
         try:
             if self.set_local is not None:
                 return self._local_transaction(conn, self.set_local, statements)
@@ -211,8 +209,8 @@ class DedicatedConnection:
 
     @staticmethod
     def _local_transaction(conn: psycopg.Connection[Any], set_local: str,
-                           statements: list[tuple[TextClause, Mapping[str, Any]]]
-                           ) -> list[tuple[Any, ...]]:
+                           statements: Sequence[tuple[sa.ClauseElement, Mapping[str, Any]]]
+                           ) -> Rows:
         """BEGIN, the settings, `statements`, COMMIT: pipelined, so one round trip."""
         cur = conn.cursor(row_factory=tuple_row)
         with contextlib.ExitStack() as stack:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from flowq.db.rows import Claim
 from flowq.db.sql import Queries
+from flowq.db.store import Store
 from flowq.worker.config import DEFAULT_HEARTBEAT_INTERVAL
 from flowq.worker.connection import DedicatedConnection
 from flowq.worker.logs import WARNING, log_event
@@ -38,7 +39,7 @@ class Heartbeat(Service):
                  on_cancelled: Callable[[list[Claim]], None] | None = None) -> None:
         super().__init__(interval=interval)
         self.conn = conn
-        self.q = queries
+        self.store = Store(conn.execute, queries.schema)
         self.claims = claims
         # The claims whose handler is still running (default: `claims`). Only those can be
         # reported lost: a claim whose outcome is being written may stop matching the fence
@@ -58,10 +59,9 @@ class Heartbeat(Service):
         if not held:
             self.lost = []
             return 0
-        rows = self.conn.execute(self.q.heartbeat_jobs, {"ids": [c[0] for c in held],
-                                                         "leases": [c[1] for c in held]})
-        alive = {r[0] for r in rows}
-        cancelled = {r[0] for r in rows if r[1]}
+        beats = self.store.heartbeat(held)
+        alive = {b.id for b in beats}
+        cancelled = {b.id for b in beats if b.cancel_requested}
         if cancelled and self.on_cancelled is not None:
             self.on_cancelled([c for c in held if c[0] in cancelled])
         # A job that completed between reading the claims and the UPDATE no longer matches

@@ -254,13 +254,11 @@ class Producer:
                 note: str = "released unfinished jobs at shutdown (attempt not counted)",
                 level: int = WARNING) -> None:
         """Hand `claims` back (pending again, the attempt not counted), and say so."""
-        claims = sorted(claims)  # the lock order of heartbeats and completions
         try:
             # The claim loop's connection: the loop (or the shutdown after it) is the caller.
-            rows = self.conn.execute(self.q.release_jobs, {
-                "ids": [i for i, _ in claims], "leases": [lease for _, lease in claims],
-                "channel": self.channel})
-            log_event(level, note, job_ids=",".join(str(r[0]) for r in rows))
+            # The store locks them in id order, the lock order of heartbeats and completions.
+            released = self.claimer.store.release(claims)
+            log_event(level, note, job_ids=",".join(str(i) for i in released))
         except DB_ERRORS as exc:
             log_event(ERROR, "could not release unfinished jobs; the reaper will requeue them",
                       error=first_line(exc))

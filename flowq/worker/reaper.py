@@ -18,8 +18,9 @@ from typing import Final
 
 import sqlalchemy as sa
 
-from flowq.db.schema import notify_channel
+from flowq.db.runner import runner
 from flowq.db.sql import Queries
+from flowq.db.store import Store
 from flowq.worker.config import DEFAULT_REAP_INTERVAL, DEFAULT_STALE_AFTER
 from flowq.worker.logs import ERROR, WARNING, log_event
 from flowq.worker.services import Service
@@ -50,8 +51,9 @@ class Reaper(Service):
         with self.engine.begin() as conn:
             if not conn.execute(q.try_maintenance_lock, {"name": f"{q.schema}.reaper"}).scalar():
                 return 0
-            rows = conn.execute(q.reap_jobs, {"stale": self.stale_after, "limit": self.limit,
-                                              "channel": notify_channel(q.schema)}).all()
+            # Through SQLAlchemy, in the lock's transaction, as the lock itself.
+            rows = Store(runner(conn, direct=False), q.schema).reap(self.stale_after,
+                                                                    self.limit)
         for r in rows:
             log_event(ERROR if r.status == "dead" else WARNING,
                       "reaped a job whose worker stopped heartbeating", job_id=r.id,

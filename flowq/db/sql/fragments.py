@@ -38,7 +38,6 @@ __all__ = [
     "Statements",
     "bind_rows",
     "notify_new",
-    "plural",
     "rows",
     "start_run",
     "succeed",
@@ -127,11 +126,9 @@ SPAWN: Columns = (*SUCCESSOR, ("signal", "text"), ("wait", "float8"), ("parents"
                     ("delta", "int"), ("source", "text"), ("input", "jsonb"))
 
 
-def plural(name: str) -> str:
+def _plural(name: str) -> str:
     """The bind parameter of column `name` in a batch (`rows(..., single=False)`): `id` ->
-    `ids`. `bind_rows` is the one that should name them; this stays public only for the call
-    sites that still build batch parameters by hand (flowq.worker.completer,
-    tests/test_lifecycle.py), and goes once they call `flowq.db.store`."""
+    `ids`. Only `rows` and `bind_rows` name them, so the two always agree."""
     if name.endswith("s"):
         return name
     return name + ("es" if name.endswith("x") else "s")
@@ -145,7 +142,7 @@ def bind_rows(columns: Columns, values: Sequence[object], *, single: bool,
     if single:
         (value,) = values
         return {f"{prefix}{name}": getattr(value, name) for name, _ in columns}
-    return {f"{prefix}{plural(name)}": [getattr(v, name) for v in values]
+    return {f"{prefix}{_plural(name)}": [getattr(v, name) for v in values]
             for name, _ in columns}
 
 
@@ -161,7 +158,7 @@ def rows(alias: str, columns: Columns, *, single: bool, prefix: str = "") -> str
     if single:
         values = ", ".join(f"CAST(:{prefix}{name} AS {type_})" for name, type_ in columns)
         return f"(VALUES ({values})) AS {alias}({names})"
-    arrays = ", ".join(f"CAST(:{prefix}{plural(name)} AS {type_}[])" for name, type_ in columns)
+    arrays = ", ".join(f"CAST(:{prefix}{_plural(name)} AS {type_}[])" for name, type_ in columns)
     return f"unnest({arrays}) AS {alias}({names})"
 
 

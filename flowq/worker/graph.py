@@ -86,8 +86,7 @@ def _successors(pipeline: Pipeline, step: Step[Any, Any], job: ClaimedJob, resul
                 f"followed by {child.name!r} must return a dict (its keyword arguments) "
                 "or None")
         try:
-            child.check_arguments(child.with_signal(dict(result or {})),
-                                  what=f"the result of step {step.name!r}")
+            child.check_input(dict(result or {}), what=f"the result of step {step.name!r}")
         except InvalidArgumentsError as exc:
             raise InvalidResultError(safe_str(exc)) from None
         spawn.append(Spawn(child, pipeline.name, args=text if result else "{}"))

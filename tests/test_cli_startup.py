@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.metadata
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +47,29 @@ def test_version_and_help_import_no_database_library(args: tuple[str, ...]) -> N
     # Nor any command module: --help lists them from the table.
     assert not [m for m in modules if m.startswith("flowq.cli.")
                 and m not in ("flowq.cli.group",)], sorted(modules)
+
+
+def modules_after(*args: str) -> set[str]:
+    """Every module loaded once `flowq *args` ran. Read from `sys.modules`, not importtime:
+    importtime lists only `import` statements, and a lazy command comes by `import_module`."""
+    code = ("import json, sys; from flowq.cli import main\n"
+            "try:\n"
+            f"    main({list(args)!r})\n"
+            "except SystemExit:\n"
+            "    pass\n"
+            "print(json.dumps(sorted(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True)
+    return set(json.loads(done.stdout.splitlines()[-1]))
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_command_help_imports_no_alembic(name: str) -> None:
+    """A command's --help loads that command's module, but never alembic: only migrating
+    needs it, and `flowq.db.migrations` imports it inside the functions that migrate."""
+    modules = modules_after(name, "--help")
+    assert COMMANDS[name][0].partition(":")[0] in modules  # the command was really loaded
+    assert not sorted(m for m in modules if m.partition(".")[0] == "alembic")
 
 
 def test_import_flowq_imports_none_of_its_modules() -> None:

@@ -10,6 +10,9 @@ The schema: `migrate` creates it when it does not exist and marks it so with a c
 (`SCHEMA_COMMENT`). `downgrade` to base drops flowq's tables, then its version table, then
 the schema itself, but only when the schema carries that mark and holds nothing else: a
 schema someone else created, or one holding objects flowq did not create, stays.
+
+alembic is imported inside the functions that run it, not with this module: the constants
+(`HEAD_REVISION`, ...) are read by commands that never migrate, which should start at once.
 """
 
 from __future__ import annotations
@@ -18,14 +21,14 @@ import io
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
 
 from flowq.names import DEFAULT_SCHEMA, validate_schema_name
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 __all__ = ["HEAD_REVISION", "MIGRATE_LOCK", "SCHEMA_COMMENT", "VERSION_TABLE", "Migrated",
            "alembic_config", "current_revision", "downgrade", "migrate", "migrations_dir",
@@ -79,6 +82,8 @@ def migrations_dir() -> Path:
 def alembic_config(connection: sa.Connection | None = None, *, schema: str = DEFAULT_SCHEMA,
                    url: str | None = None, output: Any = None) -> Config:
     """An alembic Config for flowq's migrations, bound to `connection` (or `url` for --sql)."""
+    from alembic.config import Config
+
     cfg = Config(output_buffer=output) if output is not None else Config()
     cfg.set_main_option("script_location", str(migrations_dir()))
     if url:
@@ -108,6 +113,8 @@ def _lock(conn: sa.Connection) -> None:
 
 def current_revision(conn: sa.Connection, schema: str = DEFAULT_SCHEMA) -> str | None:
     """The flowq revision of `schema` in this database, or None when it has no flowq tables."""
+    from alembic.runtime.migration import MigrationContext
+
     ctx = MigrationContext.configure(conn, opts={
         "version_table": VERSION_TABLE, "version_table_schema": validate_schema_name(schema)})
     return ctx.get_current_revision()
@@ -121,6 +128,8 @@ def migrate(bind: sa.Engine | sa.Connection, *, schema: str = DEFAULT_SCHEMA,
     connection's open transaction if there is one (commit it yourself), else commits.
     Returns what it did (`Migrated`: the revisions before and after).
     """
+    from alembic import command
+
     schema = validate_schema_name(schema)
 
     def work(conn: sa.Connection) -> Migrated:
@@ -146,6 +155,8 @@ def downgrade(bind: sa.Engine | sa.Connection, *, schema: str = DEFAULT_SCHEMA,
     not create (or that flowq did not create) is left in place, empty of flowq's objects.
     Transactions as for `migrate`.
     """
+    from alembic import command
+
     schema = validate_schema_name(schema)
 
     def work(conn: sa.Connection) -> None:
@@ -173,6 +184,8 @@ def downgrade(bind: sa.Engine | sa.Connection, *, schema: str = DEFAULT_SCHEMA,
 
 def sql_script(*, schema: str = DEFAULT_SCHEMA, revision: str = "head") -> str:
     """The DDL `migrate` would run on an empty database, for review (`flowq migrate --sql`)."""
+    from alembic import command
+
     buf = io.StringIO()
     cfg = alembic_config(schema=schema, url="postgresql+psycopg://", output=buf)
     command.upgrade(cfg, revision, sql=True)

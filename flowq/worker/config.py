@@ -73,7 +73,7 @@ class WorkerConfig:
     metrics_addr: str = "127.0.0.1"
     metrics_ports: int = 1
     # PgBouncer in transaction pooling mode between the worker and PostgreSQL (see
-    # flowq.worker.core); listen_url: a direct (or session-pooled) URL to LISTEN on, since
+    # flowq.worker.worker); listen_url: a direct (or session-pooled) URL to LISTEN on, since
     # LISTEN cannot go through such a pooler (None: with pgbouncer, poll only).
     pgbouncer: bool = False
     listen_url: str | None = None

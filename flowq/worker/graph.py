@@ -9,8 +9,8 @@
   permanent: the attempt judges them `dead`, since running the handler again would repeat
   its side effects and return the same.
 - `spawn_roots(pipeline, job)`: a run enqueued by name, without the definition, is one row for its
-  first step (''); a pipeline with several roots, or a root that waits or is delayed, has
-  that row start them all instead: it succeeds at once and spawns every root.
+  first step (''); when the pipeline `starts_many` (its rule, shared with enqueue), that row
+  starts them all instead: it succeeds at once and spawns every root.
 
 Pure: no I/O, no clock. `flowq.worker.attempt` calls these for the worker and the test kit.
 """
@@ -39,14 +39,12 @@ class InvalidResultError(Exception):
 def spawn_roots(pipeline: Pipeline, job: ClaimedJob) -> Succeeded | None:
     """The success of a run's start row that spawns its roots, or None for an ordinary row.
     Raises ValueError or InvalidArgumentsError when the stored arguments fit no root."""
-    roots = pipeline.roots
-    if job.step or (len(roots) == 1 and roots[0].wait_for is None and not roots[0].delay):
+    if job.step or not pipeline.starts_many:
         return None
-    args = json.loads(job.args)
-    for root in roots:
-        root.check_arguments(root.with_signal(dict(args)),
-                             what=f"stored arguments of job {job.id}")
-    return Succeeded("null", tuple(Spawn(r, pipeline.name, args=job.args) for r in roots))
+    pipeline.check_start_arguments(dict(json.loads(job.args)),
+                                   what=f"stored arguments of job {job.id}")
+    return Succeeded("null", tuple(Spawn(r, pipeline.name, args=job.args)
+                                   for r in pipeline.roots))
 
 
 def result_text(step: Step[Any, Any], result: Any) -> str:
@@ -88,8 +86,7 @@ def _successors(pipeline: Pipeline, step: Step[Any, Any], job: ClaimedJob, resul
                 f"followed by {child.name!r} must return a dict (its keyword arguments) "
                 "or None")
         try:
-            child.check_arguments(child.with_signal(dict(result or {})),
-                                  what=f"the result of step {step.name!r}")
+            child.check_input(dict(result or {}), what=f"the result of step {step.name!r}")
         except InvalidArgumentsError as exc:
             raise InvalidResultError(safe_str(exc)) from None
         spawn.append(Spawn(child, pipeline.name, args=text if result else "{}"))

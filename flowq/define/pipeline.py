@@ -128,6 +128,7 @@ class Pipeline:
         self.queue = validate_queue(queue or app.default_queue)
         self.priority = int(priority)
         self.steps: list[Step[Any, Any]] = []
+        self._by_name: dict[str, Step[Any, Any]] = {}
         # Per-key concurrency (tasks only, see `FlowQ.task`): the argument naming the key, or
         # a function of the arguments; and how many jobs of one key may run at once.
         self.concurrency_key: str | Callable[..., Any] | None = None
@@ -314,7 +315,10 @@ class Pipeline:
         return [s for s in self.steps if s.name not in parents]
 
     def step_named(self, name: str) -> Step[Any, Any] | None:
-        return next((s for s in self.steps if s.name == name), None)
+        """The step called `name` (a worker asks once per claimed job: a dict lookup)."""
+        if len(self._by_name) != len(self.steps):  # steps are only ever appended
+            self._by_name = {s.name: s for s in self.steps}
+        return self._by_name.get(name)
 
     def options(self, **options: Unpack[EnqueueOptions]) -> WithOptions[...]:
         """This pipeline with enqueue options (see `flowq.enqueue`), to `.enqueue(...)`."""

@@ -1,7 +1,7 @@
 # The two commands of the README: `make demo` and `make test`. Each creates .venv and
 # installs flowq with its dev extras first, so a fresh machine needs only python3 and make.
 # `make test` and `make bench` also install the benchmark (bench/, the flowq-bench
-# distribution, kept out of the flowq wheel) into the same .venv: tests/test_bench.py runs it.
+# distribution, kept out of the flowq wheel) into the same .venv: tests/acceptance/test_bench.py runs it.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin

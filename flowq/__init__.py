@@ -8,7 +8,7 @@ The public names below load on first use (PEP 562): `import flowq` costs nothing
 `flowq --version` and `flowq --help` start at once instead of importing SQLAlchemy, psycopg
 and alembic first. `from flowq import FlowQ` and `flowq.FlowQ` work as with eager imports;
 `_EXPORTS` is the one table of which module defines each name, and the `TYPE_CHECKING`
-imports repeat it for type checkers and IDEs (tests/test_cli_startup.py checks they agree).
+imports repeat it for type checkers and IDEs (tests/unit/test_cli_startup.py checks they agree).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ imports it back.
 
 `COMMANDS` names each command's module and its one-line help; `FlowqGroup` imports a
 command's module only when that command runs or shows its own help, so `flowq --version` and
-`flowq --help` import neither SQLAlchemy nor psycopg (tests/test_cli_startup.py checks both,
+`flowq --help` import neither SQLAlchemy nor psycopg (tests/unit/test_cli_startup.py checks both,
 and that each line of help here is the command's own).
 
 Every command takes `--database-url` (else FLOWQ_DATABASE_URL, else DATABASE_URL), except
@@ -64,7 +64,7 @@ COMMANDS: Final[dict[str, tuple[str, str]]] = {
 @click.group(cls=FlowqGroup, lazy_commands=COMMANDS,
              context_settings={"help_option_names": ["-h", "--help"]})
 # flowq.__version__ rather than the installed metadata: importlib.metadata costs a third of
-# a light start-up, and tests/test_cli_startup.py checks the two agree.
+# a light start-up, and tests/unit/test_cli_startup.py checks the two agree.
 @click.version_option(__version__, package_name="flowq")
 def main() -> None:
     """flowq: durable jobs and pipelines on PostgreSQL."""

@@ -4,7 +4,7 @@
   help)` and imports a command's module only when that command runs, completes or shows its
   own help. `flowq --help` lists the commands from the table's short help, so `--help` and
   `--version` import no command module, and with them no SQLAlchemy, psycopg or alembic
-  (tests/test_cli_startup.py holds both to that, and the table's help to the real commands').
+  (tests/unit/test_cli_startup.py holds both to that, and the table's help to the real commands').
   Parsing and every command (subcommands included) run in `user_errors`.
 - `user_errors`: a flowq error or a failed connection becomes `UserError`, one sentence on
   stderr with exit code 2 and no traceback. Every message click prints goes through

@@ -90,7 +90,7 @@ class WithOptions(Generic[P]):
 
     def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> PreparedCall[Enqueued]:
         # Imported here, the one run-time import of the definitions from the layer above
-        # (tests/test_imports.py allows exactly it): enqueue imports the definitions.
+        # (tests/unit/test_imports.py allows exactly it): enqueue imports the definitions.
         from flowq.enqueueing.prepare import prepare_enqueue
 
         return prepare_enqueue(self.definition, as_keywords(self.definition, args, kwargs),

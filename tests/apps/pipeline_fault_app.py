@@ -1,4 +1,4 @@
-"""The 3-step pipeline of the pipeline fault tests (tests/test_pipeline_faults.py): `relay`.
+"""The 3-step pipeline of the pipeline fault tests (tests/acceptance/test_pipeline_faults.py): `relay`.
 
 Every step writes one ledger row through ctx.session (`pipeline_app.ledger`, recording the
 arguments it was given), so the row commits with the step's success or not at all, and

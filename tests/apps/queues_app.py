@@ -1,4 +1,4 @@
-"""Tasks on limited and paused queues for tests/test_queues.py; each writes its start and end
+"""Tasks on limited and paused queues for tests/integration/test_queues.py; each writes its start and end
 (wall clock, this host) to `queue_ledger` through ctx.session, committed with its success."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The workflows of the workflow fault tests (tests/test_workflow_faults.py): DAG joins, a
+"""The workflows of the workflow fault tests (tests/acceptance/test_workflow_faults.py): DAG joins, a
 map, signals, and run control, run by real `flowq worker` processes.
 
 Every step that writes `ledger(ctx, ...)` inserts one row through `ctx.session`, so the row

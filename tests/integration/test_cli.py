@@ -17,7 +17,7 @@ from click.testing import CliRunner, Result
 from flowq.cli import main
 from flowq.testing import job_rows
 
-APPS_DIR = Path(__file__).parent / "apps"
+APPS_DIR = Path(__file__).parents[1] / "apps"
 
 NO_ENV = {"FLOWQ_DATABASE_URL": None, "DATABASE_URL": None}
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-DOCS = Path(__file__).parent.parent / "docs"
+DOCS = Path(__file__).parents[2] / "docs"
 _SNIPPET = re.compile(r"<!-- snippet: ([\w-]+)[^>]*-->\s*```python\n(.*?)```", re.DOTALL)
 
 

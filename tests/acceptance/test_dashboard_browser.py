@@ -53,7 +53,7 @@ def dashboard(db_url: str, tmp_path: Path) -> Iterator[str]:
         [sys.executable, "-m", "flowq", "dashboard", "--database-url", db_url, "--port",
          str(port), "--allow-actions", "--app", "dashboard_app:app"],
         env={**os.environ, "FLOWQ_DASHBOARD_TOKEN": TOKEN,
-             "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent / "apps"),
+             "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "apps"),
                                             os.environ.get("PYTHONPATH", "")])},
         stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"

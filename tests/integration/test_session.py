@@ -397,7 +397,7 @@ def test_idempotency_key_in_the_same_transaction(Session: sessionmaker[flowq.Ses
 
 
 # Under concurrency (who waits for whom, REPEATABLE READ, no lock on the existing run):
-# tests/test_enqueue_idempotency.py.
+# tests/integration/test_enqueue_idempotency.py.
 
 
 # -- bad input: refused up front, nothing left behind, transaction still usable -------------

@@ -367,4 +367,4 @@ def _env() -> dict[str, str]:
 
 def _apps_path() -> str:
     from pathlib import Path
-    return str(Path(__file__).parent / "apps")
+    return str(Path(__file__).parents[1] / "apps")

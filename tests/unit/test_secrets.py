@@ -78,7 +78,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "demo": ("demo", "--jobs", "10"),
     "bench": ("bench", "--quick", "--scenario", "enqueue"),
 }
-# demo and bench never read the environment (tests/test_demo.py): with only a variable set
+# demo and bench never read the environment (tests/acceptance/test_demo.py): with only a variable set
 # they would start an embedded server, so they take the URL by option only.
 ENV_COMMANDS = [name for name in COMMANDS if name not in ("demo", "bench")]
 Call = tuple[tuple[str, ...], dict[str, str] | None]

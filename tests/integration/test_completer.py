@@ -97,7 +97,7 @@ def test_two_claims_of_one_step_in_a_batch_create_one_successor(
         engine: sa.Engine, db_url: str) -> None:
     """A worker can hold two claims of one step: an attempt the reaper took, and its own
     re-claim. Both successes may land in one batch; only the current claim completes, and
-    only it creates the next step (found by tests/test_lifecycle.py)."""
+    only it creates the next step (found by tests/integration/test_lifecycle.py)."""
     import flowq
     from flowq.worker.model import Spawn
 

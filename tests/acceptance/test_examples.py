@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-EXAMPLES = Path(__file__).parent.parent / "examples"
+EXAMPLES = Path(__file__).parents[2] / "examples"
 
 
 def test_signup_pipeline_example_runs(db_url: str) -> None:

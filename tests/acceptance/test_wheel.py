@@ -2,7 +2,7 @@
 
 The benchmark is the flowq-bench distribution (bench/), so neither `flowq/bench` nor
 `flowq_bench` may reach the wheel; the embedded server and the demo ship as `flowq.local`
-(`flowq demo` and the pytest plugin use them). tests/test_migrations.py installs the same
+(`flowq demo` and the pytest plugin use them). tests/integration/test_migrations.py installs the same
 wheel, built once per session (conftest's `flowq_wheel`), and migrates with it.
 """
 

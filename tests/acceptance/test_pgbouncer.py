@@ -45,7 +45,7 @@ SKIP_REASON = ("pgbouncer is not installed: install the operating system's packa
                "(`apt-get install pgbouncer`; .ci/run does it when run as root with apt-get)")
 
 APP_SOURCE = '''
-"""A test app for tests/test_pgbouncer.py: every step writes one ledger row via ctx.session."""
+"""A test app for tests/acceptance/test_pgbouncer.py: every step writes one ledger row via ctx.session."""
 
 import os
 

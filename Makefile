@@ -1,7 +1,8 @@
 # The two commands of the README: `make demo` and `make test`. Each creates .venv and
 # installs flowq with its dev extras first, so a fresh machine needs only python3 and make.
 # `make test` and `make bench` also install the benchmark (bench/, the flowq-bench
-# distribution, kept out of the flowq wheel) into the same .venv: tests/acceptance/test_bench.py runs it.
+# distribution, kept out of the flowq wheel) into the same .venv: tests/acceptance/test_bench.py
+# runs it. `make bench BENCH_ARGS="--quick"` passes options on (docs/benchmarks.md).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -30,7 +31,7 @@ test: $(BENCH_STAMP)
 # The edit loop: every test but those marked `slow` (real worker processes, faults, builds;
 # tests/conftest.py names them). `make test` still runs everything, and CI calls it.
 .PHONY: test-quick
-test-quick: $(STAMP)
+test-quick: $(BENCH_STAMP)
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 lint: $(STAMP)
@@ -38,7 +39,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 bench: $(BENCH_STAMP)
-	$(BIN)/flowq bench
+	$(BIN)/flowq bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -88,7 +88,7 @@ class Producer:
     `stopping` is set or `interrupted()` says so."""
 
     def __init__(self, config: WorkerConfig, claimer: Claimer, slots: Slots,
-                 outcomes: Outcomes, queries: Queries, *, channel: str,
+                 outcomes: Outcomes, queries: Queries, *,
                  wake: threading.Event, stopping: threading.Event,
                  interrupted: Callable[[], bool] = lambda: False) -> None:
         self.config = config
@@ -97,7 +97,6 @@ class Producer:
         self.slots = slots
         self.outcomes = outcomes
         self.q = queries
-        self.channel = channel
         self._wake = wake
         self._stopping = stopping
         self.interrupted = interrupted

@@ -140,7 +140,7 @@ class Worker:
         self.claimer = Claimer(self.claim_conn, self.q, self.queues, c.name,
                                self.executor.submit)
         self.producer = Producer(c, self.claimer, self.executor, self.completer, self.q,
-                                 channel=self.channel, wake=self._wake,
+                                 wake=self._wake,
                                  stopping=self._stopping, interrupted=self._interrupted)
         self.listener: Listener | None = None
         conninfo = self.connections.listen_conninfo()

@@ -284,7 +284,7 @@ def idle_producer(**config: Any) -> tuple[Any, threading.Event]:
     claimer = Claimer(conn, Queries("flowq"), ["default"], "w", lambda job: None)
     wake = threading.Event()
     producer = Producer(WorkerConfig(**config), claimer, _Idle(), _Idle(), Queries("flowq"),
-                        channel="flowq", wake=wake, stopping=threading.Event())
+                        wake=wake, stopping=threading.Event())
     return producer, wake
 
 

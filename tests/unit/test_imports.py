@@ -44,16 +44,10 @@ ALLOWED_UPWARD: frozenset[tuple[str, str]] = frozenset({
 ABOVE_DEFINE = ("flowq.enqueueing", "flowq.db", "flowq.worker", "flowq.ops", "flowq.cli",
                 "flowq.dashboard", "flowq.queries", "flowq.schema", "flowq.direct",
                 "flowq.migrations", "flowq.context", "flowq.tracing", "flowq.metrics",
-                "flowq.testing", "flowq.bench", "flowq.demo", "flowq.embedded", "sqlalchemy",
-                "psycopg")
-# (importer, module, name) of the `_private` imports across modules still left.
-# The test kit's borrowings from the worker, which issue 19 replaces with the worker's public
-# attempt functions (flowq.testing and flowq.worker belong to that part of the work).
-ALLOWED_PRIVATE: frozenset[tuple[str, str, str]] = frozenset({
-    ("flowq.testing._worker", "flowq.worker.executor", "_Running"),
-    ("flowq.testing.draining", "flowq.worker.executor", "_Running"),
-    ("flowq.testing.draining", "flowq.worker.completer", "_Item"),
-})
+                "flowq.testing", "flowq.local", "flowq_bench", "sqlalchemy", "psycopg")
+# (importer, module, name) of the `_private` imports across modules still left: none (the
+# test kit's borrowings from the worker gave way to flowq.worker.attempt and .writes).
+ALLOWED_PRIVATE: frozenset[tuple[str, str, str]] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -89,8 +89,8 @@ def clamp_delay(seconds: float) -> float:
 
 def delay_of(after: object) -> float:
     """Seconds until `RetryStep(after=...)`: a number of seconds, a timedelta or a datetime
-    (naive means UTC); clamped to [0, MAX_DELAY]. ValueError for anything else, and for NaN
-    or infinity, which name no time."""
+    (naive means UTC); clamped to [0, MAX_DELAY] (infinity is the cap, minus infinity and
+    negatives are now). ValueError for anything else, and for NaN, which names no time."""
     if after is None:
         return 0.0
     if isinstance(after, timedelta):
@@ -108,7 +108,9 @@ def delay_of(after: object) -> float:
         seconds = float(after)
     except OverflowError:  # an int beyond a float's range
         return MAX_DELAY if after > 0 else 0.0
-    if not math.isfinite(seconds):
-        raise ValueError(f"RetryStep(after={seconds!r}) is not a delay: pass a finite "
-                         "number of seconds")
+    # One rule for every number: infinity is clamped like 1e300 (to MAX_DELAY), minus
+    # infinity like any negative (at once). Only NaN, which is no time, is refused.
+    if math.isnan(seconds):
+        raise ValueError("RetryStep(after=nan) is not a delay: pass a number of seconds, a "
+                         "timedelta or a datetime")
     return clamp_delay(seconds)

@@ -109,7 +109,8 @@ def test_a_retry_policy_that_raises_ends_the_step_with_both_errors(app: flowq.Fl
 
 
 @pytest.mark.parametrize(("after", "expected"), [
-    (0.2, 0.2), (1e300, 366 * 86400.0), (-5, 0.0), (10**400, 366 * 86400.0)])
+    (0.2, 0.2), (1e300, 366 * 86400.0), (float("inf"), 366 * 86400.0), (-5, 0.0),
+    (float("-inf"), 0.0), (10**400, 366 * 86400.0)])
 def test_retry_step_delays_are_clamped(app: flowq.FlowQ, run: Any, after: Any,
                                        expected: float) -> None:
     @app.task(retry=TWO)
@@ -121,7 +122,7 @@ def test_retry_step_delays_are_clamped(app: flowq.FlowQ, run: Any, after: Any,
     assert out.reason == "x\\x00y"
 
 
-@pytest.mark.parametrize("after", [float("inf"), float("nan"), "soon"])
+@pytest.mark.parametrize("after", [float("nan"), "soon"])
 def test_retry_step_with_no_time_is_a_failure(app: flowq.FlowQ, run: Any, after: Any) -> None:
     @app.task(retry=TWO)
     def again(ctx: Context) -> None:

@@ -89,3 +89,43 @@ def test_custom_callables_are_tenacity_strategies() -> None:
     r = Retry(stop=lambda state: False, wait=wait, retry=lambda state: True)
     assert r.next_delay(4, ERR, 0.0) == 0.0
     assert seen == [4]
+
+
+def _judge_retry_step(after: object) -> object:
+    """The outcome the worker's attempt judge gives `RetryStep(after=after)` (no server)."""
+    import json
+
+    import flowq
+    from flowq.db.rows import ClaimedJob
+    from flowq.worker.attempt import Attempt
+
+    app = flowq.FlowQ()
+
+    @app.task(retry=Retry(stop=stop_after_attempt(3), wait=wait_fixed(1)))
+    def again(ctx: flowq.Context) -> None: ...
+
+    job = ClaimedJob(1, 1, 1, again.name, again.first.name, 0, "default", 0, 1, 3,
+                     json.dumps({}), False, 0.0)
+    return Attempt(app, job).judge_exception(flowq.RetryStep(after=after), 0.0)
+
+
+def test_retry_step_after_infinity_is_clamped_like_any_huge_delay() -> None:
+    from flowq.storable import MAX_DELAY
+    from flowq.worker.model import Retried
+
+    outcomes = {after: _judge_retry_step(after)
+                for after in (float("inf"), 1e300, 10**400, MAX_DELAY + 1)}
+    assert all(isinstance(o, Retried) and o.delay == MAX_DELAY for o in outcomes.values()), \
+        outcomes
+    # Minus infinity is a negative delay like any other: retried at once.
+    for after in (float("-inf"), -1e300, -5):
+        out = _judge_retry_step(after)
+        assert isinstance(out, Retried) and out.delay == 0.0, (after, out)
+
+
+def test_retry_step_after_nan_fails_the_attempt_with_a_clear_error() -> None:
+    from flowq.worker.model import Failed
+
+    out = _judge_retry_step(float("nan"))
+    assert isinstance(out, Failed) and out.retry_in == 1.0  # judged by the step's policy
+    assert out.text.startswith("ValueError: RetryStep(after=nan) is not a delay")

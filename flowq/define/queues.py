@@ -30,15 +30,34 @@ from typing import Final
 
 from flowq.errors import ConfigurationError
 
-__all__ = ["MAX_LIMIT", "QueueConfig", "Rate"]
+__all__ = ["MAX_LIMIT", "MAX_PERIOD", "MAX_RATE", "MIN_PERIOD", "QueueConfig", "Rate"]
 
 # Limits are stored as PostgreSQL integers.
 MAX_LIMIT: Final = 2**31 - 1
+# A rate's period, in seconds, is stored as float8 and the claim refills the bucket with
+# `elapsed * limit / period` (float8), then takes `floor(tokens)::int`. Each bound keeps that
+# arithmetic finite and in range, so no declaration can make every claim of its queue fail:
+# - MIN_PERIOD, 1 ms: a denormal period (1e-320) overflows the division; below a millisecond
+#   the claim's own duration is longer than the period, so a limit there limits nothing.
+# - MAX_PERIOD, 366 days (the longest wait flowq schedules, `flowq.storable.MAX_DELAY`): a
+#   refill of a microsecond's elapsed time stays above float8's precision at any limit.
+# - MAX_RATE, a million starts per second (`limit / period`): a claim's `now()` is its
+#   transaction's start, so it can be earlier than the refill written by a claim it waited
+#   for (or than a clock that stepped back); at this rate the bucket stays within `int` for a
+#   lag of over half an hour (2**31 / 1e6 s). No flowq queue starts that many jobs a second,
+#   so a faster rate limits nothing: declare no rate_limit.
+MIN_PERIOD: Final = 0.001
+MAX_PERIOD: Final = 366 * 86400.0
+MAX_RATE: Final = 1_000_000
 
 
 @dataclass(frozen=True)
 class Rate:
-    """`limit` starts per `per` (seconds or a timedelta), e.g. `Rate(100, per=timedelta(minutes=1))`."""
+    """`limit` starts per `per` (seconds or a timedelta), e.g. `Rate(100, per=timedelta(minutes=1))`.
+
+    `limit` is an integer in [1, MAX_LIMIT], `per` in [MIN_PERIOD, MAX_PERIOD] seconds (1 ms
+    to 366 days), and `limit / per` at most MAX_RATE starts per second; anything else is
+    refused with `ConfigurationError` when the rate is created."""
 
     limit: int
     per: float | timedelta = 1.0
@@ -47,9 +66,18 @@ class Rate:
         if (isinstance(self.limit, bool) or not isinstance(self.limit, int)
                 or not 1 <= self.limit <= MAX_LIMIT):
             raise ConfigurationError(f"a rate limit must allow at least 1 start (at most "
-                                     f"{MAX_LIMIT}), got {self.limit!r}")
-        if not math.isfinite(self.seconds) or self.seconds <= 0:
-            raise ConfigurationError(f"a rate's period must be positive, got {self.per!r}")
+                                     f"{MAX_LIMIT}), got {_shown(self.limit)}")
+        seconds = self.seconds
+        if not (math.isfinite(seconds) and MIN_PERIOD <= seconds <= MAX_PERIOD):
+            raise ConfigurationError(
+                f"a rate's period must be a positive number of seconds from {MIN_PERIOD} "
+                f"(1 ms) to {MAX_PERIOD:.0f} (366 days), got {_shown(self.per)}")
+        # A little slack for float rounding: Rate(1000, per=0.001) is a million a second.
+        if self.limit > MAX_RATE * seconds * (1 + 1e-9):
+            raise ConfigurationError(
+                f"Rate({self.limit!r}, per={self.per!r}) allows {self.limit / seconds:,.0f} "
+                f"starts per second, more than the at most {MAX_RATE:,} a rate limit can "
+                f"enforce: lower the limit, lengthen the period, or declare no rate_limit")
 
     @property
     def seconds(self) -> float:
@@ -59,7 +87,16 @@ class Rate:
         if isinstance(per, bool) or not isinstance(per, int | float):
             raise ConfigurationError(f"a rate's period must be seconds or a timedelta, got "
                                      f"{per!r}")
-        return float(per)
+        try:
+            return float(per)
+        except OverflowError:  # an int beyond a float's range
+            return math.inf
+
+
+def _shown(value: object) -> str:
+    """`repr(value)`, cut short: a 400-digit integer is named, not printed."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}… ({len(text)} characters)"
 
 
 @dataclass(frozen=True)
@@ -76,7 +113,7 @@ class QueueConfig:
                               or not 1 <= c <= MAX_LIMIT):
             raise ConfigurationError(
                 f"concurrency of queue {self.name!r} must be an integer of at least 1 (and at "
-                f"most {MAX_LIMIT}), got {c!r}")
+                f"most {MAX_LIMIT}), got {_shown(c)}")
         if self.rate_limit is not None and not isinstance(self.rate_limit, Rate):
             raise ConfigurationError(
                 f"rate_limit of queue {self.name!r} must be a flowq.Rate(limit, per=...)")

@@ -69,6 +69,43 @@ def test_bad_queue_declarations_are_refused(make: Any, match: str) -> None:
         make(flowq.FlowQ())
 
 
+PERIOD_RANGE = r"from 0\.001 \(1 ms\) to 31622400 \(366 days\), got "
+
+
+@pytest.mark.parametrize("limit, per, match", [
+    # A denormal period overflowed `limit / period` in every claim of the queue: it wedged.
+    (5, 1e-320, PERIOD_RANGE + "1e-320"),
+    (5, 0, PERIOD_RANGE + "0"),
+    (5, -1, PERIOD_RANGE + "-1"),
+    (5, float("nan"), PERIOD_RANGE + "nan"),
+    (5, float("inf"), PERIOD_RANGE + "inf"),
+    (5, 1e309, PERIOD_RANGE + "inf"),  # 1e309 is a float's infinity
+    (5, 10**400, PERIOD_RANGE + r"1000.*\(401 characters\)"),
+    (5, 0.0009, PERIOD_RANGE + "0.0009"),
+    (5, timedelta(days=367), PERIOD_RANGE),
+    (5, True, "seconds or a timedelta"),
+    (5, "1", "seconds or a timedelta"),
+    (2**31 - 1, 0.001, r"allows 2,147,483,647,000 starts per second, more than the at most "
+                       r"1,000,000 a rate limit can enforce"),
+    (1_000_001, 1, "allows 1,000,001 starts per second"),
+    (2**31, 1, "at most 2147483647"),
+    (10**400, 1, r"at most 2147483647\), got 1000.*\(401 characters\)"),
+    (True, 1, "at least 1 start"),
+    (-1, 1, "at least 1 start"),
+])
+def test_a_rate_the_claim_cannot_enforce_is_refused_when_declared(limit: Any, per: Any,
+                                                                  match: str) -> None:
+    with pytest.raises(flowq.ConfigurationError, match=match):
+        flowq.Rate(limit, per=per)
+
+
+def test_the_rate_bounds_are_allowed() -> None:
+    for rate in (flowq.Rate(1, per=0.001), flowq.Rate(1000, per=0.001),
+                 flowq.Rate(1_000_000), flowq.Rate(2**31 - 1, per=timedelta(days=366)),
+                 flowq.Rate(1, per=timedelta(days=366)), flowq.Rate(1, per=10**6)):
+        flowq.FlowQ().queue("q", rate_limit=rate)
+
+
 def test_bad_key_options_are_refused() -> None:
     app = flowq.FlowQ()
     with pytest.raises(flowq.ConfigurationError, match="not one of its arguments"):
@@ -173,6 +210,27 @@ def test_the_limited_claim_honours_concurrency_rate_and_keys(engine: sa.Engine) 
     assert len(claim(engine, "k", 10)) == 4
     info = {q.name: q for q in list_queues(engine)}
     assert info["c"].rate_limit == 3 and info["k"].running == 4 and not info["k"].paused
+
+
+def test_the_shortest_rate_period_allowed_still_drains(engine: sa.Engine) -> None:
+    """Rate(1, per=1 ms), the tightest the declaration allows: every claim's refill is finite
+    and the queue drains (a denormal period failed every claim with a float8 overflow)."""
+    app = flowq.FlowQ()
+    rate = app.queue("tiny", rate_limit=flowq.Rate(1, per=timedelta(milliseconds=1))).rate_limit
+    assert rate is not None
+
+    @app.task(queue="tiny")
+    def quick(ctx: flowq.Context) -> None: ...
+
+    with engine.begin() as conn:
+        flowq.enqueue_many(conn, quick, [{}] * 20)
+        conn.execute(Q.declare_queues, {"names": ["tiny"], "concurrencies": [None],
+                                        "rate_limits": [rate.limit],
+                                        "rate_periods": [rate.seconds], "worker": "t"})
+    claimed: list[Any] = []
+    wait_until(lambda: claimed.extend(claim(engine, "tiny", 10)) or len(claimed) == 20,
+               timeout=30, message="20 jobs claimed through a 1 ms rate")
+    assert len({r.id for r in claimed}) == 20
 
 
 # -- real workers ---------------------------------------------------------------------------

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final, Generic, ParamSpec, TypeVar
 
 from flowq.define.options import EnqueueOptions
 from flowq.define.retry import Retry
-from flowq.define.step import Step, as_seconds, make_step
+from flowq.define.step import MAX_STEP_INDEX, Step, as_seconds, make_step
 from flowq.errors import ConfigurationError, InvalidArgumentsError
 from flowq.jsonargs import JSONError, dumps_checked
 from flowq.names import validate_name, validate_queue
@@ -114,6 +114,28 @@ class WithOptions(Generic[P]):
         return await execute(target, call)
 
 
+@dataclass
+class _StepIndex:
+    """What is looked up in a pipeline's steps, kept up to date as steps are appended, so
+    that defining N steps is linear and a worker's per-job lookups are dict lookups."""
+
+    count: int = 0  # how many of `Pipeline.steps` are indexed
+    by_name: dict[str, Step[Any, Any]] = field(default_factory=dict)
+    by_signal: dict[str, Step[Any, Any]] = field(default_factory=dict)
+    children: dict[str, list[Step[Any, Any]]] = field(default_factory=dict)
+    roots: list[Step[Any, Any]] = field(default_factory=list)
+
+    def add(self, step: Step[Any, Any]) -> None:
+        self.count += 1
+        self.by_name.setdefault(step.name, step)
+        if step.wait_for is not None:
+            self.by_signal.setdefault(step.wait_for, step)
+        for parent in step.parents:
+            self.children.setdefault(parent, []).append(step)
+        if not step.parents:
+            self.roots.append(step)
+
+
 class Pipeline:
     """An ordered chain of steps run as one run; each step's dict result feeds the next.
 
@@ -128,7 +150,7 @@ class Pipeline:
         self.queue = validate_queue(queue or app.default_queue)
         self.priority = int(priority)
         self.steps: list[Step[Any, Any]] = []
-        self._by_name: dict[str, Step[Any, Any]] = {}
+        self._index = _StepIndex()
         # Per-key concurrency (tasks only, see `FlowQ.task`): the argument naming the key, or
         # a function of the arguments; and how many jobs of one key may run at once.
         self.concurrency_key: str | Callable[..., Any] | None = None
@@ -175,9 +197,15 @@ class Pipeline:
         """
 
         def decorate(fn: Callable[P, R]) -> Step[P, R]:
+            if len(self.steps) > MAX_STEP_INDEX:
+                raise ConfigurationError(
+                    f"pipeline {self.name!r} already has {MAX_STEP_INDEX + 1:,} steps, the "
+                    f"most a pipeline can have (a step's index is stored as a smallint): "
+                    "split it into pipelines that start one another, or map one step over "
+                    "the items with flowq.each()")
             s = make_step(fn, name=name, retry=retry, timeout=timeout,
                            queue=queue or self.queue, index=len(self.steps))
-            if any(existing.name == s.name for existing in self.steps):
+            if self.step_named(s.name) is not None:
                 raise ConfigurationError(
                     f"pipeline {self.name!r} already has a step named {s.name!r}: "
                     "step names must be unique within a pipeline (pass name=...)."
@@ -198,7 +226,7 @@ class Pipeline:
                     f"step {s.name!r}: wait_for and delay cannot be combined (a waiting step "
                     "starts when its signal arrives)")
             self._check_inputs(s)
-            self.steps.append(s)
+            self.steps.append(s)  # indexed when next looked up
             return s
 
         return decorate
@@ -213,7 +241,7 @@ class Pipeline:
         names: list[str] = []
         for p in parents:
             if isinstance(p, Step):
-                if not any(p is s for s in self.steps):
+                if self.step_named(p.name) is not p:
                     raise ConfigurationError(
                         f"parent {p.name!r} of step {name!r} is not a step of pipeline "
                         f"{self.name!r} (a parent in another pipeline?)")
@@ -240,7 +268,7 @@ class Pipeline:
         if wait_for is None:
             return None
         signal = validate_name("signal", wait_for)
-        other = next((s for s in self.steps if s.wait_for == signal), None)
+        other = self._indexed().by_signal.get(signal)
         if other is not None:
             raise ConfigurationError(
                 f"step {other.name!r} of {self.name!r} already waits for signal {signal!r}: "
@@ -284,7 +312,7 @@ class Pipeline:
     @property
     def roots(self) -> list[Step[Any, Any]]:
         """The steps that start with the run (no parents), in definition order."""
-        return [s for s in self.steps if not s.parents]
+        return list(self._indexed().roots)
 
     @property
     def starts_many(self) -> bool:
@@ -306,19 +334,26 @@ class Pipeline:
 
     def children(self, step: Step[Any, Any]) -> list[Step[Any, Any]]:
         """The steps that list `step` as a parent, in definition order."""
-        return [s for s in self.steps if step.name in s.parents]
+        return list(self._indexed().children.get(step.name, ()))
 
     @property
     def leaves(self) -> list[Step[Any, Any]]:
         """The steps no other step waits for: the run has succeeded when all of them have."""
-        parents = {p for s in self.steps for p in s.parents}
-        return [s for s in self.steps if s.name not in parents]
+        children = self._indexed().children
+        return [s for s in self.steps if s.name not in children]
 
     def step_named(self, name: str) -> Step[Any, Any] | None:
         """The step called `name` (a worker asks once per claimed job: a dict lookup)."""
-        if len(self._by_name) != len(self.steps):  # steps are only ever appended
-            self._by_name = {s.name: s for s in self.steps}
-        return self._by_name.get(name)
+        return self._indexed().by_name.get(name)
+
+    def _indexed(self) -> _StepIndex:
+        """The lookups over `steps`, brought up to date with it: steps are only ever
+        appended (by `step()`, and a task's one step by `FlowQ.task`)."""
+        index = self._index
+        if index.count != len(self.steps):
+            for s in self.steps[index.count:]:
+                index.add(s)
+        return index
 
     def options(self, **options: Unpack[EnqueueOptions]) -> WithOptions[...]:
         """This pipeline with enqueue options (see `flowq.enqueue`), to `.enqueue(...)`."""

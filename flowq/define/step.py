@@ -23,7 +23,7 @@ from flowq.errors import ConfigurationError, InvalidArgumentsError
 from flowq.names import validate_name, validate_queue
 from flowq.storable import MAX_DELAY
 
-__all__ = ["MAX_REMEMBERED_NAME_SETS", "Step", "as_seconds", "make_step"]
+__all__ = ["MAX_REMEMBERED_NAME_SETS", "MAX_STEP_INDEX", "Step", "as_seconds", "make_step"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -31,6 +31,9 @@ R = TypeVar("R")
 # How many distinct argument-name sets a step remembers as fitting (a **kwargs handler could
 # see unboundedly many).
 MAX_REMEMBERED_NAME_SETS: Final = 256
+# A step's index (its place in definition order, from 0) is stored in `flowq.jobs.step_index`,
+# a smallint: a pipeline has at most MAX_STEP_INDEX + 1 = 32,768 steps.
+MAX_STEP_INDEX: Final = 2**15 - 1
 
 
 @dataclass(frozen=True, eq=False)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -16,10 +17,16 @@ import queues_app as qa
 import sqlalchemy as sa
 
 import flowq
+from flowq.db import normalize_url
+from flowq.db.rows import ClaimedJob
 from flowq.db.sql import Queries
 from flowq.ops.queues import list_queues, pause, resume
 from flowq.ops.runs import cancel_run, get_run
 from flowq.testing import wait_until
+from flowq.worker.claimer import Claimer
+from flowq.worker.config import WorkerConfig
+from flowq.worker.connection import DedicatedConnection
+from flowq.worker.worker import Worker
 
 FAST = ("--poll-interval", "0.2", "--heartbeat-interval", "0.5", "--stale-after", "5",
         "--reap-interval", "1")
@@ -173,6 +180,86 @@ def test_the_limited_claim_honours_concurrency_rate_and_keys(engine: sa.Engine) 
     assert len(claim(engine, "k", 10)) == 4
     info = {q.name: q for q in list_queues(engine)}
     assert info["c"].rate_limit == 3 and info["k"].running == 4 and not info["k"].paused
+
+
+ELSEWHERE = ("enqueue", "idempotency_key", "unique_key", "by name", "enqueue_many")
+
+
+@pytest.mark.parametrize("how", ELSEWHERE)
+def test_a_key_limit_holds_in_whatever_queue_the_job_is_enqueued_into(
+        engine: sa.Engine, db_url: str, how: str) -> None:
+    """Issue 20, #1: three jobs of one key, `key_concurrency=1`, enqueued with
+    `queue="other"` (the task's own queue is "own"): three claimers with free slots, the
+    real `Claimer`, start one of them; the others once it has finished."""
+    app = flowq.FlowQ()
+
+    @app.task(name="keyed_elsewhere", queue="own", concurrency_key="who", key_concurrency=1)
+    def keyed(ctx: flowq.Context, who: str) -> None: ...
+
+    with engine.begin() as conn:
+        if how == "enqueue_many":
+            flowq.enqueue_many(conn, keyed, [{"who": "a"}] * 3, queue="other")
+        for i in range(3 if how != "enqueue_many" else 0):
+            options: dict[str, Any] = {
+                "enqueue": {}, "idempotency_key": {"idempotency_key": f"i{i}"},
+                "unique_key": {"unique_key": f"u{i}"}, "by name": {}}[how]
+            target: Any = "keyed_elsewhere" if how == "by name" else keyed
+            flowq.enqueue(conn, target, queue="other", who="a", **options)
+    claimed: list[ClaimedJob] = []
+    connections = [DedicatedConnection(normalize_url(db_url), f"test claim {i}")
+                   for i in range(3)]
+    claimers = [Claimer(c, Q, ["other"], f"w{i}", claimed.append)
+                for i, c in enumerate(connections)]
+    try:
+        # A claimer that has not re-read flowq.queues since the queue was marked takes its
+        # plain path, which leaves the keyed queue alone; once it has, the limited path.
+        assert claimers[0].run_once(3) == 0
+        for c in claimers:
+            c.refresh()
+        assert sum(c.run_once(3) for c in claimers) == 1
+        assert sum(c.run_once(3) for c in claimers) == 0
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE flowq.jobs SET status = 'succeeded' WHERE id = :id"),
+                         {"id": claimed[0].id})
+        assert sum(c.run_once(3) for c in claimers) == 1
+        assert [j.queue for j in claimed] == ["other", "other"]
+    finally:
+        for c in connections:
+            c.close()
+
+
+def test_a_worker_runs_one_job_of_a_key_at_a_time_in_another_queue(
+        engine: sa.Engine, db_url: str) -> None:
+    """The issue's case with a real worker of concurrency 3, in process: never more than
+    one of the key's three jobs running at once, measured in the handler."""
+    app = flowq.FlowQ()
+    lock = threading.Lock()
+    running, peak, finished = [0], [0], []
+
+    @app.task(name="keyed_worker_elsewhere", queue="own", concurrency_key="who",
+              key_concurrency=1)
+    def keyed(ctx: flowq.Context, who: str) -> None:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.2)  # long enough for the other slots to try to claim the key
+        with lock:
+            running[0] -= 1
+            finished.append(ctx.job_id)
+
+    with engine.begin() as conn:
+        for _ in range(3):
+            flowq.enqueue(conn, keyed, queue="other", who="a")
+    worker = Worker(app, db_url, WorkerConfig(queues=["other"], concurrency=3,
+                                              poll_interval=0.1, shutdown_grace=5))
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    thread.start()
+    try:
+        wait_until(lambda: len(finished) == 3, timeout=60, message="3 keyed jobs to finish")
+    finally:
+        worker.stop()
+        thread.join(30)
+    assert peak[0] == 1
 
 
 # -- real workers ---------------------------------------------------------------------------

@@ -78,7 +78,9 @@ class Registry(Service):
 
     def declare_queues(self, declared: Sequence[QueueConfig], keyed: Sequence[str]) -> None:
         """Write the app's queue declarations (limits) and which of its queues key their jobs
-        (`concurrency_key=`), so that every worker enforces them."""
+        (`concurrency_key=`), so that every worker enforces them. (A keyed enqueue marks its
+        own queue too, in its transaction, whatever queue it names: this mark only covers
+        keyed tasks' own queues before their first enqueue.)"""
         with self.engine.begin() as conn:
             if declared:
                 conn.execute(self.queries.declare_queues, {

@@ -228,6 +228,30 @@ def test_a_key_limit_holds_in_whatever_queue_the_job_is_enqueued_into(
             c.close()
 
 
+def test_a_keyed_enqueue_into_a_keyed_queue_holds_no_lock_on_it(engine: sa.Engine) -> None:
+    """Only the first keyed enqueue into a queue writes its `flowq.queues` row; later ones,
+    held open in a producer's transaction, never make the queue's limited claims wait."""
+    app = flowq.FlowQ()
+
+    @app.task(name="keyed_no_lock", queue="own", concurrency_key="who")
+    def keyed(ctx: flowq.Context, who: str) -> None: ...
+
+    with engine.begin() as conn:
+        flowq.enqueue(conn, keyed, queue="marked", who="a")
+    for how in ("enqueue", "idempotency_key", "unique_key", "enqueue_many"):
+        with engine.connect() as producer, engine.connect() as claimer:
+            producer.begin()
+            if how == "enqueue_many":
+                flowq.enqueue_many(producer, keyed, [{"who": "b"}], queue="marked")
+            else:
+                flowq.enqueue(producer, keyed, queue="marked", who="b",
+                              **({} if how == "enqueue" else {how: f"{how}-1"}))
+            with claimer.begin():
+                claimer.execute(sa.text("SET LOCAL lock_timeout = '2s'"))
+                assert claimer.execute(Q.lock_queue, {"queue": "marked"}).scalar() == "marked"
+            producer.rollback()
+
+
 def test_a_worker_runs_one_job_of_a_key_at_a_time_in_another_queue(
         engine: sa.Engine, db_url: str) -> None:
     """The issue's case with a real worker of concurrency 3, in process: never more than

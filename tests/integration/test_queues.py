@@ -26,6 +26,7 @@ from flowq.testing import wait_until
 from flowq.worker.claimer import Claimer
 from flowq.worker.config import WorkerConfig
 from flowq.worker.connection import DedicatedConnection
+from flowq.worker.registry import Registry
 from flowq.worker.worker import Worker
 
 FAST = ("--poll-interval", "0.2", "--heartbeat-interval", "0.5", "--stale-after", "5",
@@ -150,7 +151,7 @@ def test_the_limited_claim_honours_concurrency_rate_and_keys(engine: sa.Engine) 
         conn.execute(Q.declare_queues, {"names": ["c"], "concurrencies": [4],
                                         "rate_limits": [None], "rate_periods": [None],
                                         "worker": "t"})
-        conn.execute(Q.mark_keyed_queues, {"names": ["k"]})
+        conn.execute(Q.mark_keyed_queues, {"names": ["k"], "served": []})
         # A plain claim leaves controlled queues alone.
         assert conn.execute(Q.claim_jobs, {"queue": "c", "limit": 10, "worker": "w"}).all() == []
     got = claim(engine, "k", 10)
@@ -250,6 +251,25 @@ def test_a_keyed_enqueue_into_a_keyed_queue_holds_no_lock_on_it(engine: sa.Engin
                 claimer.execute(sa.text("SET LOCAL lock_timeout = '2s'"))
                 assert claimer.execute(Q.lock_queue, {"queue": "marked"}).scalar() == "marked"
             producer.rollback()
+
+
+def test_a_worker_start_marks_served_queues_holding_unmarked_keyed_jobs(
+        engine: sa.Engine) -> None:
+    """Keyed jobs an older flowq enqueued into another queue without marking it: a worker
+    serving that queue marks it at start, so they are limited from then on."""
+    with engine.begin() as conn:
+        conn.execute(sa.text(
+            "INSERT INTO flowq.jobs (task, step, queue, concurrency_key, key_limit) "
+            "VALUES ('t', 't', 'legacy', '\"a\"', 1), ('t', 't', 'legacy', '\"a\"', 1), "
+            "('t', 't', 'plainq', NULL, NULL)"))
+    registry = Registry(engine, Q, worker="w", queues=["legacy", "plainq", "own"],
+                        tasks=["t"], concurrency=3)
+    registry.declare_queues([], ["own"])
+    with engine.connect() as conn:
+        keyed = set(conn.execute(sa.text(
+            "SELECT name FROM flowq.queues WHERE keyed")).scalars())
+    assert {"legacy", "own"} <= keyed and "plainq" not in keyed
+    assert len(claim(engine, "legacy", 10)) == 1
 
 
 def test_a_worker_runs_one_job_of_a_key_at_a_time_in_another_queue(

@@ -125,6 +125,8 @@ def page_routes(d: Dashboard) -> list[Route]:
         refused = d.csrf_refusal(request, await request.form(max_files=0, max_fields=10))
         if refused is not None:
             return refused
+        # Ended on the server: a copy of the cookie is refused from now on.
+        d.guard.end_session(request.cookies.get(SESSION_COOKIE))
         response = RedirectResponse(d.base(request), status_code=303, headers=HEADERS)
         response.delete_cookie(SESSION_COOKIE, path=d.base(request))
         return response

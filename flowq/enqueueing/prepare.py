@@ -327,7 +327,10 @@ def prepare_enqueue(task: Pipeline | str, args: Mapping[str, Any],
     if held_key is not None:
         return PreparedCall(q.insert_job_unique, params, schema, _enqueued, True, rerun=True)
     if key is None:
-        return PreparedCall(q.insert_job, params, schema, _enqueued, True)
+        # A job with a concurrency key also marks its queue keyed (in the same statement):
+        # its limit holds in whatever queue it is enqueued in. The keyless hot path does not.
+        statement = q.insert_job if params["concurrency_key"] is None else q.insert_keyed_job
+        return PreparedCall(statement, params, schema, _enqueued, True)
     params["idempotency_key"] = key
     return PreparedCall(q.insert_job_by_key, params, schema, _enqueued, True,
                         lookup=q.find_run_by_key)

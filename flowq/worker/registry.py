@@ -78,7 +78,10 @@ class Registry(Service):
 
     def declare_queues(self, declared: Sequence[QueueConfig], keyed: Sequence[str]) -> None:
         """Write the app's queue declarations (limits) and which of its queues key their jobs
-        (`concurrency_key=`), so that every worker enforces them."""
+        (`concurrency_key=`), so that every worker enforces them. (A keyed enqueue marks its
+        own queue too, in its transaction, whatever queue it names: this mark covers keyed
+        tasks' own queues before their first enqueue, and the served queues holding keyed
+        jobs that an older flowq enqueued without marking them.)"""
         with self.engine.begin() as conn:
             if declared:
                 conn.execute(self.queries.declare_queues, {
@@ -90,7 +93,8 @@ class Registry(Service):
                                      for d in declared],
                     "worker": self.worker})
             if keyed:
-                conn.execute(self.queries.mark_keyed_queues, {"names": list(keyed)})
+                conn.execute(self.queries.mark_keyed_queues, {"names": list(keyed),
+                                                              "served": self.queues})
 
     def run_once(self) -> int:
         """Beat; returns 1 when the entry had expired and was entered again, else 0."""

@@ -350,3 +350,50 @@ def test_a_token_login_expires_and_logs_out(engine: sa.Engine,
     c.cookies.delete("flowq_session")
     c.cookies.set("flowq_session", f"{int(issued) + 3600}.{mac}")
     assert c.get("/").status_code == 401
+
+
+def test_a_copied_session_cookie_is_refused_after_logout(engine: sa.Engine) -> None:
+    """Issue 20, #3: logout ends the session on the server, so a copy of the cookie (taken
+    before the browser deleted it) opens no page and changes nothing."""
+    run_id = dead_run(engine)
+    c = logged_in(engine)
+    csrf = csrf_of(c)
+    copied = {"flowq_session": c.cookies["flowq_session"], "flowq_csrf": csrf}
+    thief = TestClient(c.app, base_url="http://127.0.0.1:8080", cookies=copied)
+    assert thief.get("/dead").status_code == 200  # the copy works while the session lives
+    r = c.post("/logout", data={"csrf": csrf}, follow_redirects=False)
+    assert r.status_code == 303
+    assert thief.get("/").status_code == 401
+    assert thief.get(f"/runs/{run_id}").status_code == 401
+    for action in (f"/runs/{run_id}/retry", f"/runs/{run_id}/cancel", "/dead/retry",
+                   "/queues/dash/pause"):
+        r = thief.post(action, data={"csrf": csrf, "run_id": str(run_id), "all": "1"},
+                       follow_redirects=False)
+        assert r.status_code == 401, (action, r.status_code)
+    assert get_run(engine, run_id).status == "dead"
+    assert not any(q.paused for q in flowq.ops.queues.list_queues(engine) if q.name == "dash")
+    # Logging in again gives a new session; the old copy stays dead.
+    assert c.get(f"/?token={TOKEN}").status_code == 200
+    assert thief.get("/").status_code == 401
+
+
+def test_stored_sessions_are_bounded_and_pruned(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flowq.dashboard import auth
+
+    guard = auth.Guard(token=TOKEN)
+    first = guard.session_value()
+    cookies = [guard.session_value() for _ in range(auth.MAX_SESSIONS + 500)]
+    assert guard.live_sessions == auth.MAX_SESSIONS
+    assert not guard.session_ok(first)  # the oldest were dropped
+    assert guard.session_ok(cookies[-1]) and guard.session_ok(cookies[-auth.MAX_SESSIONS])
+    assert not guard.session_ok(cookies[-auth.MAX_SESSIONS - 1])
+    guard.end_session(cookies[-1])
+    assert not guard.session_ok(cookies[-1]) and guard.live_sessions == auth.MAX_SESSIONS - 1
+    # Expired sessions are pruned at the next login.
+    now = time.time()
+    monkeypatch.setattr(auth.time, "time", lambda: now + auth.SESSION_MAX_AGE + 1)
+    fresh = guard.session_value()
+    assert guard.live_sessions == 1 and guard.session_ok(fresh)
+    # A session id under another dashboard's key (or another token) is refused.
+    assert not auth.Guard(token=TOKEN).session_ok(fresh)
+    assert not auth.Guard(token=TOKEN + "x", _key=b"k" * 32).session_ok(fresh)

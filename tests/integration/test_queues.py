@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -16,10 +17,17 @@ import queues_app as qa
 import sqlalchemy as sa
 
 import flowq
+from flowq.db import normalize_url
+from flowq.db.rows import ClaimedJob
 from flowq.db.sql import Queries
 from flowq.ops.queues import list_queues, pause, resume
 from flowq.ops.runs import cancel_run, get_run
 from flowq.testing import wait_until
+from flowq.worker.claimer import Claimer
+from flowq.worker.config import WorkerConfig
+from flowq.worker.connection import DedicatedConnection
+from flowq.worker.registry import Registry
+from flowq.worker.worker import Worker
 
 FAST = ("--poll-interval", "0.2", "--heartbeat-interval", "0.5", "--stale-after", "5",
         "--reap-interval", "1")
@@ -180,7 +188,7 @@ def test_the_limited_claim_honours_concurrency_rate_and_keys(engine: sa.Engine) 
         conn.execute(Q.declare_queues, {"names": ["c"], "concurrencies": [4],
                                         "rate_limits": [None], "rate_periods": [None],
                                         "worker": "t"})
-        conn.execute(Q.mark_keyed_queues, {"names": ["k"]})
+        conn.execute(Q.mark_keyed_queues, {"names": ["k"], "served": []})
         # A plain claim leaves controlled queues alone.
         assert conn.execute(Q.claim_jobs, {"queue": "c", "limit": 10, "worker": "w"}).all() == []
     got = claim(engine, "k", 10)
@@ -231,6 +239,129 @@ def test_the_shortest_rate_period_allowed_still_drains(engine: sa.Engine) -> Non
     wait_until(lambda: claimed.extend(claim(engine, "tiny", 10)) or len(claimed) == 20,
                timeout=30, message="20 jobs claimed through a 1 ms rate")
     assert len({r.id for r in claimed}) == 20
+
+
+ELSEWHERE = ("enqueue", "idempotency_key", "unique_key", "by name", "enqueue_many")
+
+
+@pytest.mark.parametrize("how", ELSEWHERE)
+def test_a_key_limit_holds_in_whatever_queue_the_job_is_enqueued_into(
+        engine: sa.Engine, db_url: str, how: str) -> None:
+    """Issue 20, #1: three jobs of one key, `key_concurrency=1`, enqueued with
+    `queue="other"` (the task's own queue is "own"): three claimers with free slots, the
+    real `Claimer`, start one of them; the others once it has finished."""
+    app = flowq.FlowQ()
+
+    @app.task(name="keyed_elsewhere", queue="own", concurrency_key="who", key_concurrency=1)
+    def keyed(ctx: flowq.Context, who: str) -> None: ...
+
+    with engine.begin() as conn:
+        if how == "enqueue_many":
+            flowq.enqueue_many(conn, keyed, [{"who": "a"}] * 3, queue="other")
+        for i in range(3 if how != "enqueue_many" else 0):
+            options: dict[str, Any] = {
+                "enqueue": {}, "idempotency_key": {"idempotency_key": f"i{i}"},
+                "unique_key": {"unique_key": f"u{i}"}, "by name": {}}[how]
+            target: Any = "keyed_elsewhere" if how == "by name" else keyed
+            flowq.enqueue(conn, target, queue="other", who="a", **options)
+    claimed: list[ClaimedJob] = []
+    connections = [DedicatedConnection(normalize_url(db_url), f"test claim {i}")
+                   for i in range(3)]
+    claimers = [Claimer(c, Q, ["other"], f"w{i}", claimed.append)
+                for i, c in enumerate(connections)]
+    try:
+        # A claimer that has not re-read flowq.queues since the queue was marked takes its
+        # plain path, which leaves the keyed queue alone; once it has, the limited path.
+        assert claimers[0].run_once(3) == 0
+        for c in claimers:
+            c.refresh()
+        assert sum(c.run_once(3) for c in claimers) == 1
+        assert sum(c.run_once(3) for c in claimers) == 0
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE flowq.jobs SET status = 'succeeded' WHERE id = :id"),
+                         {"id": claimed[0].id})
+        assert sum(c.run_once(3) for c in claimers) == 1
+        assert [j.queue for j in claimed] == ["other", "other"]
+    finally:
+        for c in connections:
+            c.close()
+
+
+def test_a_keyed_enqueue_into_a_keyed_queue_holds_no_lock_on_it(engine: sa.Engine) -> None:
+    """Only the first keyed enqueue into a queue writes its `flowq.queues` row; later ones,
+    held open in a producer's transaction, never make the queue's limited claims wait."""
+    app = flowq.FlowQ()
+
+    @app.task(name="keyed_no_lock", queue="own", concurrency_key="who")
+    def keyed(ctx: flowq.Context, who: str) -> None: ...
+
+    with engine.begin() as conn:
+        flowq.enqueue(conn, keyed, queue="marked", who="a")
+    for how in ("enqueue", "idempotency_key", "unique_key", "enqueue_many"):
+        with engine.connect() as producer, engine.connect() as claimer:
+            producer.begin()
+            if how == "enqueue_many":
+                flowq.enqueue_many(producer, keyed, [{"who": "b"}], queue="marked")
+            else:
+                flowq.enqueue(producer, keyed, queue="marked", who="b",
+                              **({} if how == "enqueue" else {how: f"{how}-1"}))
+            with claimer.begin():
+                claimer.execute(sa.text("SET LOCAL lock_timeout = '2s'"))
+                assert claimer.execute(Q.lock_queue, {"queue": "marked"}).scalar() == "marked"
+            producer.rollback()
+
+
+def test_a_worker_start_marks_served_queues_holding_unmarked_keyed_jobs(
+        engine: sa.Engine) -> None:
+    """Keyed jobs an older flowq enqueued into another queue without marking it: a worker
+    serving that queue marks it at start, so they are limited from then on."""
+    with engine.begin() as conn:
+        conn.execute(sa.text(
+            "INSERT INTO flowq.jobs (task, step, queue, concurrency_key, key_limit) "
+            "VALUES ('t', 't', 'legacy', '\"a\"', 1), ('t', 't', 'legacy', '\"a\"', 1), "
+            "('t', 't', 'plainq', NULL, NULL)"))
+    registry = Registry(engine, Q, worker="w", queues=["legacy", "plainq", "own"],
+                        tasks=["t"], concurrency=3)
+    registry.declare_queues([], ["own"])
+    with engine.connect() as conn:
+        keyed = set(conn.execute(sa.text(
+            "SELECT name FROM flowq.queues WHERE keyed")).scalars())
+    assert {"legacy", "own"} <= keyed and "plainq" not in keyed
+    assert len(claim(engine, "legacy", 10)) == 1
+
+
+def test_a_worker_runs_one_job_of_a_key_at_a_time_in_another_queue(
+        engine: sa.Engine, db_url: str) -> None:
+    """The issue's case with a real worker of concurrency 3, in process: never more than
+    one of the key's three jobs running at once, measured in the handler."""
+    app = flowq.FlowQ()
+    lock = threading.Lock()
+    running, peak, finished = [0], [0], []
+
+    @app.task(name="keyed_worker_elsewhere", queue="own", concurrency_key="who",
+              key_concurrency=1)
+    def keyed(ctx: flowq.Context, who: str) -> None:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.2)  # long enough for the other slots to try to claim the key
+        with lock:
+            running[0] -= 1
+            finished.append(ctx.job_id)
+
+    with engine.begin() as conn:
+        for _ in range(3):
+            flowq.enqueue(conn, keyed, queue="other", who="a")
+    worker = Worker(app, db_url, WorkerConfig(queues=["other"], concurrency=3,
+                                              poll_interval=0.1, shutdown_grace=5))
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    thread.start()
+    try:
+        wait_until(lambda: len(finished) == 3, timeout=60, message="3 keyed jobs to finish")
+    finally:
+        worker.stop()
+        thread.join(30)
+    assert peak[0] == 1
 
 
 # -- real workers ---------------------------------------------------------------------------

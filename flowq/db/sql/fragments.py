@@ -37,6 +37,7 @@ __all__ = [
     "S",
     "Statements",
     "bind_rows",
+    "mark_keyed",
     "notify_new",
     "rows",
     "start_run",
@@ -93,6 +94,28 @@ CALL = f"""CAST(:task AS text), CAST(:step AS text), CAST(:queue AS text),
 # The columns `CALL` fills, in its order.
 CALL_COLUMNS = "task, step, queue, priority, max_attempts, key_limit, trace_context"
 DUE = "COALESCE(CAST(:run_at AS timestamptz), now() + CAST(:delay AS interval))"
+
+
+
+def mark_keyed(when: str) -> str:
+    """A CTE `marked` of an enqueue that marks its queue :queue keyed in `flowq.queues` when
+    `when` (the call carries a concurrency key).
+
+    Claims of a keyed queue count its running jobs per key (`claim_limited_jobs`). A key
+    follows its job into whatever queue it is enqueued in: marking only the task's own queue
+    (at worker start) let a `queue=` elsewhere run unlimited. The job and the mark commit
+    together, in the caller's transaction, so no claim sees the job without the mark. Once
+    the queue is keyed this reads one row by primary key and writes nothing, taking no lock;
+    only the first keyed enqueue into a queue inserts (or updates) the queue's row, which
+    stays locked until the caller's transaction ends: claims of that queue, a pause and a
+    worker's start-up wait for it, that once."""
+    return f"""marked AS (
+                INSERT INTO {S}.queues AS q (name, keyed)
+                SELECT CAST(:queue AS text), true
+                 WHERE {when} AND NOT EXISTS (
+                       SELECT 1 FROM {S}.queues k
+                        WHERE k.name = CAST(:queue AS text) AND k.keyed)
+                ON CONFLICT (name) DO UPDATE SET keyed = true WHERE NOT q.keyed)"""
 
 
 

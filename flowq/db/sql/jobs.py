@@ -13,6 +13,7 @@ from flowq.db.sql.fragments import (
     FIND_RUN_BY_KEY,
     S,
     Statements,
+    mark_keyed,
     start_run,
     wake,
 )
@@ -31,6 +32,18 @@ class JobStatements(Statements):
         hot path of every business transaction) whose RETURNING also notifies :channel with
         the queue, delivered at commit only."""
         return self.sql(f"""
+            INSERT INTO {S}.jobs ({CALL_COLUMNS}, args, run_at, concurrency_key)
+            VALUES ({CALL}, CAST(:args AS jsonb), {DUE}, CAST(:concurrency_key AS text))
+            RETURNING id, run_id, true AS created, pg_notify(:channel, {wake("queue", "run_at")})""")
+
+    @cached_property
+    def insert_keyed_job(self) -> TextClause:
+        """Enqueue one run of one row with a concurrency key, without an idempotency key.
+
+        `insert_job` for a job carrying a concurrency key: it also marks its queue keyed
+        (`fragments.mark_keyed`), so that the key's limit holds in whatever queue it runs."""
+        return self.sql(f"""
+            WITH {mark_keyed("true")}
             INSERT INTO {S}.jobs ({CALL_COLUMNS}, args, run_at, concurrency_key)
             VALUES ({CALL}, CAST(:args AS jsonb), {DUE}, CAST(:concurrency_key AS text))
             RETURNING id, run_id, true AS created, pg_notify(:channel, {wake("queue", "run_at")})""")
@@ -60,9 +73,11 @@ class JobStatements(Statements):
         `DO NOTHING` remains for a key inserted concurrently: PostgreSQL makes the INSERT
         wait for that transaction. If it rolls back, ours goes in; if it commits, the
         statement returns no row (the winner is newer than its snapshot), and the caller
-        sends `find_run_by_key`."""
+        sends `find_run_by_key`. A concurrency key marks the queue keyed
+        (`fragments.mark_keyed`)."""
         return self.sql(f"""
             WITH existing AS ({FIND_RUN_BY_KEY}),
+            {mark_keyed("CAST(:concurrency_key AS text) IS NOT NULL")},
             inserted AS (
                 INSERT INTO {S}.jobs ({CALL_COLUMNS}, args, run_at, concurrency_key,
                                         idempotency_key)
@@ -82,9 +97,12 @@ class JobStatements(Statements):
 
         The bulk enqueue: one run per element of :args (JSON texts), one notification; the
         run ids in input order (run_id is drawn from its sequence row by row in input order,
-        while RETURNING itself promises no order)."""
+        while RETURNING itself promises no order). Any concurrency key among
+        :concurrency_keys marks the queue keyed (`fragments.mark_keyed`)."""
         return self.sql(f"""
-            WITH inserted AS (
+            WITH {mark_keyed("EXISTS (SELECT 1 FROM unnest(CAST(:concurrency_keys AS text[]))"
+                             " AS c(k) WHERE c.k IS NOT NULL)")},
+            inserted AS (
                 INSERT INTO {S}.jobs ({CALL_COLUMNS}, args, run_at, concurrency_key)
                 SELECT {CALL}, a.value, {DUE}, a.key
                   FROM unnest(CAST(:args AS jsonb[]), CAST(:concurrency_keys AS text[]))

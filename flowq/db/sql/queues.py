@@ -131,10 +131,22 @@ class QueueStatements(Statements):
         """Mark queues as running tasks with per-key concurrency limits.
 
         Mark :names as running tasks with per-key limits (claimed through the limited path),
-        without touching their limits."""
+        without touching their limits; and those of :served (a worker's queues) not marked
+        yet that hold pending jobs with a key: enqueued by a flowq whose enqueue did not
+        mark its queue (an older flowq marked only a task's own queue), they are
+        limited from now on. That check reads the pending jobs of an unmarked served queue
+        (up to its first keyed one), once per worker start of an app with keyed tasks."""
         return self.sql(f"""
             INSERT INTO {S}.queues (name, keyed)
-            SELECT n, true FROM unnest(CAST(:names AS text[])) AS n ORDER BY n
+            SELECT x.n, true FROM (
+                SELECT n FROM unnest(CAST(:names AS text[])) AS n
+                UNION
+                SELECT s FROM unnest(CAST(:served AS text[])) AS s
+                 WHERE NOT EXISTS (SELECT 1 FROM {S}.queues k WHERE k.name = s AND k.keyed)
+                   AND EXISTS (SELECT 1 FROM {S}.jobs j
+                                WHERE j.status = 'pending' AND j.queue = s
+                                  AND j.concurrency_key IS NOT NULL)) AS x(n)
+             ORDER BY x.n
             ON CONFLICT (name) DO UPDATE SET keyed = true WHERE NOT queues.keyed""")
 
     @cached_property

@@ -14,6 +14,7 @@ from flowq.db.sql.fragments import (
     FIND_RUN_BY_KEY,
     S,
     Statements,
+    mark_keyed,
     start_run,
     wake,
 )
@@ -86,8 +87,13 @@ class UniqueStatements(Statements):
 
         If an :idempotency_key insert loses its race (DO NOTHING), the key claimed here
         names a run without rows, which the next enqueue of the key takes over; the caller
-        sends the statement again and gets the run holding the idempotency key."""
+        sends the statement again and gets the run holding the idempotency key.
+
+        A concurrency key marks the queue keyed (`fragments.mark_keyed`), whether or not a
+        run is inserted (a mark without a job only sends the queue's claims the limited
+        way)."""
         return self.sql(f"""{self._unique_claim()},
+            {mark_keyed("CAST(:concurrency_key AS text) IS NOT NULL")},
             inserted AS (
                 INSERT INTO {S}.jobs (run_id, {CALL_COLUMNS}, args, run_at, concurrency_key,
                                         idempotency_key)

@@ -86,7 +86,7 @@ class FlowQ:
         The handler takes the context first; the `Task` is typed by the parameters after it.
         `concurrency_key` (an argument's name, or a function of the arguments returning a
         JSON scalar) with `key_concurrency` (default 1): at most that many jobs with the same
-        key run at once in the task's queue, across every worker; other keys are unaffected.
+        key run at once in the queue the job runs in, across every worker; other keys are unaffected.
         """
 
         def decorate(fn: Callable[Concatenate[Context, P], R]) -> Task[P, R]:

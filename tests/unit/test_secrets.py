@@ -83,7 +83,7 @@ def url_shapes(port: int) -> dict[str, str]:
 COMMANDS: dict[str, tuple[str, ...]] = {
     "migrate": ("migrate",),
     "migrate --sql": ("migrate", "--sql"),
-    "worker": ("worker", APP),
+    "worker": ("worker", APP, "--start-timeout", "0"),  # no retrying a closed port
     "reap": ("reap",),
     "prune": ("prune",),
     "runs list": ("runs", "list"),

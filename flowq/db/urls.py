@@ -63,16 +63,39 @@ _KEYWORD_PASSWORD: Final = re.compile(
 _MAPPING_PASSWORD: Final = re.compile(
     r"""(['"](?:ssl|pg)?password['"]\s*:\s*)(?:'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^\s,}]+)""",
     re.IGNORECASE)
-# Anything shaped like credentials, `user:password@`, in whatever is left of a malformed URL
-# (`postgresql//bob:pw@h`, `postgresql:bob:pw@h`, `bob:pw@h`): from a ':' not starting a
-# `://` to the last '@' of the whitespace-free run. It errs towards hiding: a host:port
-# followed by an '@' later in a query string is masked too.
-_CREDENTIALS: Final = re.compile(
-    r"((?:^|(?<=[\s'\"(=,/]))[^\s:/@'\"(=,]*:)(?!//)(?!\*\*\*@)[^\s'\"]*@")
 # The same with a password holding spaces after a scheme written wrong (`postgresql:`,
-# `postgresql:/`, `postgresql//`): up to the next '@' of the line.
+# `postgresql:/`, `postgresql//`): up to the next '@' of the line, within 256 characters
+# (unbounded, a long line of colons would take quadratic time).
 _CREDENTIALS_SPACES: Final = re.compile(
-    r"(\b[A-Za-z][A-Za-z0-9+.\-]*(?::/{0,3}|//)[^\s:/?#@]+:)(?!\*\*\*@)[^@\n]*@")
+    r"(\b[A-Za-z][A-Za-z0-9+.\-]*(?::/{0,3}|//)[^\s:/?#@]+:)(?!\*\*\*@)[^@\n]{0,256}@")
+_RUN: Final = re.compile(r"[^\s'\"]+")
+# Where a user name may begin inside a run (besides its start).
+_USER_START: Final = frozenset("(=,/")
+
+
+def _mask_credentials(run: str) -> str:
+    """Anything shaped like credentials, `user:password@`, in a whitespace-free run, whatever
+    is left of a malformed URL (`postgresql//bob:pw@h`, `postgresql:bob:pw@h`, `bob:pw@h`):
+    from the first ':' that ends a user name (no ':' or '@' in it) and does not start `://`, to
+    the run's last '@'. It errs towards hiding: a host:port followed by an '@' later in a
+    query string is masked too. One pass: a regex would backtrack quadratically."""
+    at = run.rfind("@")
+    if at < 0:
+        return run
+    user = True  # the characters since the user name's start hold no ':' or '@'
+    for i in range(at):
+        ch = run[i]
+        if ch in _USER_START:
+            user = True
+        elif ch == "@":
+            user = False
+        elif ch == ":":
+            if user and not run.startswith("//", i + 1) and not run.startswith(MASK + "@", i + 1):
+                return run[:i + 1] + MASK + run[at:]
+            user = False
+    return run
+
+
 # The user-info part exactly as SQLAlchemy's URL parser takes it (`make_url`).
 _SA_USERINFO: Final = re.compile(r"[\w+]+://(?:[^:/]*(?::[^@]*)?@)?")
 
@@ -83,7 +106,7 @@ def mask_secrets(text: str) -> str:
     text = _URL_PASSWORD.sub(rf"\1{MASK}@", text)
     text = _URL_PASSWORD_SPACES.sub(rf"\1{MASK}@", text)
     text = _CREDENTIALS_SPACES.sub(rf"\1{MASK}@", text)
-    text = _CREDENTIALS.sub(rf"\1{MASK}@", text)
+    text = _RUN.sub(lambda m: _mask_credentials(m.group()), text)
     text = _QUERY_PASSWORD.sub(rf"\1{MASK}", text)
     text = _KEYWORD_PASSWORD.sub(rf"\1{MASK}", text)
     return _MAPPING_PASSWORD.sub(rf"\1{MASK}", text)

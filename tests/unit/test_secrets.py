@@ -20,6 +20,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -274,6 +275,15 @@ def test_mask_secrets_hides_the_password(text: str, kept: str) -> None:
 ])
 def test_mask_secrets_leaves_text_without_a_password_alone(text: str) -> None:
     assert flowq.db.mask_secrets(text) == text
+
+
+@pytest.mark.parametrize("text", ["a:" * 50_000, "/a:" * 30_000 + "x@", "x:y " * 25_000 + "@",
+                                  "pg:/a:" * 15_000])
+def test_mask_secrets_takes_linear_time(text: str) -> None:
+    # A user's argument lands in click's usage errors: a quadratic mask would hang the CLI.
+    started = time.perf_counter()
+    flowq.db.mask_secrets(text)
+    assert time.perf_counter() - started < 1.0
 
 
 def test_normalize_url_errors_and_describe_url_are_masked(closed_port: int) -> None:

@@ -127,7 +127,7 @@ def _sqlalchemy_hosts(url: str) -> str:
     if m is None:
         return url
     path, _, query = (m["tail"] or "").partition("?")
-    hosts = "&".join(f"host={quote(h, safe=':[]')}" for h in m["netloc"].split(","))
+    hosts = "&".join(f"host={quote(h, safe=':[]%')}" for h in m["netloc"].split(","))
     return f"{m['head']}{path or '/'}?{hosts}{'&' + query if query else ''}"
 
 

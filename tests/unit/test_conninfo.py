@@ -51,6 +51,8 @@ def conninfo(url: str) -> dict[str, object]:
     ("postgresql://bob@/db?host=%2Ftmp%2Fs&host=h2:5433", {"host": "/tmp/s,h2",
                                                            "port": ",5433", "user": "bob",
                                                            "dbname": "db"}),
+    ("postgresql://bob@%2Ftmp%2Fs,h2:5433/db", {"host": "/tmp/s,h2", "port": ",5433",
+                                                "user": "bob", "dbname": "db"}),
 ])
 def test_every_url_form_becomes_a_libpq_conninfo(url: str, expected: dict[str, str]) -> None:
     assert conninfo(url) == expected

@@ -36,7 +36,7 @@ from typing import Any, Final
 import sqlalchemy as sa
 
 import flowq
-from flowq.db import normalize_url
+from flowq.db import normalize_url, to_conninfo
 
 __all__ = ["BENCH_QUEUE", "Server", "WorkerGroup", "conninfo", "open_server", "own_database",
            "reset", "reset_table", "wait_for"]
@@ -60,8 +60,8 @@ _created_databases: set[str] = set()
 
 
 def conninfo(url: str) -> str:
-    """A libpq URL (for raw psycopg) from a SQLAlchemy URL."""
-    return normalize_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    """A libpq conninfo (for raw psycopg) from any URL flowq takes (`flowq.db.to_conninfo`)."""
+    return to_conninfo(normalize_url(url))
 
 
 def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.02) -> Any:

@@ -78,6 +78,9 @@ def _queues(value: str | None) -> list[str] | None:
               "database URL; with --pgbouncer it also collects the queue metrics.")
 @click.option("--shutdown-grace", default=25.0, show_default=True, type=click.FloatRange(0),
               help="Seconds running handlers get to finish after SIGTERM.")
+@click.option("--start-timeout", default=10.0, show_default=True, type=click.FloatRange(0),
+              help="Seconds a starting worker keeps trying to reach an unreachable database "
+              "(with backoff) before it stops with an error; 0: try once.")
 @click.option("--stale-after", default=30.0, show_default=True, type=click.FloatRange(0.1),
               help="Heartbeat age after which a running job is requeued by the reaper.")
 @click.option("--heartbeat-interval", default=5.0, show_default=True,
@@ -102,7 +105,7 @@ def worker(app_spec: str, database_url: str | None, queues: str | None, concurre
            stale_after: float, heartbeat_interval: float, reap_interval: float,
            no_maintenance: bool, no_schedules: bool, log_format: str, log_level: str,
            job_log: bool, metrics_port: int | None, metrics_addr: str, pgbouncer: bool,
-           listen_url: str | None, claim_ahead: int | None) -> None:
+           listen_url: str | None, claim_ahead: int | None, start_timeout: float) -> None:
     """Run the jobs of MODULE:APP until SIGTERM/SIGINT."""
     from flowq.worker import Worker, WorkerConfig
     from flowq.worker.logs import configure_logging
@@ -114,7 +117,8 @@ def worker(app_spec: str, database_url: str | None, queues: str | None, concurre
     app = load_app(app_spec)
     config = WorkerConfig(queues=_queues(queues), concurrency=concurrency,
                           poll_interval=poll_interval, listen=not no_listen,
-                          shutdown_grace=shutdown_grace, stale_after=stale_after,
+                          shutdown_grace=shutdown_grace, start_timeout=start_timeout,
+                          stale_after=stale_after,
                           heartbeat_interval=heartbeat_interval, reap_interval=reap_interval,
                           maintenance=not no_maintenance, schedules=not no_schedules,
                           job_log=job_log, metrics_port=metrics_port,

@@ -1,7 +1,7 @@
 """flowq's data access: the only layer that knows SQL, bind parameters and column order.
 
 - `urls`: which database URL to use, parsing it (any PostgreSQL URL means psycopg 3),
-  printing it without its password, and engines (`create_engine`);
+  printing it without its password, its libpq conninfo (`to_conninfo`), and engines (`create_engine`);
 - `schema`: the tables, defined once; `migrations`: applying them (alembic, flowq's own
   version table); `checks`: whether a database is reachable, migrated and current;
 - `sql`: every statement, split by table (`queries(schema).claim_jobs`, ...);
@@ -21,7 +21,8 @@ from flowq.db.urls import (
     mask_secrets,
     normalize_url,
     resolve_url,
+    to_conninfo,
 )
 
 __all__ = ["PGBOUNCER_CONNECT_ARGS", "create_engine", "describe_url", "mask_secrets",
-           "normalize_url", "resolve_url"]
+           "normalize_url", "resolve_url", "to_conninfo"]

@@ -12,6 +12,8 @@ The defaults, one home for each (the services and the CLI read them from here):
   `DEFAULT_RETENTION` (3 days) ago, `DEFAULT_DEAD_RETENTION` (14 days) for a run with a dead
   step.
 - `DEFAULT_SHUTDOWN_GRACE` 25 s for running handlers to finish after SIGTERM.
+- `DEFAULT_START_TIMEOUT` 10 s: how long a starting worker tries again (with backoff) to
+  reach a database that is unreachable, before it stops with one sentence (0: once only).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from flowq.errors import ConfigurationError
 
 __all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_DEAD_RETENTION", "DEFAULT_HEARTBEAT_INTERVAL",
            "DEFAULT_POLL_INTERVAL", "DEFAULT_PRUNE_INTERVAL", "DEFAULT_REAP_INTERVAL",
-           "DEFAULT_RETENTION", "DEFAULT_SHUTDOWN_GRACE", "DEFAULT_STALE_AFTER", "WorkerConfig"]
+           "DEFAULT_RETENTION", "DEFAULT_SHUTDOWN_GRACE", "DEFAULT_STALE_AFTER",
+           "DEFAULT_START_TIMEOUT", "WorkerConfig"]
 
 DEFAULT_CONCURRENCY: Final = 10
 DEFAULT_POLL_INTERVAL: Final = 5.0
@@ -38,11 +41,12 @@ DEFAULT_PRUNE_INTERVAL: Final = 60.0
 DEFAULT_RETENTION: Final = 3 * 86400.0
 DEFAULT_DEAD_RETENTION: Final = 14 * 86400.0
 DEFAULT_SHUTDOWN_GRACE: Final = 25.0
+DEFAULT_START_TIMEOUT: Final = 10.0
 
 # Knobs that are intervals (positive) and durations (zero allowed), in seconds.
 _INTERVALS: Final = ("poll_interval", "heartbeat_interval", "stale_after", "reap_interval",
                      "prune_interval")
-_DURATIONS: Final = ("shutdown_grace", "retention", "dead_retention")
+_DURATIONS: Final = ("shutdown_grace", "retention", "dead_retention", "start_timeout")
 
 
 def _default_name() -> str:
@@ -64,6 +68,7 @@ class WorkerConfig:
     retention: float = DEFAULT_RETENTION
     dead_retention: float = DEFAULT_DEAD_RETENTION
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE
+    start_timeout: float = DEFAULT_START_TIMEOUT
     job_log: bool = True
     maintenance: bool = True
     schedules: bool = True  # run the app's periodic schedules (every worker may: no leader)

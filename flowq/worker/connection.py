@@ -51,6 +51,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import URL
 
 from flowq.db.runner import Rows, fetch_rows, raw_sql, result_rows
+from flowq.db.urls import to_conninfo
 
 __all__ = [
     "DB_BACKOFF_MAX",
@@ -151,7 +152,7 @@ class DedicatedConnection:
 
     def __init__(self, url: URL, application_name: str, *, options: str = HOT_PATH_OPTIONS,
                  pgbouncer: bool = False) -> None:
-        self.conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
+        self.conninfo = to_conninfo(url)
         self.application_name = application_name[:63]
         self.options = options
         self.pgbouncer = pgbouncer
@@ -266,7 +267,7 @@ class WorkerConnections:
         target = self.listen_url or (None if self.pgbouncer else self.url)
         if target is None:
             return None
-        return target.set(drivername="postgresql").render_as_string(hide_password=False)
+        return to_conninfo(target)
 
     def metrics(self) -> DedicatedConnection | None:
         """The queue gauges' connection, which holds a session-level advisory lock: never

@@ -29,25 +29,27 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import TYPE_CHECKING, Final
 
+import psycopg
+import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from flowq.context import StepSession
-from flowq.db import describe_url, normalize_url
+from flowq.db import describe_url, mask_secrets, normalize_url
 from flowq.db.checks import ensure_schema
 from flowq.db.rows import Claim, ClaimedJob
 from flowq.db.schema import notify_channel, schema_map
 from flowq.db.sql import Queries
 from flowq.define.app import FlowQ
-from flowq.errors import ConfigurationError, FlowqError
+from flowq.errors import ConfigurationError, DatabaseUnavailableError, FlowqError
 from flowq.storable import first_line
 from flowq.worker.claimer import Claimer
 from flowq.worker.completer import Completer
 from flowq.worker.config import WorkerConfig
-from flowq.worker.connection import WorkerConnections
+from flowq.worker.connection import DB_BACKOFF_MAX, WorkerConnections
 from flowq.worker.executor import Executor
 from flowq.worker.heartbeat import Heartbeat
 from flowq.worker.listener import Listener
@@ -75,6 +77,23 @@ FIRST_EXPIRY: Final = 1.4
 FIRST_PRUNE: Final = 5.0
 # `running()`: how long after the grace period the thread may take before it is an error.
 STOP_SLACK: Final = 30.0
+# The first wait before a starting worker tries an unreachable database again (doubling, up
+# to DB_BACKOFF_MAX, for WorkerConfig.start_timeout seconds in all).
+START_RETRY_FIRST: Final = 0.1
+# What an unreachable database raises on either path (SQLAlchemy's or psycopg's own).
+UNREACHABLE: Final = (sa.exc.OperationalError, psycopg.OperationalError)
+# libpq's words for a server that answered and said no (not worth trying again), unlike "the
+# database system is starting up" or a refused TCP connection.
+REFUSALS: Final = ("password authentication failed", "no pg_hba.conf entry", "does not exist",
+                   "authentication failed", "SSL is not enabled", "permission denied")
+
+
+def _reason(exc: BaseException) -> str:
+    """The driver's first line for a failed connection (ensure_schema's error wraps it)."""
+    if isinstance(exc, DatabaseUnavailableError) and exc.__context__ is not None:
+        exc = exc.__context__
+    orig = getattr(exc, "orig", None)
+    return first_line(orig if isinstance(orig, BaseException) else exc)
 
 
 class Worker:
@@ -201,8 +220,51 @@ class Worker:
 
     def check_database(self) -> None:
         """Raise a one-sentence flowq error if the database is unreachable, not migrated, or
-        migrated to an older revision than this flowq needs."""
+        migrated to an older revision than this flowq needs. An unreachable database is tried
+        again with backoff for `config.start_timeout` seconds first."""
+        self._ride_out(self._check_schema)
+
+    def _check_schema(self) -> None:
         ensure_schema(self.engines["maintain"], self.app.schema, current=True)
+
+    def _prepare_database(self) -> None:
+        """The start-up statements; each is an upsert, so a retry after a partial run is safe."""
+        self._check_schema()
+        self.registry.declare_queues(self.app.declared_queues, self.app.keyed_queues)
+        self.claimer.refresh()  # which of our queues are paused or limited, now
+        self.registry.register()
+
+    def _ride_out(self, start: Callable[[], None]) -> None:
+        """Run `start`, again with backoff while the database cannot be reached (a restart,
+        a failover, a pooler dropping backends), for `config.start_timeout` seconds; then
+        one sentence (`DatabaseUnavailableError`). One log line says it is waiting."""
+        timeout = self.config.start_timeout
+        deadline = time.monotonic() + timeout
+        delay = START_RETRY_FIRST
+        while True:
+            try:
+                start()
+                return
+            except (DatabaseUnavailableError, *UNREACHABLE) as exc:
+                reason = _reason(exc)
+                if any(fragment in reason for fragment in REFUSALS):
+                    # The server answered: trying again would not change its mind.
+                    raise DatabaseUnavailableError(mask_secrets(
+                        f"the database at {describe_url(self.url)} refused the connection "
+                        f"({reason}): check the user, password and database name in the URL"
+                    )) from None
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stopping.is_set():
+                    within = f" within {timeout:g} s of starting" if timeout else ""
+                    raise DatabaseUnavailableError(mask_secrets(
+                        f"cannot reach the database at {describe_url(self.url)}{within} "
+                        f"({reason}): check the URL (--database-url or FLOWQ_DATABASE_URL) "
+                        "and that PostgreSQL is running")) from None
+                if delay == START_RETRY_FIRST:
+                    log_event(WARNING, "database unreachable at start; trying again",
+                              error=mask_secrets(reason), for_s=timeout)
+                self._stopping.wait(min(delay, left))
+                delay = min(delay * 2, DB_BACKOFF_MAX)
 
     def warn_stranded(self) -> int:
         """Log due jobs of this app's tasks waiting on queues no step of the app uses (a
@@ -249,10 +311,7 @@ class Worker:
             log_event(INFO, "serving metrics", url=f"http://{c.metrics_addr}:"
                       f"{self.metrics.port}/metrics")
         try:
-            self.check_database()
-            self.registry.declare_queues(self.app.declared_queues, self.app.keyed_queues)
-            self.claimer.refresh()  # which of our queues are paused or limited, now
-            self.registry.register()
+            self._ride_out(self._prepare_database)
         except BaseException:
             if self.metrics is not None:
                 self.metrics.close()

@@ -443,7 +443,8 @@ def test_worker_against_a_url_where_nothing_listens(spawn_worker: Spawn) -> None
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    w = spawn_worker("ledger_app:app", f"postgresql://postgres:secret@127.0.0.1:{port}/flowq")
+    w = spawn_worker("ledger_app:app", f"postgresql://postgres:secret@127.0.0.1:{port}/flowq",
+                     "--start-timeout", "0")  # tried once (tests/unit/test_worker_start.py)
     assert w.wait(timeout=60) != 0
     sentence = one_sentence(w.log())
     assert "cannot connect" in sentence or "cannot reach" in sentence

@@ -124,7 +124,7 @@ def test_unreachable_server_is_one_sentence(command: list[str], closed_port_url:
 
 def test_unreachable_server_for_the_worker(app_module: str, closed_port_url: str) -> None:
     text = assert_user_error(flowq("worker", f"{app_module}:app", "--database-url",
-                                   closed_port_url))
+                                   closed_port_url, "--start-timeout", "0"))
     assert "cannot connect" in text or "cannot reach" in text
 
 

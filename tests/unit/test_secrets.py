@@ -20,6 +20,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -61,6 +62,21 @@ def url_shapes(port: int) -> dict[str, str]:
         "unknown query option": f"postgresql://bob:{PASSWORD}@127.0.0.1:{port}/db?foo=bar",
         "libpq key/value": f"host=127.0.0.1 port={port} password='{PASSWORD} x'",
         "not PostgreSQL": f"mysql://bob:{PASSWORD}@localhost/db",
+        # Malformed (issue 20, item 5): none may be quoted back, masked or not.
+        "no colon after the scheme": f"postgresql//bob:{PASSWORD}@127.0.0.1:{port}/db",
+        "no slashes": f"postgresql:bob:{PASSWORD}@127.0.0.1:{port}/db",
+        "one slash": f"postgresql:/bob:{PASSWORD}@127.0.0.1:{port}/db",
+        "three slashes": f"postgresql:///bob:{PASSWORD}@127.0.0.1:{port}/db",
+        "no scheme": f"bob:{PASSWORD}@127.0.0.1:{port}/db",
+        "not a scheme": f"pg sql://bob:{PASSWORD}@127.0.0.1/db",
+        "unknown scheme, no colon": f"mysql+foo//bob:{PASSWORD}@h/x",
+        "malformed, password with a space": f"postgresql:bob:{PASSWORD} x@h/db",
+        "malformed, query password": f"postgresql//bob@127.0.0.1/db?password={PASSWORD}",
+        "garbage": f"\x01{PASSWORD}:{PASSWORD}@@:://",
+        "the password alone": PASSWORD,
+        "password with % and :": f"postgresql://bob:{PASSWORD}%25x%zz:y@127.0.0.1:{port}/db?{fast}",
+        "libpq host list": f"postgresql://bob:{PASSWORD}@127.0.0.1:{port},127.0.0.1:{port}/db?{fast}",
+        "unknown option, host list": f"postgresql://bob:{PASSWORD}@/db?host=h:1&host=h:2&x=1",
     }
 
 
@@ -68,7 +84,7 @@ def url_shapes(port: int) -> dict[str, str]:
 COMMANDS: dict[str, tuple[str, ...]] = {
     "migrate": ("migrate",),
     "migrate --sql": ("migrate", "--sql"),
-    "worker": ("worker", APP),
+    "worker": ("worker", APP, "--start-timeout", "0"),  # no retrying a closed port
     "reap": ("reap",),
     "prune": ("prune",),
     "runs list": ("runs", "list"),
@@ -230,6 +246,14 @@ def assert_usage_error_safe(ran: Ran) -> None:
     (f"{{'host': 'h', 'password': '{PASSWORD}'}}", "'host': 'h'"),
     (f"sslpassword={PASSWORD}", "sslpassword=***"),
     (f"a\npostgresql://u:{PASSWORD}@h/d\nb", "a\npostgresql://u:***@h/d\nb"),
+    # Malformed: credentials-shaped text, whatever is around it.
+    (f"postgresql//bob:{PASSWORD}@host/x", "postgresql//bob:***@host/x"),
+    (f"postgresql:bob:{PASSWORD}@host/x", "postgresql:***@host/x"),
+    (f"postgresql:/bob:{PASSWORD}@host/x", "postgresql:***@host/x"),
+    (f"postgresql:///bob:{PASSWORD}@host/x", "postgresql:///bob:***@host/x"),
+    (f"extra argument (bob:{PASSWORD}@host/x)", "(bob:***@host/x)"),
+    (f"'bob:x@{PASSWORD}:y@host'", "'bob:***@host'"),
+    (f"postgresql:bob:{PASSWORD} with spaces@host/x", "@host/x"),
 ])
 def test_mask_secrets_hides_the_password(text: str, kept: str) -> None:
     masked = flowq.db.mask_secrets(text)
@@ -243,19 +267,46 @@ def test_mask_secrets_hides_the_password(text: str, kept: str) -> None:
     "postgresql+psycopg://127.0.0.1:1/nowhere",
     "cannot connect: connection to server at \"127.0.0.1\", port 1 failed: Connection refused",
     "FATAL: password authentication failed for user \"bob\"",
+    "postgresql+psycopg://bob@/db?host=h1:5432&host=h2:5433&target_session_attrs=read-write",
+    "postgresql://bob@h1:5432,[::1]:5433/db",
+    "postgresql://bob@/db?host=/var/run/postgresql",
+    "Error: at 12:30 bob@host said no",
     "",
 ])
 def test_mask_secrets_leaves_text_without_a_password_alone(text: str) -> None:
     assert flowq.db.mask_secrets(text) == text
 
 
+@pytest.mark.parametrize("text", ["a:" * 50_000, "/a:" * 30_000 + "x@", "x:y " * 25_000 + "@",
+                                  "pg:/a:" * 15_000])
+def test_mask_secrets_takes_linear_time(text: str) -> None:
+    # A user's argument lands in click's usage errors: a quadratic mask would hang the CLI.
+    started = time.perf_counter()
+    flowq.db.mask_secrets(text)
+    assert time.perf_counter() - started < 1.0
+
+
 def test_normalize_url_errors_and_describe_url_are_masked(closed_port: int) -> None:
     for name, url in url_shapes(closed_port).items():
         assert PASSWORD not in flowq.db.describe_url(url), name
         try:
-            flowq.db.normalize_url(url)
+            flowq.db.to_conninfo(flowq.db.normalize_url(url))
         except FlowqError as exc:
             assert PASSWORD not in str(exc), (name, str(exc))
+            assert "S3cr3t" not in str(exc), (name, str(exc))
+
+
+@pytest.mark.parametrize("url", [
+    f"postgresql//bob:{PASSWORD}@host/x",
+    f"postgresql:bob:{PASSWORD}@host/x",
+    f"pg sql://bob:{PASSWORD}@host/x",
+    PASSWORD,
+])
+def test_a_malformed_url_is_not_quoted_back(url: str) -> None:
+    """Not even masked: the message says what is wrong in flowq's own words."""
+    with pytest.raises(FlowqError, match="not a database URL") as err:
+        flowq.db.normalize_url(url)
+    assert "bob" not in str(err.value) and "host/x" not in str(err.value)
 
 
 def test_a_password_with_an_unescaped_at_is_refused_not_guessed() -> None:
@@ -290,8 +341,10 @@ def test_no_command_prints_the_password_of_its_environment_url(var: str,
         assert_command_failed_safely(ran)
 
 
-def test_usage_errors_do_not_print_the_password(closed_port: int) -> None:
-    for ran in run_all(usage_error_calls(url_shapes(closed_port)["closed port"])):
+@pytest.mark.parametrize("shape", ["closed port", "no colon after the scheme", "no slashes",
+                                   "malformed, password with a space"])
+def test_usage_errors_do_not_print_the_password(shape: str, closed_port: int) -> None:
+    for ran in run_all(usage_error_calls(url_shapes(closed_port)[shape])):
         assert_usage_error_safe(ran)
 
 

@@ -107,6 +107,15 @@ def held_by(engine: sa.Engine, pid: int) -> list[Row]:
                     p=str(pid))
 
 
+def held_when_killed(engine: sa.Engine, pid: int) -> list[Row]:
+    """`held_by` of a worker process just SIGKILLed, once the server has ended every backend
+    it had: a statement it sent before dying (a completion batch, a commit) still runs to its
+    end, so rows read earlier may be finished a moment later by the dead worker itself."""
+    wait_until(lambda: not backends(engine, "%", pid=pid), timeout=30,
+               message=f"the backends of killed worker {pid} gone")
+    return held_by(engine, pid)
+
+
 def spawn_ready(spawn_worker: Spawn, engine: sa.Engine, app_spec: str, url: str, n: int,
                 *args: str) -> list[WorkerProcess]:
     """Start `n` workers of `app_spec` and wait until each is up (listening), so that work

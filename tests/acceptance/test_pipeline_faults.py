@@ -27,7 +27,16 @@ from typing import Any
 import pipeline_fault_app as pfa
 import pytest
 import sqlalchemy as sa
-from support import Row, Spawn, WorkerProcess, backends, held_by, stop_workers, terminate
+from support import (
+    Row,
+    Spawn,
+    WorkerProcess,
+    backends,
+    held_by,
+    held_when_killed,
+    stop_workers,
+    terminate,
+)
 from support import rows as query
 from support import spawn_ready as spawn_workers
 
@@ -178,7 +187,7 @@ def test_sigkill_mid_pipeline_twice_then_replacements_finish_every_run(
                    message=f"the victim mid-pipeline past {progress} steps (seed {seed})")
         victim.signal(signal.SIGKILL)
         victim.wait()
-        killed.update((r.id, victim.pid) for r in held_by(ledger, victim.pid))
+        killed.update((r.id, victim.pid) for r in held_when_killed(ledger, victim.pid))
         workers.remove(victim)
         workers.append(spawn_worker(APP, db_url, "--concurrency", "4", *FAST))
 

@@ -28,7 +28,16 @@ import pytest
 import sqlalchemy as sa
 import workflow_fault_app as wfa
 from click.testing import CliRunner
-from support import Row, Spawn, WorkerProcess, backends, held_by, scalar, stop_workers
+from support import (
+    Row,
+    Spawn,
+    WorkerProcess,
+    backends,
+    held_by,
+    held_when_killed,
+    scalar,
+    stop_workers,
+)
 from support import rows as query
 from support import spawn_ready as spawn_workers
 
@@ -211,7 +220,7 @@ def test_sigkill_mid_diamonds_every_join_once(ledger: sa.Engine, db_url: str,
                message=f"the victim holding two kinds of steps past {progress} (seed {seed})")
     victim.signal(signal.SIGKILL)
     victim.wait()
-    killed = {r.id: r for r in held_by(ledger, victim.pid)}
+    killed = {r.id: r for r in held_when_killed(ledger, victim.pid)}
     workers.remove(victim)
     workers.append(spawn_worker(APP, db_url, "--concurrency", "8", *FAST))
 
@@ -336,7 +345,7 @@ def test_sigkill_mid_map_creates_and_counts_each_instance_once(
                    message=f"the victim holding instances past {progress} (seed {seed})")
     victim.signal(signal.SIGKILL)
     victim.wait()
-    killed = {r.id for r in held_by(ledger, victim.pid)}
+    killed = {r.id for r in held_when_killed(ledger, victim.pid)}
     workers.remove(victim)
     workers.append(spawn_worker(APP, db_url, "--concurrency", "8", "--no-job-log", *FAST))
 

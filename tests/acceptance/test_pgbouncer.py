@@ -406,7 +406,8 @@ def test_worker_engines_and_listener_behind_pgbouncer(pgbouncer: str, db_url: st
     try:
         assert direct.listener is not None
         assert make_url(db_url).port is not None
-        assert f":{make_url(db_url).port}/" in direct.listener.conninfo
+        # The server's own port (flowq.db.to_conninfo's key=value form), not PgBouncer's.
+        assert f"port={make_url(db_url).port}" in direct.listener.conninfo.split()
     finally:
         for engine in direct.engines.values():
             engine.dispose()

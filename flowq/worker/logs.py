@@ -46,6 +46,13 @@ class Event:
         return self.event + " " + " ".join(f"{k}={_text(v)}" for k, v in self.fields.items())
 
 
+def _fields(record: logging.LogRecord) -> dict[str, Any]:
+    """The structured fields of `record`: its Event's, else what `extra=` set on it."""
+    if isinstance(record.msg, Event):
+        return record.msg.fields
+    return {k: v for k, v in record.__dict__.items() if k not in _STD}
+
+
 def _bare(record: logging.LogRecord) -> tuple[str, bool]:
     """(the message without fields, whether the fields were in the message)."""
     if isinstance(record.msg, Event):
@@ -56,8 +63,7 @@ def _bare(record: logging.LogRecord) -> tuple[str, bool]:
 class _TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-        fields = " ".join(f"{k}={_text(v)}" for k, v in record.__dict__.items()
-                          if k not in _STD)
+        fields = " ".join(f"{k}={_text(v)}" for k, v in _fields(record).items())
         line = f"{ts}.{int(record.msecs):03d}Z {record.levelname:<7} {_bare(record)[0]}"
         if fields:
             line += " " + fields
@@ -79,7 +85,7 @@ class _JSONFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "event": _bare(record)[0],
         }
-        data.update({k: v for k, v in record.__dict__.items() if k not in _STD})
+        data.update(_fields(record))
         if record.exc_info:
             data["exception"] = self.formatException(record.exc_info)
         return json.dumps(data, default=str)
@@ -101,4 +107,10 @@ def configure_logging(fmt: Literal["text", "json"] = "text", level: str = "INFO"
 def log_event(level: int, event: str, **fields: Any) -> None:
     """Log `event` with structured `fields` (skipped cheaply when the level is off)."""
     if logger.isEnabledFor(level):
-        logger.log(level, Event(event, fields), extra=fields)
+        extra = fields
+        if not _STD.isdisjoint(fields):
+            # `extra=` may not set a LogRecord's own attributes (logging raises KeyError): a
+            # field named `created`, `name`, `args`... travels as the attribute `<name>_`, and
+            # flowq's formatters, which read the fields from the Event, keep its own name.
+            extra = {f"{k}_" if k in _STD else k: v for k, v in fields.items()}
+        logger.log(level, Event(event, fields), extra=extra)

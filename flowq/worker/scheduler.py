@@ -129,7 +129,7 @@ class Scheduler(Service):
                       run_id=run_id)
         if len(ticks) > 1 and s.catch_up:
             log_event(INFO, "caught up missed ticks", schedule=s.name, ticks=len(ticks),
-                      created=len(created))
+                      runs=len(created))
         return len(created)
 
     # -- the thread -----------------------------------------------------------------------------

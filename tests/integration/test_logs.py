@@ -88,3 +88,14 @@ def test_text_lines_carry_each_field_once(capsys: pytest.CaptureFixture[str]) ->
 
 def test_configure_logging_is_public() -> None:
     assert flowq.configure_logging is configure_logging
+
+
+def test_a_field_named_like_a_record_attribute_is_logged(capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    """`created`, `name`, `args`... are attributes of every LogRecord, which `extra=` may not
+    set: such a field once raised KeyError inside the scheduler's catch-up pass, and the pass
+    failed whenever INFO was on."""
+    configure_logging("json", level="INFO")
+    log_event(logging.INFO, "caught up", created=3, name="tick", args="x")
+    line = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    assert (line["created"], line["name"], line["args"]) == (3, "tick", "x")

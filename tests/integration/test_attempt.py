@@ -97,8 +97,11 @@ def test_the_worker_and_the_test_kit_end_every_attempt_the_same(engine: sa.Engin
     app = make_app()
     with engine.begin() as conn:
         conn.execute(sa.text("CREATE TABLE ledger (run_id bigint, n int)"))
-        kit = {c: flowq.enqueue(conn, c, queue="default", n=3).id for c in CASES}
-        real = {c: flowq.enqueue(conn, c, queue="default", n=3).id for c in CASES}
+        # By definition, not by name: a name enqueue checks the arguments against whatever
+        # live app defines that name, and another test's app may still be alive (GC timing).
+        defs = {d.name: d for d in app}
+        kit = {c: flowq.enqueue(conn, defs[c], n=3).id for c in CASES}
+        real = {c: flowq.enqueue(conn, defs[c], n=3).id for c in CASES}
 
     drained = drain(engine, app, runs=kit.values(), skip_waits=False, raise_on_dead=False)
     with engine.connect() as conn:

@@ -67,6 +67,11 @@ def retry_inf(ctx: Context) -> None:
 
 
 @app.task(retry=TWO)
+def retry_nan(ctx: Context) -> None:
+    raise flowq.RetryStep(after=float("nan"))
+
+
+@app.task(retry=TWO)
 def retry_huge(ctx: Context) -> None:
     raise flowq.RetryStep(after=1e300)
 

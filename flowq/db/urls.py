@@ -26,6 +26,7 @@ from urllib.parse import quote
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
+from flowq.db.transient import leave_read_only_servers
 from flowq.errors import FlowqError
 
 __all__ = [
@@ -263,9 +264,12 @@ PGBOUNCER_CONNECT_ARGS: Final = {"prepare_threshold": None}
 
 
 def create_engine(url: str | URL, *, pgbouncer: bool = False, **kwargs: Any) -> sa.Engine:
-    """A SQLAlchemy engine on psycopg 3, with pre-ping so a restarted server is survived;
+    """A SQLAlchemy engine on psycopg 3, with pre-ping so a restarted server is survived,
+    and read-only servers left (a failover: `flowq.db.transient.leave_read_only_servers`);
     with `pgbouncer`, safe through PgBouncer in transaction mode (`PGBOUNCER_CONNECT_ARGS`)."""
     kwargs.setdefault("pool_pre_ping", True)
     if pgbouncer:
         kwargs["connect_args"] = {**kwargs.get("connect_args", {}), **PGBOUNCER_CONNECT_ARGS}
-    return sa.create_engine(normalize_url(url), **kwargs)
+    engine = sa.create_engine(normalize_url(url), **kwargs)
+    leave_read_only_servers(engine)
+    return engine

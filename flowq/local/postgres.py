@@ -196,12 +196,34 @@ class LocalPostgres:
         self._run(["pg_ctl", "-D", str(self.datadir), "-l", str(self.datadir / "server.log"),
                    "-m", mode, "-w", "restart"], timeout=START_TIMEOUT + 10)
 
-    def stop(self) -> None:
-        """Stop the server (fast shutdown) and, for a temporary directory, delete it."""
+    def standby(self, datadir: str | Path | None = None, *,
+                settings: Mapping[str, str] | None = None) -> LocalPostgres:
+        """A streaming standby of this (running) server, not started yet: a base backup
+        (`pg_basebackup -R`, so it follows this server once started) in `datadir`, with this
+        server's settings and `settings` on top. For failover tests: `promote()` it."""
+        standby = LocalPostgres(datadir, bindir=self.bindir,
+                                settings={**self.settings, **(settings or {})})
+        standby.user = self.user
+        # A copy of the binaries (see _copy_install) goes to the standby, which outlives this
+        # server in a failover; this server keeps using it meanwhile.
+        standby._install_copy, self._install_copy = self._install_copy, None
+        standby._prepare_dirs()
+        standby._run(["pg_basebackup", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
+                      "-D", str(standby.datadir), "-R", "-X", "stream", "--no-sync"])
+        return standby
+
+    def promote(self) -> None:
+        """Promote this standby to a primary (`pg_ctl promote`), waiting until it takes writes."""
+        self._run(["pg_ctl", "-D", str(self.datadir), "-w", "-t", str(START_TIMEOUT), "promote"],
+                  timeout=START_TIMEOUT + 10)
+
+    def stop(self, mode: Literal["fast", "immediate"] = "fast") -> None:
+        """Stop the server (fast shutdown; `immediate`: at once, as a crash would) and, for a
+        temporary directory, delete it."""
         if self._started:
             self._started = False
             with contextlib.suppress(EmbeddedPostgresError):
-                self._run(["pg_ctl", "-D", str(self.datadir), "-m", "fast", "-w", "stop"])
+                self._run(["pg_ctl", "-D", str(self.datadir), "-m", mode, "-w", "stop"])
             with contextlib.suppress(Exception):
                 atexit.unregister(self.stop)
         if self.cleanup:

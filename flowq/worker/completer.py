@@ -33,14 +33,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-import psycopg
-import sqlalchemy as sa
-
 from flowq.db.rows import Claim, ClaimedJob
 from flowq.db.sql import Queries
 from flowq.db.store import Store
+from flowq.db.transient import is_transient
 from flowq.storable import describe, first_line, storable_text
-from flowq.worker.connection import DB_ERRORS, DedicatedConnection
+from flowq.worker.connection import DB_ERRORS, DedicatedConnection, Outage
 from flowq.worker.logs import ERROR, INFO, WARNING, log_event
 from flowq.worker.model import Cancelled, Failed, Outcome, Retried, Succeeded
 from flowq.worker.writes import complete_in_session, end_job, write_outcome, write_successes
@@ -49,28 +47,11 @@ if TYPE_CHECKING:
     from flowq.context import StepSession
     from flowq.worker.metrics import OutcomeObserver
 
-__all__ = ["Completer", "is_unavailable"]
+__all__ = ["Completer"]
 
 MAX_BATCH: Final = 1000
 RETRY_BACKOFF_MAX: Final = 5.0
 GIVE_UP_AFTER: Final = 600.0
-
-# SQLSTATE classes that say "the database cannot take writes now", not "this write is bad":
-# connection exceptions, operator intervention (shutdown, cancel), insufficient resources,
-# transaction rollback (deadlock, serialization), system errors; and read-only transactions.
-_UNAVAILABLE_CLASSES: Final = frozenset({"08", "57", "53", "40", "58"})
-
-def is_unavailable(exc: BaseException) -> bool:
-    """True when a database error means "try again later" rather than "this write is bad"."""
-    orig = getattr(exc, "orig", None) or exc
-    if isinstance(orig, psycopg.OperationalError | psycopg.InterfaceError):
-        return True
-    if isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError):
-        return True
-    sqlstate = getattr(orig, "sqlstate", None)
-    if not sqlstate:
-        return False  # refused before it was sent (psycopg cannot adapt a value)
-    return sqlstate[:2] in _UNAVAILABLE_CLASSES or sqlstate == "25006"
 
 
 @dataclass(eq=False)
@@ -88,8 +69,9 @@ class Completer:
     def __init__(self, conn: DedicatedConnection, queries: Queries, *, job_log: bool = True,
                  on_written: Callable[[], None] | None = None,
                  on_scheduled: Callable[[float], None] | None = None,
-                 metrics: OutcomeObserver | None = None) -> None:
+                 metrics: OutcomeObserver | None = None, outage: Outage | None = None) -> None:
         self.conn = conn
+        self.outage = outage or Outage()
         self.q = queries
         # The connection's `execute` is its runner: the store's verbs send through it.
         self.store = Store(conn.execute, queries.schema)
@@ -216,11 +198,11 @@ class Completer:
         holds up the others."""
         try:
             self._write(batch)
+            self.outage.ok()
             return []
         except DB_ERRORS as exc:
-            if is_unavailable(exc):
-                log_event(WARNING, "completion write failed; retrying",
-                          error=first_line(describe(exc)), batch=len(batch))
+            if is_transient(exc):
+                self.outage.failed("completion write", exc, batch=len(batch))
                 return [i for i in batch if not i.written]
             log_event(WARNING, "completion batch refused; writing its outcomes one by one",
                       error=first_line(describe(exc)), batch=len(batch))
@@ -231,7 +213,7 @@ class Completer:
                 try:
                     self._write([item])
                 except DB_ERRORS as exc:
-                    if is_unavailable(exc):
+                    if is_transient(exc):
                         raise
                     self._record_unwritable(item, exc)
             except DB_ERRORS:
@@ -247,7 +229,7 @@ class Completer:
         try:
             result = end_job(self.store, item.job, "dead", text)
         except DB_ERRORS as exc:
-            if is_unavailable(exc):
+            if is_transient(exc):
                 raise
             item.written = True  # nothing more can be done: the reaper requeues the job
             log_event(ERROR, "outcome could not be recorded at all; dropped (the reaper will "

@@ -40,6 +40,9 @@ every execution anyway, which is what `force_custom_plan` asks of a prepared one
 from __future__ import annotations
 
 import contextlib
+import math
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -51,7 +54,10 @@ from sqlalchemy import event
 from sqlalchemy.engine import URL
 
 from flowq.db.runner import Rows, fetch_rows, raw_sql, result_rows
+from flowq.db.transient import is_read_only, is_transient, leave_read_only_servers
 from flowq.db.urls import to_conninfo
+from flowq.storable import first_line
+from flowq.worker.logs import DEBUG, INFO, WARNING, log_event
 
 __all__ = [
     "DB_BACKOFF_MAX",
@@ -60,6 +66,7 @@ __all__ = [
     "MAINTENANCE_OPTIONS",
     "PLANNER_OPTIONS",
     "DedicatedConnection",
+    "Outage",
     "WorkerConnections",
     "heartbeat_options",
     "local_settings_sql",
@@ -71,6 +78,9 @@ __all__ = [
 DB_ERRORS: Final = (sa.exc.DBAPIError, psycopg.Error)
 # The longest a loop waits before it tries the database again after errors in a row.
 DB_BACKOFF_MAX: Final = 5.0
+# After an outage ends, failures for this long are its tail (a part meeting its broken
+# connection only now), told at DEBUG rather than as a new outage.
+AFTERSHOCK: Final = 2 * DB_BACKOFF_MAX
 # Server settings for connections that only run flowq's index-driven statements.
 PLANNER_OPTIONS: Final = "-c enable_seqscan=off"
 # The claim and completion connections also plan every execution (see the module docstring).
@@ -80,6 +90,67 @@ HOT_PATH_OPTIONS: Final = PLANNER_OPTIONS + " -c plan_cache_mode=force_custom_pl
 # (seen once in `flowq bench`: a prune busy for 7 minutes blocked a TRUNCATE, and the claims
 # queued behind it).
 MAINTENANCE_OPTIONS: Final = PLANNER_OPTIONS + " -c statement_timeout=30s"
+
+
+class Outage:
+    """A worker's view of database outages, told once: when the database goes away (a
+    restart, a failover, a network cut) every part (claims, completions, LISTEN, heartbeat,
+    registry, reaper, scheduler) meets the failure on its own connection. The first transient
+    failure (`flowq.db.is_transient`) logs one WARNING, `database connection lost;
+    reconnecting`; the others, at DEBUG; the first success after it, one INFO, `database
+    connection back`, with how long it took. A failure that is not transient is logged at
+    WARNING as it happens (`<part> failed; retrying`).
+
+    Meeting a read-only server (a standby, or a primary demoted in place) bumps `read_only`:
+    connections that never write (the LISTEN) reconnect when it changes, so that
+    `target_session_attrs=read-write` takes them to the new primary too."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.since: float | None = None  # when the outage in progress began (monotonic)
+        self.told = False  # whether the outage in progress was announced
+        self.ended_at = -math.inf
+        self.failures = 0
+        self.read_only = 0
+
+    def failed(self, part: str, exc: BaseException, **fields: Any) -> None:
+        """Report a failed database operation of `part` (fields: `retry_in_s`, ...)."""
+        error = first_line(exc)
+        if not is_transient(exc):
+            log_event(WARNING, f"{part} failed; retrying", error=error, **fields)
+            return
+        now = time.monotonic()
+        with self._lock:
+            self.failures += 1
+            if is_read_only(exc):
+                self.read_only += 1
+            first = self.since is None
+            if first:
+                self.since = now
+                self.told = now - self.ended_at > AFTERSHOCK
+            told = first and self.told
+        if told:
+            log_event(WARNING, "database connection lost; reconnecting", part=part, error=error,
+                      **fields)
+        else:
+            log_event(DEBUG, f"{part} failed; retrying", error=error, **fields)
+
+    def ok(self) -> None:
+        """Report a database operation that succeeded: ends the outage in progress, if any.
+        Costs one attribute read when there is none (it is called on the hot path)."""
+        if self.since is None:
+            return
+        now = time.monotonic()
+        with self._lock:
+            since, self.since = self.since, None
+            failures, self.failures = self.failures, 0
+            if since is None:
+                return
+            self.ended_at = now
+            told = self.told
+        if told:
+            log_event(INFO, "database connection back", after_s=round(now - since, 2),
+                      failed_operations=failures)
 
 
 def heartbeat_options(interval: float) -> str:
@@ -141,6 +212,7 @@ def role_engine(url: URL, application_name: str, size: int, *,
         connect_args["options"] = planner_options
     engine = sa.create_engine(url, pool_size=size, max_overflow=2, pool_pre_ping=False,
                               connect_args=connect_args)
+    leave_read_only_servers(engine)
     if pgbouncer and planner_options:
         set_local_on_begin(engine, planner_options)  # SET LOCAL at every BEGIN
     return engine
@@ -181,9 +253,9 @@ class DedicatedConnection:
         self.statements += 1
         try:
             return fetch_rows(conn, clause, params)
-        except psycopg.Error:
-            if conn.closed or conn.broken:
-                self.close()
+        except psycopg.Error as exc:
+            if conn.closed or conn.broken or is_read_only(exc):
+                self.close()  # a read-only server is left: reconnecting finds the primary
             raise
 
     def transaction(self, statements: Sequence[tuple[sa.ClauseElement, Mapping[str, Any]]]
@@ -200,11 +272,12 @@ class DedicatedConnection:
                 for clause, params in statements:
                     rows = fetch_rows(conn, clause, params)
             return rows
-        except psycopg.Error:
+        except psycopg.Error as exc:
             # Pipelined, a failed statement makes the server skip the queued COMMIT: the
             # session is left in its failed transaction, so it goes (and PgBouncer gets its
-            # server back rolled back) rather than be reused.
-            if conn.closed or conn.broken or conn.info.transaction_status != IDLE:
+            # server back rolled back) rather than be reused. A read-only server is left.
+            if (conn.closed or conn.broken or conn.info.transaction_status != IDLE
+                    or is_read_only(exc)):
                 self.close()
             raise
 
@@ -247,6 +320,7 @@ class WorkerConnections:
         self.name = name
         self.pgbouncer = pgbouncer
         self.listen_url = listen_url
+        self.outage = Outage()  # shared by every part of the worker: one line per outage
         self.engines = {"maintain": self._engine("maintain", 2, MAINTENANCE_OPTIONS),
                         "session": self._engine("session", concurrency + 2)}
         if schedules:

@@ -19,8 +19,7 @@ from typing import Final
 
 import psycopg
 
-from flowq.storable import first_line
-from flowq.worker.logs import log_event
+from flowq.worker.connection import Outage
 
 __all__ = ["Listener"]
 
@@ -28,7 +27,6 @@ RECONNECT_MAX: Final = 5.0
 # How long one wait for notifications blocks: also how long `stop()` can take, so keep it
 # short (an idle wake-up costs nothing; a 1 s wait made every worker shutdown take 1 s).
 WAIT_SLICE: Final = 0.2
-WARNING, INFO = 30, 20
 
 
 class Listener:
@@ -36,8 +34,10 @@ class Listener:
 
     def __init__(self, conninfo: str, channel: str, queues: Collection[str],
                  wake: Callable[[], None], *, application_name: str = "flowq listen",
-                 wake_in: Callable[[float], None] | None = None) -> None:
+                 wake_in: Callable[[float], None] | None = None,
+                 outage: Outage | None = None) -> None:
         self.conninfo = conninfo
+        self.outage = outage or Outage()
         self.channel = channel
         self.queues = frozenset(queues)
         self.wake = wake
@@ -81,15 +81,19 @@ class Listener:
                     conn.execute(f'LISTEN "{self.channel}"')
                     self.connected.set()
                     backoff = 0.1
+                    self.outage.ok()
                     self.wake()  # whatever was notified while we were away
-                    while not self._stop.is_set():
+                    # A LISTEN never writes, so it cannot see its server turn read-only:
+                    # when another part met a read-only server, it reconnects too.
+                    read_only = self.outage.read_only
+                    while not self._stop.is_set() and self.outage.read_only == read_only:
                         for note in conn.notifies(timeout=WAIT_SLICE):
                             self._notified(note.payload)
+                self.connected.clear()
             except psycopg.Error as exc:
                 self.connected.clear()
                 if self._stop.is_set():
                     return
-                log_event(WARNING, "listen connection lost; reconnecting",
-                          error=first_line(exc), retry_in_s=round(backoff, 2))
+                self.outage.failed("listen", exc, retry_in_s=round(backoff, 2))
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, RECONNECT_MAX)

@@ -21,10 +21,10 @@ import sys
 import time
 from typing import Any, Literal, TextIO
 
-__all__ = ["ERROR", "INFO", "LOGGER_NAME", "WARNING", "Event", "configure_logging", "log_event",
+__all__ = ["DEBUG", "ERROR", "INFO", "LOGGER_NAME", "WARNING", "Event", "configure_logging", "log_event",
            "logger"]
 
-INFO, WARNING, ERROR = logging.INFO, logging.WARNING, logging.ERROR
+DEBUG, INFO, WARNING, ERROR = logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR
 LOGGER_NAME = "flowq"
 logger = logging.getLogger(LOGGER_NAME)
 

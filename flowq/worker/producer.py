@@ -38,7 +38,7 @@ from flowq.db.sql import Queries
 from flowq.storable import first_line
 from flowq.worker.claimer import Claimer
 from flowq.worker.config import WorkerConfig
-from flowq.worker.connection import DB_BACKOFF_MAX, DB_ERRORS
+from flowq.worker.connection import DB_BACKOFF_MAX, DB_ERRORS, Outage
 from flowq.worker.logs import ERROR, INFO, WARNING, log_event
 
 __all__ = ["CLAIM_AHEAD_HORIZON", "CLAIM_AHEAD_MAX_FACTOR", "CLAIM_AHEAD_MAX_WAIT",
@@ -90,8 +90,10 @@ class Producer:
     def __init__(self, config: WorkerConfig, claimer: Claimer, slots: Slots,
                  outcomes: Outcomes, queries: Queries, *,
                  wake: threading.Event, stopping: threading.Event,
-                 interrupted: Callable[[], bool] = lambda: False) -> None:
+                 interrupted: Callable[[], bool] = lambda: False,
+                 outage: Outage | None = None) -> None:
         self.config = config
+        self.outage = outage or Outage()
         self.claimer = claimer
         self.conn = claimer.conn  # the loop's own connection: it also releases and checks
         self.slots = slots
@@ -226,9 +228,9 @@ class Producer:
                         self.claimer.refresh()
                     got = self.claimer.run_once(free)
                     backoff = 0.1
+                    self.outage.ok()
                 except DB_ERRORS as exc:
-                    log_event(WARNING, "claim failed; retrying", error=first_line(exc),
-                              retry_in_s=round(backoff, 2))
+                    self.outage.failed("claim", exc, retry_in_s=round(backoff, 2))
                     self._stopping.wait(backoff)
                     backoff = min(backoff * 2, DB_BACKOFF_MAX)
                     continue

@@ -34,9 +34,8 @@ from flowq.define.app import FlowQ
 from flowq.define.schedules import Schedule
 from flowq.enqueueing.prepare import prepare_enqueue
 from flowq.enqueueing.sync import execute
-from flowq.storable import first_line
 from flowq.worker.connection import DB_BACKOFF_MAX, DB_ERRORS
-from flowq.worker.logs import ERROR, INFO, WARNING, log_event
+from flowq.worker.logs import ERROR, INFO, log_event
 from flowq.worker.services import Service
 
 __all__ = ["Scheduler"]
@@ -98,8 +97,7 @@ class Scheduler(Service):
                 try:
                     created += self._enqueue(s, ticks)
                 except DB_ERRORS as exc:
-                    log_event(WARNING, "schedule pass failed; will retry", schedule=s.name,
-                              error=first_line(exc))
+                    self.outage.failed("schedule pass", exc, schedule=s.name)
                 except Exception as exc:
                     log_event(ERROR, "schedule failed; will retry", schedule=s.name,
                               error=repr(exc))

@@ -23,9 +23,8 @@ from __future__ import annotations
 import threading
 from typing import Final
 
-from flowq.storable import first_line
-from flowq.worker.connection import DB_ERRORS
-from flowq.worker.logs import ERROR, WARNING, log_event
+from flowq.worker.connection import DB_ERRORS, Outage
+from flowq.worker.logs import ERROR, log_event
 
 __all__ = ["STOP_TIMEOUT", "Service"]
 
@@ -49,6 +48,9 @@ class Service:
         self.passes = 0  # passes that ran to the end
         self.failures = 0  # passes that raised in a row (0 after one that did not)
         self._thread: threading.Thread | None = None
+        # Where database failures are told (the worker's, shared by its parts: one line per
+        # outage); a service of its own has one of its own.
+        self.outage = Outage()
 
     def run_once(self) -> int:
         """One pass; how much it did (what it counts is the service's to say)."""
@@ -69,8 +71,8 @@ class Service:
             done = self.run_once()
         except DB_ERRORS as exc:
             self.failures += 1
-            log_event(WARNING, f"{self.name} failed; will retry", error=first_line(exc),
-                      retry_in_s=round(self.failure_delay(self.failures), 2))
+            self.outage.failed(self.name, exc,
+                               retry_in_s=round(self.failure_delay(self.failures), 2))
             return None
         except Exception as exc:  # a bug: say so loudly, and keep the loop alive
             self.failures += 1
@@ -79,6 +81,7 @@ class Service:
             return None
         self.failures = 0
         self.passes += 1
+        self.outage.ok()
         return done
 
     def start(self) -> None:

@@ -141,7 +141,7 @@ class Worker:
                 conn=self.connections.metrics())
         self.completer = Completer(self.complete_conn, self.q, job_log=c.job_log,
                                    on_written=self._wake.set, on_scheduled=self._wake_at,
-                                   metrics=self.metrics)
+                                   metrics=self.metrics, outage=self.connections.outage)
         # Set when the worker starts stopping: ends the claim loop and the maintenance
         # services at once (the heartbeat and the registry's beat run on until the end).
         self._stopping = threading.Event()
@@ -160,14 +160,16 @@ class Worker:
                                self.executor.submit)
         self.producer = Producer(c, self.claimer, self.executor, self.completer, self.q,
                                  wake=self._wake,
-                                 stopping=self._stopping, interrupted=self._interrupted)
+                                 stopping=self._stopping, interrupted=self._interrupted,
+                                 outage=self.connections.outage)
         self.listener: Listener | None = None
         conninfo = self.connections.listen_conninfo()
         if c.listen and conninfo is not None:
             self.listener = Listener(conninfo, self.channel, self.queues,
                                      self.producer.notified,
                                      application_name=f"flowq listen {c.name}"[:63],
-                                     wake_in=self.producer.wake_at)
+                                     wake_in=self.producer.wake_at,
+                                     outage=self.connections.outage)
         self.heartbeat = Heartbeat(
             self.connections.heartbeat, self.q, self._held_claims,
             unsettled=self.executor.unsettled_claims, interval=c.heartbeat_interval,
@@ -196,6 +198,8 @@ class Worker:
         self.supervisor_watch = (SupervisorWatch(supervisor, self._orphaned, stopping=stopping)
                                  if supervisor else None)
         self._hint: threading.Thread | None = None
+        for service in (self.heartbeat, self.registry, *self.services):
+            service.outage = self.connections.outage
 
     @property
     def services(self) -> list[Service]:

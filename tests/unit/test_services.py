@@ -61,7 +61,8 @@ def test_a_failing_pass_is_logged_and_the_loop_goes_on(
             service.stop()
     assert service.calls >= 4 and service.failures == 0
     [warning] = messages(caplog, logging.WARNING)
-    assert warning.startswith("counting failed; will retry")
+    # A lost connection is an outage, told once (flowq.worker.connection.Outage).
+    assert warning.startswith("database connection lost; reconnecting part=counting")
     assert "server closed the connection" in warning and "detail" not in warning  # first line
     [error] = messages(caplog, logging.ERROR)
     assert error.startswith("counting crashed; will retry") and "ValueError('a bug')" in error

@@ -47,12 +47,15 @@ class Claimer:
         """Re-read which of our queues are paused or limited (every poll interval)."""
         self.controlled = self.store.controlled_queues(self.queues)
 
-    def _claim(self, queue: str, want: int) -> list[ClaimedJob]:
+    def _claim(self, queue: str, want: int, limited_want: int) -> list[ClaimedJob]:
         paused = self.controlled.get(queue)
         if paused:
             return []
         if paused is None:
             return self.store.claim(queue, want, self.name)
+        want = min(want, limited_want)
+        if want <= 0:
+            return []
         # Limited: take the queue's lock, then claim in a snapshot taken after it, so what
         # the other workers' claims started is counted. The `more` column says whether the
         # limits held due jobs back; a row of NULLs stands for "none claimed".
@@ -63,10 +66,16 @@ class Claimer:
         return limited.jobs
 
     def run_once(self, free_slots: int,
-                 submit: Callable[[ClaimedJob], None] | None = None) -> int:
+                 submit: Callable[[ClaimedJob], None] | None = None, *,
+                 free_handlers: int | None = None) -> int:
         """Claim and submit up to `free_slots` jobs; returns how many. A database error is
-        raised after the rows of earlier queues were submitted."""
+        raised after the rows of earlier queues were submitted.
+
+        From a limited queue, at most `free_handlers` (default: all the free slots): a job
+        claimed ahead would start later than its claim, so a rate limit counted at the
+        claim would let more start in a window than it allows (issue 20)."""
         submit = submit or self.submit
+        handlers = free_slots if free_handlers is None else free_handlers
         self.held_back = False
         n = len(self.queues)
         start, self._rotation = self._rotation, (self._rotation + 1) % n
@@ -75,7 +84,7 @@ class Claimer:
             want = free_slots - got
             if want <= 0:
                 break
-            for job in self._claim(self.queues[(start + i) % n], want):
+            for job in self._claim(self.queues[(start + i) % n], want, handlers - got):
                 got += 1
                 self.claimed += 1
                 try:

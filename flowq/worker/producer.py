@@ -20,7 +20,9 @@ Claim-ahead: a worker claims, beyond its free handlers, what it would start with
 nothing is claimed ahead, so an idle worker gets its share; no-op handlers finishing 10,000
 per second keep a buffer that makes claims large at any concurrency. A job claimed ahead that
 has not started after `CLAIM_AHEAD_MAX_WAIT` (0.25 s) is handed back (the handlers turned
-slow: the rate measured no longer holds), so that an idle worker can start it.
+slow: the rate measured no longer holds), so that an idle worker can start it. A limited
+queue is never claimed ahead (only for handlers free now): its limits count claims, and a
+job that started later than its claim would let a rate window see more starts than it allows.
 """
 
 from __future__ import annotations
@@ -166,6 +168,11 @@ class Producer:
         c = self.config.concurrency
         return c + self.ahead - self.slots.in_flight - max(0, self.outcomes.queued - c)
 
+    def free_handlers(self) -> int:
+        """Handlers free now: a job claimed for one starts at once (limited queues only
+        claim that many, never ahead: see `Claimer.run_once`)."""
+        return max(0, self.config.concurrency - self.slots.in_flight)
+
     def size_claim_ahead(self, now: float) -> None:
         """Resize the claim-ahead from the rate handlers finished at since the last window;
         hand back what waited in it too long (and start measuring afresh)."""
@@ -226,7 +233,7 @@ class Producer:
                 try:
                     if due_poll:  # pauses and limits others set: seen within a poll
                         self.claimer.refresh()
-                    got = self.claimer.run_once(free)
+                    got = self.claimer.run_once(free, free_handlers=self.free_handlers())
                     backoff = 0.1
                     self.outage.ok()
                 except DB_ERRORS as exc:

@@ -57,3 +57,25 @@ def test_claims_rotate_over_queues_and_stop_at_the_free_slots(engine: sa.Engine,
     assert claimer.run_once(5) == 2
     assert len({j.lease for j in got}) == 4
     conn.close()
+
+
+def test_a_limited_queue_is_never_claimed_ahead(engine: sa.Engine, db_url: str) -> None:
+    """From a limited queue the claimer takes only what free handlers start at once: a job
+    claimed ahead would start later than the claim that counted it against the rate, and a
+    window could see more starts than it allows (issue 20, seen as 21 starts in a window of
+    20). Unlimited queues still fill the claim-ahead."""
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO flowq.jobs (task, step, queue) SELECT 't', 't', q "
+                             "FROM unnest(array_fill('lim'::text, ARRAY[6]) || "
+                             "array_fill('free'::text, ARRAY[6])) AS q"))
+        conn.execute(sa.text("INSERT INTO flowq.queues (name, rate_limit, rate_period) "
+                             "VALUES ('lim', 100, 1)"))
+    conn = DedicatedConnection(normalize_url(db_url), "test claim")
+    got: list[ClaimedJob] = []
+    claimer = Claimer(conn, Q, ["lim", "free"], "w", got.append)
+    claimer.refresh()
+    assert claimer.run_once(8, free_handlers=2) == 8
+    assert sorted(j.queue for j in got) == ["free"] * 6 + ["lim"] * 2
+    got.clear()
+    assert claimer.run_once(8, free_handlers=0) == 0  # the next pass starts at "free": empty
+    conn.close()

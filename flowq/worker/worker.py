@@ -33,8 +33,6 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import TYPE_CHECKING, Final
 
-import psycopg
-import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from flowq.context import StepSession
@@ -43,13 +41,14 @@ from flowq.db.checks import ensure_schema
 from flowq.db.rows import Claim, ClaimedJob
 from flowq.db.schema import notify_channel, schema_map
 from flowq.db.sql import Queries
+from flowq.db.transient import is_transient
 from flowq.define.app import FlowQ
 from flowq.errors import ConfigurationError, DatabaseUnavailableError, FlowqError
 from flowq.storable import first_line
 from flowq.worker.claimer import Claimer
 from flowq.worker.completer import Completer
 from flowq.worker.config import WorkerConfig
-from flowq.worker.connection import DB_BACKOFF_MAX, WorkerConnections
+from flowq.worker.connection import DB_BACKOFF_MAX, DB_ERRORS, WorkerConnections
 from flowq.worker.executor import Executor
 from flowq.worker.heartbeat import Heartbeat
 from flowq.worker.listener import Listener
@@ -80,8 +79,6 @@ STOP_SLACK: Final = 30.0
 # The first wait before a starting worker tries an unreachable database again (doubling, up
 # to DB_BACKOFF_MAX, for WorkerConfig.start_timeout seconds in all).
 START_RETRY_FIRST: Final = 0.1
-# What an unreachable database raises on either path (SQLAlchemy's or psycopg's own).
-UNREACHABLE: Final = (sa.exc.OperationalError, psycopg.OperationalError)
 # libpq's words for a server that answered and said no (not worth trying again), unlike "the
 # database system is starting up" or a refused TCP connection.
 REFUSALS: Final = ("password authentication failed", "no pg_hba.conf entry", "does not exist",
@@ -249,7 +246,9 @@ class Worker:
             try:
                 start()
                 return
-            except (DatabaseUnavailableError, *UNREACHABLE) as exc:
+            except (DatabaseUnavailableError, *DB_ERRORS) as exc:
+                if not isinstance(exc, DatabaseUnavailableError) and not is_transient(exc):
+                    raise  # a statement refused: trying again would not change that
                 reason = _reason(exc)
                 if any(fragment in reason for fragment in REFUSALS):
                     # The server answered: trying again would not change its mind.

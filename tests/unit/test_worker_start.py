@@ -10,6 +10,7 @@ import time
 
 import psycopg
 import pytest
+import sqlalchemy as sa
 from click.testing import CliRunner
 
 import flowq
@@ -61,8 +62,13 @@ def test_an_unreachable_database_is_one_sentence_after_the_bound(app: flowq.Flow
 def test_a_briefly_unreachable_database_is_ridden_out(app: flowq.FlowQ, closed_url: str,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     w = Worker(app, closed_url, WorkerConfig(start_timeout=5.0))
+    # Whatever flowq.db.is_transient calls transient: a pooler's killed backend, a standby
+    # or a demoted primary during a failover (read-only) included.
     failures = [DatabaseUnavailableError("cannot connect"),
-                psycopg.OperationalError("server closed the connection unexpectedly")]
+                psycopg.OperationalError("server closed the connection unexpectedly"),
+                sa.exc.InternalError("UPDATE", {}, psycopg.errors.ReadOnlySqlTransaction(
+                    "cannot execute UPDATE in a read-only transaction")),
+                psycopg.errors.AdminShutdown("terminating connection due to administrator")]
     calls: list[int] = []
 
     def flaky() -> None:
@@ -71,8 +77,18 @@ def test_a_briefly_unreachable_database_is_ridden_out(app: flowq.FlowQ, closed_u
             raise failures.pop(0)
 
     monkeypatch.setattr(w, "_check_schema", flaky)
-    w.check_database()  # no error: the third try succeeded
-    assert len(calls) == 3
+    w.check_database()  # no error: the fifth try succeeded
+    assert len(calls) == 5
+    w.connections.close()
+
+
+def test_a_refused_statement_is_not_tried_again(app: flowq.FlowQ, closed_url: str,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    w = Worker(app, closed_url, WorkerConfig(start_timeout=30.0))
+    refused = sa.exc.IntegrityError("INSERT", {}, psycopg.errors.UniqueViolation("duplicate"))
+    monkeypatch.setattr(w, "_check_schema", lambda: (_ for _ in ()).throw(refused))
+    with pytest.raises(sa.exc.IntegrityError):
+        w.check_database()
     w.connections.close()
 
 

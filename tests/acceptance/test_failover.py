@@ -58,7 +58,7 @@ def _major(bindir: Path) -> int | None:
                              text=True, timeout=30, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    found = re.search(r"(\d+)", out.split(")")[-1])
+    found = re.search(r"\(PostgreSQL\)\s+(\d+)", out)
     return int(found.group(1)) if found else None
 
 
@@ -101,7 +101,9 @@ class Pair:
 def pair(bindir: Path, request: pytest.FixtureRequest) -> Iterator[Pair]:
     """A primary and its streaming standby (synchronous with `sync`), both running."""
     sync = request.param == "crash-sync"
-    settings = {**FAST_SETTINGS, "synchronous_commit": "on" if sync else "off",
+    # Commits wait for the local WAL write as in production (fsync stays off: the old
+    # primary's disk is thrown away), and for the standby too only with `sync`.
+    settings = {**FAST_SETTINGS, "synchronous_commit": "on",
                 "wal_sender_timeout": "5s", "wal_receiver_status_interval": "1s"}
     primary = LocalPostgres(bindir=bindir, settings=settings).start()
     standby: LocalPostgres | None = None

@@ -240,16 +240,21 @@ def test_failover_mid_drain_and_mid_enqueue(pair: Pair, spawn_worker: Any,
 
     new = sa.create_engine(pair.standby.url)
     promoted_at = scalar(new, "SELECT clock_timestamp()")
-    listening: dict[int, float] = {}
+    # The LISTEN and the heartbeat (the claim and completion connections show in the
+    # ledger) of every worker on the new primary; the seconds from the failure.
+    back: dict[tuple[str, int], float] = {}
 
-    def every_worker_listening() -> bool:
-        for w in workers:
-            if w.pid not in listening and _on(new, "listen", w.pid):
-                listening[w.pid] = time.monotonic() - failed
-        return len(listening) == len(workers)
+    def every_worker_back() -> bool:
+        for role in ("listen", "heartbeat"):
+            for w in workers:
+                if (role, w.pid) not in back and _on(new, role, w.pid):
+                    back[role, w.pid] = time.monotonic() - failed
+        return len(back) == 2 * len(workers)
 
-    wait_until(every_worker_listening, timeout=TIMEOUT, interval=0.05,
-               message="every worker listening on the new primary")
+    wait_until(every_worker_back, timeout=TIMEOUT, interval=0.05,
+               message="every worker listening and heartbeating on the new primary")
+    listening = [v for (role, _), v in back.items() if role == "listen"]
+    beating = [v for (role, _), v in back.items() if role == "heartbeat"]
     after = len(producer.committed)
     wait_until(lambda: len(producer.committed) >= after + 200, timeout=TIMEOUT,
                message="the producer committing on the new primary")
@@ -322,7 +327,8 @@ def test_failover_mid_drain_and_mid_enqueue(pair: Pair, spawn_worker: Any,
           f"of {len(producer.committed)} committed enqueues; promoted "
           f"{promoted - failed:.2f} s after the failure; workers writing again "
           f"{sorted(round(v, 2) for v in resumed)} s after the promotion, listening "
-          f"{sorted(round(v, 2) for v in listening.values())} s after the failure; producer retries "
+          f"{sorted(round(v, 2) for v in listening)} s and heartbeating "
+          f"{sorted(round(v, 2) for v in beating)} s after the failure; producer retries "
           f"{len(producer.failed)} ({sorted(set(producer.failed))}); non-job warning lines per "
           f"worker {warnings}")
     new.dispose()

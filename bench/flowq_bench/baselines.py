@@ -20,7 +20,13 @@ They are what an expert writes without a library, and what flowq is measured aga
   bench's measurement, with one partial index on pending ids): claim 100 with
   `UPDATE … WHERE id IN (SELECT … ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED) RETURNING
   id, payload`, complete them with one `UPDATE … WHERE id = ANY(…)`. What flowq's table
-  and its statements cost beside the least a queue needs (`drains.minimal_drains`).
+  and its statements cost beside the least a queue needs (`drains.minimal_drains`). Its
+  variants (`MINIMAL_VARIANTS`), so that the reference is the fastest honest loop and never
+  flatters flowq: `minimal` (each statement in an explicit transaction: BEGIN, statement,
+  COMMIT), `minimal_autocommit` (each statement atomic on its own: one round trip each) and
+  `minimal_chained` (autocommit, and one statement per batch that completes the previous
+  batch and claims the next: a data-modifying CTE). `drains.fastest_minimal` measures them
+  all and the scenario keeps the fastest.
 
 `run_loops` runs P of them in processes (multiprocessing, spawn), released together once all
 are connected, so process start-up is not timed. Each loop sets `finished_at = now()` like flowq,
@@ -29,6 +35,7 @@ so the same database-clock measurement serves both.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing as mp
 import time
@@ -37,7 +44,7 @@ from typing import Any, Final
 
 import psycopg
 
-__all__ = ["LOOPS", "MINIMAL", "MINIMAL_DDL", "MINIMAL_TABLE", "run_loops"]
+__all__ = ["LOOPS", "MINIMAL", "MINIMAL_DDL", "MINIMAL_TABLE", "MINIMAL_VARIANTS", "run_loops"]
 
 BATCH: Final = 100
 QUEUE: Final = "bench"
@@ -146,6 +153,16 @@ _MINIMAL_CLAIM = f"""UPDATE {MINIMAL_TABLE} SET status = 'running', locked_at = 
     RETURNING id, payload"""
 _MINIMAL_DONE = f"""UPDATE {MINIMAL_TABLE} SET status = 'succeeded', finished_at = now()
     WHERE id = ANY(%s)"""
+# The previous batch completed and the next claimed in one statement: the claim's snapshot
+# is the statement's, in which the completed rows are `running`, so the two never overlap.
+_MINIMAL_CHAINED = f"""WITH done AS (
+        UPDATE {MINIMAL_TABLE} SET status = 'succeeded', finished_at = now()
+        WHERE id = ANY(%s))
+    UPDATE {MINIMAL_TABLE} SET status = 'running', locked_at = now()
+    WHERE id IN (SELECT id FROM {MINIMAL_TABLE} WHERE status = 'pending'
+                 ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)
+    RETURNING id, payload"""
+MINIMAL_VARIANTS: Final = ("minimal", "minimal_autocommit", "minimal_chained")
 
 _Row = tuple[Any, ...]
 
@@ -186,17 +203,33 @@ def _batched(conn: psycopg.Connection[Any], pipeline: bool) -> int:
         done += len(rows)
 
 
-def _minimal(conn: psycopg.Connection[Any]) -> int:
-    """Claim 100, complete them, in a transaction each (as `_batched`), until none is left."""
+def _minimal(conn: psycopg.Connection[Any], autocommit: bool = False) -> int:
+    """Claim 100, complete them, until none is left: in a transaction each (as `_batched`),
+    or with `autocommit` each statement on its own."""
+    conn.autocommit = autocommit
+    block = contextlib.nullcontext if autocommit else conn.transaction
     done = 0
     while True:
-        with conn.transaction():
+        with block():
             rows = conn.execute(_MINIMAL_CLAIM, (BATCH,)).fetchall()
         if not rows:
             return done
-        with conn.transaction():
+        with block():
             conn.execute(_MINIMAL_DONE, ([r[0] for r in rows],))
         done += len(rows)
+
+
+def _minimal_chained(conn: psycopg.Connection[Any]) -> int:
+    """One autocommit statement per batch: complete the previous, claim the next."""
+    conn.autocommit = True
+    done = 0
+    previous: list[int] = []
+    while True:
+        rows = conn.execute(_MINIMAL_CHAINED, (previous, BATCH)).fetchall()
+        done += len(previous)
+        if not rows:
+            return done
+        previous = [r[0] for r in rows]
 
 
 def _listener(conn: psycopg.Connection[Any], stop: Any) -> int:
@@ -276,6 +309,8 @@ LOOPS: Final[dict[str, Callable[[psycopg.Connection[Any], Any], int]]] = {
     "dag": lambda conn, stop: _flow(conn, _dag_complete),
     "map": lambda conn, stop: _flow(conn, _map_complete),
     MINIMAL: lambda conn, stop: _minimal(conn),
+    "minimal_autocommit": lambda conn, stop: _minimal(conn, autocommit=True),
+    "minimal_chained": lambda conn, stop: _minimal_chained(conn),
 }
 
 

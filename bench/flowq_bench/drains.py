@@ -32,8 +32,20 @@ from flowq_bench import baselines
 from flowq_bench.app import app as bench_app
 from flowq_bench.harness import WorkerGroup, conninfo, own_database, reset, reset_table, wait_for
 
-__all__ = ["Check", "DrainCost", "db_clock", "enqueue_run", "enqueue_runs", "flowq_drain",
-           "flowq_drains", "minimal_drains", "raw_drain", "raw_drains", "wait_drained"]
+__all__ = [
+    "Check",
+    "DrainCost",
+    "db_clock",
+    "enqueue_run",
+    "enqueue_runs",
+    "fastest_minimal",
+    "flowq_drain",
+    "flowq_drains",
+    "minimal_drains",
+    "raw_drain",
+    "raw_drains",
+    "wait_drained",
+]
 
 Check = Callable[[sa.Engine], None]
 """Called after each timed drain (outside the window): raises if the rows are not as expected."""
@@ -277,11 +289,21 @@ _MINIMAL_FILL = sa.text(f"INSERT INTO {baselines.MINIMAL_TABLE} (payload) "
                         "SELECT jsonb_build_object('n', g) FROM generate_series(0, :n - 1) g")
 
 
-def minimal_drains(url: str, engine: sa.Engine, n: int, processes: int, repeat: int
-                   ) -> list[DrainCost]:
-    """Rate and cost of each repeat of P `baselines.MINIMAL` loops draining `n` rows of the
-    minimal table, created for this (in a database `fresh_database` made) and dropped after.
-    Its rows are written in one commit, like enqueue_many's, by one INSERT … SELECT."""
+def fastest_minimal(url: str, engine: sa.Engine, n: int, processes: int
+                    ) -> tuple[str, dict[str, float]]:
+    """Which of `baselines.MINIMAL_VARIANTS` drains fastest here (one drain of `n` rows
+    each), and every variant's rate: the reference is the fastest honest loop."""
+    rates = {kind: minimal_drains(url, engine, n, processes, 1, kind)[0].rate
+             for kind in baselines.MINIMAL_VARIANTS}
+    return max(rates, key=rates.__getitem__), rates
+
+
+def minimal_drains(url: str, engine: sa.Engine, n: int, processes: int, repeat: int,
+                   kind: str = baselines.MINIMAL) -> list[DrainCost]:
+    """Rate and cost of each repeat of P `kind` loops (one of `baselines.MINIMAL_VARIANTS`)
+    draining `n` rows of the minimal table, created for this (in a database `fresh_database`
+    made) and dropped after. Its rows are written in one commit, like enqueue_many's, by one
+    INSERT … SELECT."""
     with engine.begin() as c:
         own_database(c)
         for ddl in baselines.MINIMAL_DDL:
@@ -294,7 +316,7 @@ def minimal_drains(url: str, engine: sa.Engine, n: int, processes: int, repeat: 
             with _wal(engine, n, out) as start:
                 with engine.begin() as c:
                     c.execute(_MINIMAL_FILL, {"n": n})
-                with baselines.run_loops(baselines.MINIMAL, conninfo(url), processes) as loops:
+                with baselines.run_loops(kind, conninfo(url), processes) as loops:
                     t0 = start()
                     loops.go()
                     loops.join()

@@ -31,6 +31,7 @@ from flowq_bench.drains import (
     db_clock,
     engine_for,
     enqueue_run,
+    fastest_minimal,
     flowq_drain,
     flowq_drains,
     minimal_drains,
@@ -45,6 +46,8 @@ from flowq_bench.report import Figure, Row, percentile
 __all__ = ["dag", "drain", "drain_session", "map_run", "pipeline", "scale"]
 
 PIPELINE_STEPS: Final = 3
+# Rows of the one drain per minimal-table variant that picks the fastest.
+CALIBRATE_JOBS: Final = 20_000
 DAG_STEPS: Final = ("start", "left", "right", "join")
 
 
@@ -65,12 +68,14 @@ def drain(server: Server, o: Options) -> list[Row]:
         try:
             ours = {c: flowq_drains(url, engine, "noop", o.jobs, 1, p, c, o.repeat)
                     for c in o.drain_cs}
+            # The minimal-table reference is the fastest of its variants on this server.
+            fastest, variants = fastest_minimal(url, engine, min(o.jobs, CALIBRATE_JOBS), p)
             refs = {f"raw 1/tx P={p}":
                     raw_drains(url, engine, "one_per_tx", "noop", o.jobs, 1, p, o.repeat),
                     f"raw batched-100 P={p}":
                     raw_drains(url, engine, "batched", "noop", o.jobs, 1, p, o.repeat),
-                    f"raw batched-100, minimal table P={p}":
-                    minimal_drains(url, engine, o.jobs, p, o.repeat)}
+                    f"raw batched-100, minimal table ({fastest}) P={p}":
+                    minimal_drains(url, engine, o.jobs, p, o.repeat, fastest)}
         finally:
             engine.dispose()
 
@@ -89,6 +94,9 @@ def drain(server: Server, o: Options) -> list[Row]:
         notes = [_cost_note(f"flowq C={c}", v)]
         if i == 0:
             notes += [_cost_note(name, r) for name, r in refs.items()]
+            notes.append("minimal-table variants, one drain of "
+                         f"{min(o.jobs, CALIBRATE_JOBS):,} each: " + ", ".join(
+                             f"{k} {r:,.0f} jobs/s" for k, r in variants.items()))
         rows.append(Row("drain", Figure(f"WAL bytes/job (P={p} C={c})", "B/job",
                                         [d.wal_per_row for d in v], False),
                         figures("B/job", lambda d: d.wal_per_row),

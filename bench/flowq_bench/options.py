@@ -10,12 +10,13 @@ from flowq.define.workflows import MAX_MAP_ITEMS
 __all__ = ["DEFAULT_SCENARIOS", "OPT_IN", "SCENARIOS", "Options"]
 
 SCENARIOS: Final = ("drain", "drain-session", "pipeline", "dag", "map", "limit", "rate",
-                    "enqueue", "latency", "scale", "soak", "memory")
+                    "enqueue", "latency", "scale", "soak", "memory", "pressure")
 # soak runs for --duration (default 10 minutes) and memory drains a million jobs, so both are
 # opt-in: --scenario soak, --scenario memory. limit and rate take 1.5-2 minutes each at default
 # size (three drains or windows of each kind, one kind being a 15 s cap or a 10 s window, and
 # their worker start-ups), so they are opt-in too.
-OPT_IN: Final = ("limit", "rate", "soak", "memory")
+# pressure runs four phases of --pressure-phase (30 s) and then drains what piled up.
+OPT_IN: Final = ("limit", "rate", "soak", "memory", "pressure")
 DEFAULT_SCENARIOS: Final = tuple(s for s in SCENARIOS if s not in OPT_IN)
 
 
@@ -58,6 +59,10 @@ class Options:
     limit_timeout: float = 15.0
     rate_limit: int = 200         # rate: the queue's Rate(rate_limit, per=1s) ...
     rate_window: float = 10.0     # ... drained for this many seconds
+    pressure_rate: float = 2_000.0  # pressure: jobs/s offered to one worker ...
+    pressure_c: int = 16          # ... of this concurrency,
+    pressure_phase: float = 30.0  # ... for this many seconds per phase,
+    pressure_rows: int = 300_000  # ... beside a business table of this many rows
     # `jobs` and `concurrency` as built: memory and drain-session follow them once changed
     # (--jobs, -c), and otherwise use their own defaults above.
     _initial: tuple[int, int] = field(default=(0, 0), init=False, repr=False, compare=False)
@@ -106,7 +111,8 @@ class Options:
                    claims=300, scale_processes=(1, 2), duration=10.0, soak_retention=2.0,
                    sample_every=1.0, session_concurrency=8, memory_jobs=2_000,
                    memory_chunk=500, memory_sample_every=0.2, map_items=300,
-                   queue_limit=4, limit_timeout=5.0, rate_limit=50, rate_window=3.0)
+                   queue_limit=4, limit_timeout=5.0, rate_limit=50, rate_window=3.0,
+                   pressure_rate=200.0, pressure_c=8, pressure_phase=2.0, pressure_rows=20_000)
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -214,3 +214,23 @@ def test_drain_reports_two_concurrencies_a_minimal_table_and_wal(quick_run: Quic
         assert cost["rate"] > 0 and cost["wal_bytes_per_row"] > 0, cost
         assert cost["updates_per_row"] >= 1 and 0 <= cost["hot_pct"] <= 100, cost
     assert costs[minimal][0]["updates_per_row"] == 2  # claim, done
+
+
+def test_pressure_reports_each_phase_beside_the_clean_one(quick_run: QuickRun) -> None:
+    """The pressure scenario at tiny size: for the snapshot, recovery and reader phases, the
+    same six figures beside the clean phase's; completions and offered jobs counted, never a
+    speed asserted."""
+    rows = quick_run.doc["scenarios"]["pressure"]
+    names = [r["flowq"]["name"] for r in rows]
+    for phase in ("snapshot", "recovery", "reader"):
+        for label in ("completions / offered", "pickup p50", "pickup p99", "backlog at the end",
+                      "WAL per completed job", "dead tuples of flowq.jobs at the end"):
+            assert f"{label}, {phase}" in names, names
+    for row in rows:
+        (ref,) = row["references"]
+        assert ref["name"].endswith(", clean") or ref["unit"] == "jobs", row
+        assert all(math.isfinite(v) and v >= 0 for v in (*row["flowq"]["values"],
+                                                          *ref["values"])), row
+    assert all(r["flowq"]["values"][0] > 0 for r in rows
+               if r["flowq"]["name"].startswith("completions / offered"))
+    assert "jobs/s offered to P=1" in rows[0]["note"]

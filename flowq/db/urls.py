@@ -49,10 +49,14 @@ MASK: Final = "***"  # what SQLAlchemy's render_as_string(hide_password=True) sh
 # `scheme://user:` and the password up to the last '@' of its whitespace-free run: printed
 # URLs are the malformed ones, whose password may hold '@', ':' or '/', so the mask errs
 # towards hiding a host too.
-_URL_PASSWORD: Final = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/?#]*:)\S*@")
+# Schemes are short: bounding them keeps a long run of scheme-like text from being rescanned
+# from each of its positions. Applied to a whitespace-free token up to its last '@' only
+# (`_mask_url_password`), so that `\S*@` never scans a token's tail that holds no '@'.
+_URL_PASSWORD: Final = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]{0,31}://[^\s:/?#]*:)\S*@")
+_TOKEN: Final = re.compile(r"\S+")
 # The same with a password holding spaces: up to the next '@' of the line.
 _URL_PASSWORD_SPACES: Final = re.compile(
-    r"(\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/?#]*:)(?!\*\*\*@)(?:(?!://)[^@\n])*@")
+    r"(\b[A-Za-z][A-Za-z0-9+.\-]{0,31}://[^\s:/?#]*:)(?!\*\*\*@)(?:(?!://)[^@\n])*@")
 _QUERY_PASSWORD: Final = re.compile(r"([?&;](?:ssl)?password=)[^&#\s]*", re.IGNORECASE)
 # libpq key/value conninfo (`password=secret`, `password = 'se cret'`) and PGPASSWORD=;
 # a value already masked is left alone, or masking twice would eat a closing `"`.
@@ -68,7 +72,7 @@ _MAPPING_PASSWORD: Final = re.compile(
 # `postgresql:/`, `postgresql//`): up to the next '@' of the line, within 256 characters
 # (unbounded, a long line of colons would take quadratic time).
 _CREDENTIALS_SPACES: Final = re.compile(
-    r"(\b[A-Za-z][A-Za-z0-9+.\-]*(?::/{0,3}|//)[^\s:/?#@]+:)(?!\*\*\*@)[^@\n]{0,256}@")
+    r"(\b[A-Za-z][A-Za-z0-9+.\-]{0,31}(?::/{0,3}|//)[^\s:/?#@]+:)(?!\*\*\*@)[^@\n]{0,256}@")
 _RUN: Final = re.compile(r"[^\s'\"]+")
 # Where a user name may begin inside a run (besides its start).
 _USER_START: Final = frozenset("(=,/")
@@ -101,10 +105,19 @@ def _mask_credentials(run: str) -> str:
 _SA_USERINFO: Final = re.compile(r"[\w+]+://(?:[^:/]*(?::[^@]*)?@)?")
 
 
+def _mask_url_password(token: re.Match[str]) -> str:
+    """A URL's password in one whitespace-free token, masked up to the token's last '@'."""
+    text = token.group()
+    at = text.rfind("@") + 1
+    if not at:
+        return text
+    return _URL_PASSWORD.sub(rf"\1{MASK}@", text[:at]) + text[at:]
+
+
 def mask_secrets(text: str) -> str:
     """`text` with every password in it replaced by `***`: in URLs (malformed ones too), in
     libpq key/value settings (`password=...`) and in `?password=` query parameters."""
-    text = _URL_PASSWORD.sub(rf"\1{MASK}@", text)
+    text = _TOKEN.sub(_mask_url_password, text)
     text = _URL_PASSWORD_SPACES.sub(rf"\1{MASK}@", text)
     text = _CREDENTIALS_SPACES.sub(rf"\1{MASK}@", text)
     text = _RUN.sub(lambda m: _mask_credentials(m.group()), text)

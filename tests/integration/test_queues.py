@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import queues_app as qa
 import sqlalchemy as sa
+from support import scalar
 
 import flowq
 from flowq.db import normalize_url
@@ -239,6 +240,37 @@ def test_the_shortest_rate_period_allowed_still_drains(engine: sa.Engine) -> Non
     wait_until(lambda: claimed.extend(claim(engine, "tiny", 10)) or len(claimed) == 20,
                timeout=30, message="20 jobs claimed through a 1 ms rate")
     assert len({r.id for r in claimed}) == 20
+
+
+def test_a_claim_that_waited_for_the_queue_never_refills_back_in_time(engine: sa.Engine) -> None:
+    """A limited claim's now() is its transaction's start, which may be before the refill of
+    a claim it waited for on the queue's row: it adds no tokens for a negative lag and leaves
+    `refilled_at` where it was, so the next claim counts no span twice."""
+    app = flowq.FlowQ()
+    rate = app.queue("lag", rate_limit=flowq.Rate(10, per=1)).rate_limit
+    assert rate is not None
+
+    @app.task(queue="lag")
+    def tick(ctx: flowq.Context) -> None: ...
+
+    with engine.begin() as conn:
+        flowq.enqueue_many(conn, tick, [{}] * 30)
+        conn.execute(Q.declare_queues, {"names": ["lag"], "concurrencies": [None],
+                                        "rate_limits": [rate.limit],
+                                        "rate_periods": [rate.seconds], "worker": "t"})
+    early = engine.connect()
+    early.begin()
+    early.execute(sa.text("SELECT now()"))  # its now() is fixed here, before the next claim
+    assert len(claim(engine, "lag", 4)) == 4
+    later = scalar(engine, "SELECT refilled_at FROM flowq.queues WHERE name = 'lag'")
+    tokens = scalar(engine, "SELECT tokens FROM flowq.queues WHERE name = 'lag'")
+    early.execute(Q.lock_queue, {"queue": "lag"})
+    got = [r for r in early.execute(Q.claim_limited_jobs, {
+        "queue": "lag", "limit": 30, "worker": "early", "scan": 100}) if r.id is not None]
+    early.commit()
+    early.close()
+    assert len(got) <= tokens  # no token for the negative lag
+    assert scalar(engine, "SELECT refilled_at FROM flowq.queues WHERE name = 'lag'") == later
 
 
 ELSEWHERE = ("enqueue", "idempotency_key", "unique_key", "by name", "enqueue_many")

@@ -50,7 +50,10 @@ class QueueStatements(Statements):
                        CASE WHEN rate_limit IS NULL THEN NULL ELSE least(
                            rate_limit::float8,
                            COALESCE(tokens, rate_limit::float8)
-                           + extract(epoch FROM now() - COALESCE(refilled_at, now()))
+                           -- now() is this transaction's start, which may be before
+                           -- another claim's refill it waited for: never a negative lag.
+                           + extract(epoch FROM greatest(now() - COALESCE(refilled_at, now()),
+                                                         interval '0'))
                              * rate_limit / rate_period) END AS tokens
                   FROM {S}.queues WHERE name = :queue
             ), running AS (
@@ -90,7 +93,8 @@ class QueueStatements(Statements):
             ), spent AS (
                 UPDATE {S}.queues
                    SET tokens = (SELECT tokens FROM cfg) - (SELECT count(*) FROM claimed),
-                       refilled_at = now()
+                       -- never back in time, or the next claim would count a span twice
+                       refilled_at = greatest(refilled_at, now())
                  WHERE name = :queue AND rate_limit IS NOT NULL
             )
             -- Always one row at least: whether due jobs are left that the limits held back

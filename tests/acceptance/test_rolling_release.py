@@ -192,10 +192,14 @@ def _db_now(engine: sa.Engine) -> Any:
     return scalar(engine, "SELECT clock_timestamp()")
 
 
-def _longest_gap(engine: sa.Engine, since: Any, until: Any) -> float:
+def _longest_gap(engine: sa.Engine, since: Any, until: Any, backlog_runs: int) -> float:
     """The longest time between two ledger writes (or one and the window's ends) while the
-    migration ran, with a backlog: claims stalled behind its DDL show up as a gap. (A claim's
-    own time is not kept: a finished job's locked_at is cleared.)"""
+    migration ran and the old release's backlog (runs up to `backlog_runs`) lasted: claims
+    stalled behind its DDL show up as a gap, an empty queue must not. (A claim's own time is
+    not kept: a finished job's locked_at is cleared.)"""
+    last = scalar(engine, "SELECT max(at) FROM rolling_ledger WHERE run_id <= :r",
+                  r=backlog_runs)
+    until = min(until, last)
     writes = [r[0] for r in rows(engine, "SELECT at FROM rolling_ledger WHERE at BETWEEN :a "
                                  "AND :b ORDER BY at", a=since, b=until)]
     points = [since, *writes, until]
@@ -222,8 +226,9 @@ def _roll_out(engine: sa.Engine, url: str, old: Release, new: Release,
     assert done.returncode == 0 and f"revision {PREVIOUS_HEAD}" in done.stdout, done
     with engine.begin() as conn:
         conn.exec_driver_sql(LEDGER_DDL)
-    enq = old.run("-c", ENQUEUE, url, str(OLD_RECORDS), str(OLD_FLOWS), "0.05")
+    enq = old.run("-c", ENQUEUE, url, str(OLD_RECORDS), str(OLD_FLOWS), "0.1")
     assert enq.returncode == 0 and "flowq-0006" in enq.stdout, enq
+    backlog_runs = scalar(engine, "SELECT max(run_id) FROM flowq.jobs")
 
     old_workers = [start(old, url) for _ in range(2)]
     _listening(engine, *old_workers)
@@ -255,12 +260,13 @@ def _roll_out(engine: sa.Engine, url: str, old: Release, new: Release,
     migrate_out = migrate_log.read_text()
     assert f"to {HEAD_REVISION}." in migrate_out and retried_while_held, migrate_out
     retries = migrate_out.count("trying again")
+    assert len(migrate_out.splitlines()) == retries + 1, migrate_out  # one line per retry
     assert all(w.proc.poll() is None for w in old_workers), "an old worker stopped on 0007"
 
     # The previous release restarted now refuses to start (it predates the newer-schema
     # rule): one sentence, a clean exit, which docs/operations.md tells.
     refused = old.run("-m", "flowq", "worker", "rolling_app:app", "--database-url", url)
-    assert refused.returncode != 0 and "Traceback" not in refused.stderr, refused
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused
     assert f"is at revision {HEAD_REVISION}, and this flowq needs {PREVIOUS_HEAD}" \
         in refused.stderr, refused
 
@@ -301,7 +307,7 @@ def _roll_out(engine: sa.Engine, url: str, old: Release, new: Release,
     flows = rows(engine, "SELECT run_id, count(*) AS steps FROM flowq.jobs WHERE task = 'flow' "
                          "GROUP BY run_id")
     by_release = {rel: sum(1 for r in ledger if r.release == rel) for rel in ("old", "new")}
-    gap = _longest_gap(engine, migrate_since, migrate_until)
+    gap = _longest_gap(engine, migrate_since, migrate_until, backlog_runs)
     numbers = (f"jobs={len(jobs)} (expected {total_jobs}) ledger_rows={len(ledger)} "
                f"doubles={doubles} lost={lost} not_final={len(not_final)} "
                f"old_rows={by_release['old']} (after migrate: {old_after}) "

@@ -150,6 +150,8 @@ def test_indexes_exist(engine: sa.Engine) -> None:
 
 def test_sql_script_prints_the_ddl() -> None:
     ddl = sql_script()
+    # Applied by hand, the script's lock waits are bounded like `migrate`'s.
+    assert ddl.index("SET LOCAL lock_timeout = '500ms';") < ddl.index("CREATE SCHEMA")
     assert "CREATE SCHEMA IF NOT EXISTS \"flowq\"" in ddl
     assert "CREATE TABLE flowq.jobs" in ddl
     assert "CREATE INDEX jobs_pending_idx ON flowq.jobs" in ddl
@@ -451,6 +453,28 @@ def test_migrate_inside_the_callers_transaction_waits_once_and_keeps_their_setti
         assert migrate(conn).after == HEAD
         assert conn.execute(sa.text("SHOW lock_timeout")).scalar() == "7s"
         conn.commit()
+
+
+def test_flowq_migrate_prints_one_line_per_retry_then_one_sentence(
+        at_0006: sa.Engine, holder: tuple[sa.Connection, int], db_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from functools import partial
+
+    from click.testing import CliRunner
+
+    import flowq.db.migrations as migrations
+    from flowq.cli import main
+
+    # The command's budget, made small (the default is about a minute of tries).
+    monkeypatch.setattr(migrations, "migrate", partial(migrate, attempts=3, lock_timeout=0.2))
+    result = CliRunner().invoke(main, ["migrate", "--database-url", db_url],
+                                env={"FLOWQ_DATABASE_URL": None, "DATABASE_URL": None})
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 3 and result.stdout == "", result.output
+    assert [("(try 2 of 3)" in lines[0]), ("(try 3 of 3)" in lines[1])] == [True, True]
+    assert "gave up after 3 tries" in lines[2] and f"pid {holder[1]}" in lines[2]
+    assert "Traceback" not in result.output
 
 
 @pytest.mark.parametrize("budget", [{"lock_timeout": 0}, {"lock_timeout": float("nan")},

@@ -170,16 +170,18 @@ def _blocker(engine: sa.Engine, schema: str) -> str:
         return "a transaction that no longer holds it (or that this role cannot see)"
     # application_name is whatever the other client set: shown quoted and cut short.
     name = (row.application_name or "")[:64]
+    table = row.relname if row.relname.isidentifier() else repr(row.relname[:64])
     age = f"{row.age:.0f} s" if row.age is not None else "an unknown time"
     return (f"pid {row.pid} (application_name {name!r}, state {row.state or 'unknown'}, "
-            f"in a transaction for {age}, {row.mode} on {schema}.{row.relname})")
+            f"in a transaction for {age}, {row.mode} on {schema}.{table})")
 
 
 def _check_budget(lock_timeout: float, attempts: int) -> None:
-    if not (isinstance(lock_timeout, (int, float)) and math.isfinite(lock_timeout)
+    if isinstance(lock_timeout, bool) or not (
+            isinstance(lock_timeout, (int, float)) and math.isfinite(lock_timeout)
             and 0 < lock_timeout <= 60):
         raise ConfigurationError(f"lock_timeout must be seconds in (0, 60], not {lock_timeout!r}")
-    if not (isinstance(attempts, int) and 1 <= attempts <= 1000):
+    if isinstance(attempts, bool) or not (isinstance(attempts, int) and 1 <= attempts <= 1000):
         raise ConfigurationError(f"attempts must be an integer from 1 to 1000, not {attempts!r}")
 
 
@@ -211,9 +213,9 @@ def _bounded(bind: sa.Engine | sa.Connection, schema: str, work: Callable[[sa.Co
                 bind.rollback()
             who = _blocker(engine, schema)
             if not owned or attempt == attempts:
-                tries = f"{attempt} tries" if attempt > 1 else "one try"
+                tries = f"{attempt} tries: each time" if attempt > 1 else "one try:"
                 raise MigrationBlockedError(
-                    f"the flowq migration gave up after {tries}: each time a statement waited "
+                    f"the flowq migration gave up after {tries} a statement waited "
                     f"more than {lock_timeout:g} s for a lock on the {schema!r} schema's "
                     f"tables, held by {who}; end that transaction (or let it finish), then "
                     "run `flowq migrate` again.") from None

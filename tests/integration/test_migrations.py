@@ -429,7 +429,9 @@ def test_migrate_gives_up_with_one_sentence_naming_the_blocker(
     with pytest.raises(MigrationBlockedError) as info:
         migrate(at_0006, lock_timeout=0.2, attempts=2, on_retry=lines.append)
     message = str(info.value)
-    assert message.startswith("the flowq migration gave up after 2 tries: "), message
+    assert message.startswith("the flowq migration gave up after 2 tries: each time a "
+                              "statement waited more than 0.2 s for a lock on the 'flowq' "
+                              "schema's tables, "), message
     assert (f"held by pid {holder_pid} (application_name 'flowq-test-holder', state idle in "
             "transaction, in a transaction for ") in message
     assert "AccessShareLock on flowq.jobs); end that transaction" in message
@@ -479,7 +481,8 @@ def test_flowq_migrate_prints_one_line_per_retry_then_one_sentence(
 
 @pytest.mark.parametrize("budget", [{"lock_timeout": 0}, {"lock_timeout": float("nan")},
                                     {"lock_timeout": float("inf")}, {"lock_timeout": 61},
-                                    {"attempts": 0}, {"attempts": 10**6}, {"attempts": 2.5}])
+                                    {"attempts": 0}, {"attempts": 10**6}, {"attempts": 2.5},
+                                    {"attempts": True}, {"lock_timeout": True}])
 def test_an_unbounded_retry_budget_is_refused(engine: sa.Engine, budget: dict[str, Any]
                                               ) -> None:
     with pytest.raises(ConfigurationError):

@@ -1,8 +1,11 @@
-"""alembic environment for flowq's own migrations (see flowq/migrations.py).
+"""alembic environment for flowq's own migrations (see flowq/db/migrations.py).
 
 Run through `flowq migrate` / `flowq.migrate(engine)`, which pass the connection and the
-target schema in `config.attributes`. The version table lives in the flowq schema, so the
-application's own `alembic_version` is never touched.
+target schema in `config.attributes`, and which have already taken the migration lock and
+bounded the transaction's lock waits (`lock_timeout`, retried there as a whole). The version
+table lives in the flowq schema, so the application's own `alembic_version` is never touched.
+The `--sql` script bounds its lock waits the same way; applied by hand, it fails instead of
+stalling claims, and is to be run again.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import context
 
-from flowq.db.migrations import MIGRATE_LOCK, VERSION_TABLE
+from flowq.db.migrations import LOCK_TIMEOUT, MIGRATE_LOCK, VERSION_TABLE
 from flowq.db.schema import metadata
 from flowq.names import DEFAULT_SCHEMA
 
@@ -40,6 +43,7 @@ def run_offline() -> None:
     _configure(url=config.get_main_option("sqlalchemy.url"), literal_binds=True,
                dialect_opts={"paramstyle": "named"})
     with context.begin_transaction():
+        context.execute(f"SET LOCAL lock_timeout = '{round(LOCK_TIMEOUT * 1000)}ms'")
         context.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
         context.run_migrations()
 

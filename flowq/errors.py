@@ -9,6 +9,7 @@ FlowqError                      root: catch this to catch everything flowq raise
 ├── InvalidQueueError           a queue name is not a plain identifier
 ├── SchemaMissingError          the database has no flowq schema: run `flowq migrate`
 ├── DatabaseUnavailableError    the database cannot be reached at the given URL
+├── MigrationBlockedError       a migration kept waiting for a lock another transaction holds
 ├── EmbeddedPostgresError       the embedded PostgreSQL is missing or failed to start
 ├── RunNotFoundError            no run with that id (or it was pruned)
 ├── RunStateError               the run's state does not allow that (retry a run that is not dead)
@@ -37,6 +38,7 @@ __all__ = [
     "FlowqError",
     "InvalidArgumentsError",
     "InvalidQueueError",
+    "MigrationBlockedError",
     "RetryStep",
     "RunNotFoundError",
     "RunStateError",
@@ -77,6 +79,11 @@ class SchemaMissingError(FlowqError):
 
 class DatabaseUnavailableError(FlowqError):
     """The database cannot be reached: check the URL (--database-url or FLOWQ_DATABASE_URL)."""
+
+
+class MigrationBlockedError(FlowqError):
+    """A migration gave up: its DDL kept waiting for a lock that another transaction holds on
+    flowq's tables (end that transaction, then run `flowq migrate` again)."""
 
 
 class EmbeddedPostgresError(FlowqError):

@@ -2,7 +2,9 @@
 
 Options: `--database-url` (default: FLOWQ_DATABASE_URL, then DATABASE_URL), `--schema`
 (default "flowq"), `--sql`. It says what it did: created the schema, upgraded it from one
-revision to another, or found it already up to date.
+revision to another, or found it already up to date. While running workers hold locks on
+flowq's tables it waits for each lock at most half a second, then rolls back and tries again
+(one line on stderr per retry, about a minute in all; `flowq.db.migrations`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ def migrate(database_url: str | None, schema: str, sql: bool) -> None:
         return
     engine = create_engine(require_url(database_url))
     try:
-        done = run_migrate(engine, schema=schema)
+        done = run_migrate(engine, schema=schema,
+                           on_retry=lambda line: click.echo(line, err=True))
     finally:
         engine.dispose()
     if done.created_schema:

@@ -3,14 +3,22 @@
 Each failure is one sentence that says what to do (`DatabaseUnavailableError`: check the URL
 and the server; `SchemaMissingError`: run `flowq migrate`, with `--schema` when it is not the
 default), and carries no password (`flowq.db.urls.mask_secrets`).
+
+The revision check (`ensure_schema(..., current=True)`, a worker starting): a schema behind
+this flowq is refused (its statements would fail one by one: run `flowq migrate`); a schema at
+a revision this flowq does not ship is a newer flowq's, accepted with one warning, because
+migrations only expand (docs/operations.md, "Rolling releases and migrations"): the previous
+release keeps working while a release rolls out, or after the code is rolled back.
 """
 
 from __future__ import annotations
 
+import logging
+
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from flowq.db.migrations import HEAD_REVISION, current_revision
+from flowq.db.migrations import HEAD_REVISION, current_revision, is_known_revision
 from flowq.db.sql import queries
 from flowq.db.urls import describe_url, mask_secrets
 from flowq.errors import DatabaseUnavailableError, SchemaMissingError
@@ -18,6 +26,8 @@ from flowq.names import DEFAULT_SCHEMA
 from flowq.storable import first_line
 
 __all__ = ["ensure_schema", "is_missing_schema_error", "schema_exists", "schema_missing"]
+
+logger = logging.getLogger(__name__)
 
 
 def schema_exists(conn: sa.Connection, schema: str = DEFAULT_SCHEMA) -> bool:
@@ -29,7 +39,8 @@ def ensure_schema(engine: sa.Engine, schema: str = DEFAULT_SCHEMA, *,
                   current: bool = False) -> None:
     """Raise a one-sentence flowq error if the database is unreachable or not migrated; with
     `current`, also if its flowq schema is behind the revision this flowq needs (a worker
-    must not start on it: its statements would fail one by one)."""
+    must not start on it: its statements would fail one by one). A schema at a revision this
+    flowq does not know (a newer flowq's) passes with one warning logged."""
     revision: str | None = None
     try:
         with engine.connect() as conn:
@@ -43,12 +54,19 @@ def ensure_schema(engine: sa.Engine, schema: str = DEFAULT_SCHEMA, *,
         )) from None
     if not present:
         raise schema_missing(schema, engine.url)
-    if current and revision != HEAD_REVISION:
-        command = "flowq migrate" + (f" --schema {schema}" if schema != DEFAULT_SCHEMA
-                                     else "")
-        raise SchemaMissingError(
-            f"the flowq schema {schema!r} at {describe_url(engine.url)} is at revision "
-            f"{revision}, and this flowq needs {HEAD_REVISION}: run `{command}` first.")
+    if not current or revision == HEAD_REVISION:
+        return
+    if revision is not None and not is_known_revision(revision):
+        # Text from the database: shown quoted and cut short, never trusted as an id.
+        logger.warning(
+            "the flowq schema %r is at revision %r, newer than this flowq's %s: fine while a "
+            "release rolls out, since migrations only expand; upgrade this worker",
+            schema, revision[:64], HEAD_REVISION)
+        return
+    command = "flowq migrate" + (f" --schema {schema}" if schema != DEFAULT_SCHEMA else "")
+    raise SchemaMissingError(
+        f"the flowq schema {schema!r} at {describe_url(engine.url)} is at revision "
+        f"{revision}, and this flowq needs {HEAD_REVISION}: run `{command}` first.")
 
 
 def schema_missing(schema: str, url: str | URL | None = None) -> SchemaMissingError:

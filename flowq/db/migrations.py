@@ -11,6 +11,18 @@ The schema: `migrate` creates it when it does not exist and marks it so with a c
 the schema itself, but only when the schema carries that mark and holds nothing else: a
 schema someone else created, or one holding objects flowq did not create, stays.
 
+Migrating under running workers: every DDL statement waits at most `LOCK_TIMEOUT` (0.5 s) for
+its lock (`SET LOCAL lock_timeout`), because a claim queued behind a waiting `ALTER TABLE`
+waits as long as it does. When one times out (a long transaction holds a lock on a flowq
+table), the whole migration is rolled back and tried again with backoff (`RETRY_FIRST` 0.25 s,
+doubling up to `RETRY_CAP` 2 s), `LOCK_ATTEMPTS` (30) times, about a minute; then
+`MigrationBlockedError` names the oldest transaction holding a lock on flowq's tables. There
+is no statement_timeout: a legitimate long statement (an index on a big table) must not be
+cut, and keeping revisions to cheap, additive DDL is the rule of docs/operations.md,
+checked by tests/unit/test_migration_rules.py. A migration that joins the caller's open
+transaction cannot be rolled back and retried by flowq: it waits the same bounded time once,
+then raises.
+
 alembic is imported inside the functions that run it, not with this module: the constants
 (`HEAD_REVISION`, ...) are read by commands that never migrate, which should start at once.
 """
@@ -18,6 +30,8 @@ alembic is imported inside the functions that run it, not with this module: the 
 from __future__ import annotations
 
 import io
+import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,13 +39,15 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import sqlalchemy as sa
 
+from flowq.errors import ConfigurationError, MigrationBlockedError
 from flowq.names import DEFAULT_SCHEMA, validate_schema_name
 
 if TYPE_CHECKING:
     from alembic.config import Config
 
-__all__ = ["HEAD_REVISION", "MIGRATE_LOCK", "SCHEMA_COMMENT", "VERSION_TABLE", "Migrated",
-           "alembic_config", "current_revision", "downgrade", "migrate", "migrations_dir",
+__all__ = ["HEAD_REVISION", "LOCK_ATTEMPTS", "LOCK_TIMEOUT", "MIGRATE_LOCK", "RETRY_CAP",
+           "RETRY_FIRST", "SCHEMA_COMMENT", "VERSION_TABLE", "Migrated", "alembic_config",
+           "current_revision", "downgrade", "is_known_revision", "migrate", "migrations_dir",
            "revision_schema", "sql_script"]
 
 T = TypeVar("T")
@@ -45,7 +61,29 @@ HEAD_REVISION: Final = "0007"
 MIGRATE_LOCK: Final = 0x666C6F77  # "flow"
 # The mark of a schema `migrate` created, so that `downgrade` to base may drop it.
 SCHEMA_COMMENT: Final = "created by flowq migrate"
+# Seconds one DDL statement may wait for its lock: claims queued behind it wait as long.
+LOCK_TIMEOUT: Final = 0.5
+# Tries of a whole migration whose DDL timed out on a lock, and the backoff between them.
+LOCK_ATTEMPTS: Final = 30
+RETRY_FIRST: Final = 0.25
+RETRY_CAP: Final = 2.0
 _DEPENDENT_OBJECTS_STILL_EXIST: Final = "2BP01"
+_LOCK_NOT_AVAILABLE: Final = "55P03"
+# The oldest transaction holding a lock on a table of the flowq schema: the likeliest blocker
+# once a DDL statement timed out (after the rollback nothing waits, so pg_blocking_pids is
+# empty). Read through pg_locks, so it needs no privilege beyond pg_stat_activity's.
+_BLOCKER_SQL: Final = """
+SELECT a.pid, a.application_name, a.state, l.mode, c.relname,
+       extract(epoch FROM now() - coalesce(a.xact_start, a.query_start)) AS age
+FROM pg_locks l
+JOIN pg_class c ON c.oid = l.relation
+JOIN pg_namespace n ON n.oid = c.relnamespace
+JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'relation' AND l.granted AND n.nspname = :schema
+  AND l.pid <> pg_backend_pid()
+ORDER BY a.xact_start NULLS LAST, a.pid
+LIMIT 1
+"""
 
 
 @dataclass(frozen=True)
@@ -107,8 +145,87 @@ def _in_transaction(bind: sa.Engine | sa.Connection, work: Callable[[sa.Connecti
     return result
 
 
-def _lock(conn: sa.Connection) -> None:
+def _lock(conn: sa.Connection, lock_timeout: float) -> None:
+    """Take the migration lock (waiting for another migrate is unbounded: it stalls no claim),
+    then bound every later lock wait of this transaction to `lock_timeout`."""
     conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATE_LOCK})
+    conn.execute(sa.text("SELECT set_config('lock_timeout', :t, true)"),
+                 {"t": f"{max(1, round(lock_timeout * 1000))}ms"})
+
+
+def _is_lock_timeout(exc: BaseException) -> bool:
+    return getattr(getattr(exc, "orig", None), "sqlstate", None) == _LOCK_NOT_AVAILABLE
+
+
+def _blocker(engine: sa.Engine, schema: str) -> str:
+    """Who most likely blocks the migration, as a clause: 'pid 42 (application_name ..., state
+    ..., in a transaction for 12 s, AccessShareLock on flowq.jobs)', or a vaguer clause when
+    no such lock is visible (it ended, or the role cannot see other sessions)."""
+    try:
+        with engine.connect() as probe:
+            row = probe.execute(sa.text(_BLOCKER_SQL), {"schema": schema}).first()
+    except sa.exc.DBAPIError:
+        row = None
+    if row is None:
+        return "a transaction that no longer holds it (or that this role cannot see)"
+    # application_name is whatever the other client set: shown quoted and cut short.
+    name = (row.application_name or "")[:64]
+    table = row.relname if row.relname.isidentifier() else repr(row.relname[:64])
+    age = f"{row.age:.0f} s" if row.age is not None else "an unknown time"
+    return (f"pid {row.pid} (application_name {name!r}, state {row.state or 'unknown'}, "
+            f"in a transaction for {age}, {row.mode} on {schema}.{table})")
+
+
+def _check_budget(lock_timeout: float, attempts: int) -> None:
+    if isinstance(lock_timeout, bool) or not (
+            isinstance(lock_timeout, (int, float)) and math.isfinite(lock_timeout)
+            and 0 < lock_timeout <= 60):
+        raise ConfigurationError(f"lock_timeout must be seconds in (0, 60], not {lock_timeout!r}")
+    if isinstance(attempts, bool) or not (isinstance(attempts, int) and 1 <= attempts <= 1000):
+        raise ConfigurationError(f"attempts must be an integer from 1 to 1000, not {attempts!r}")
+
+
+def _bounded(bind: sa.Engine | sa.Connection, schema: str, work: Callable[[sa.Connection], T],
+             *, lock_timeout: float, attempts: int,
+             on_retry: Callable[[str], None] | None) -> T:
+    """Run `work` in a transaction (as `_in_transaction`), again from the start while one of
+    its lock waits times out, `attempts` times in all; then `MigrationBlockedError`."""
+    _check_budget(lock_timeout, attempts)
+    engine = bind if isinstance(bind, sa.Engine) else bind.engine
+    # A caller's open transaction is theirs: flowq cannot roll it back to try again.
+    owned = isinstance(bind, sa.Engine) or not bind.in_transaction()
+
+    def restoring(conn: sa.Connection) -> T:
+        # The bound is for flowq's DDL only: a caller's transaction gets its own back.
+        previous = conn.execute(sa.text("SELECT current_setting('lock_timeout')")).scalar()
+        result = work(conn)
+        conn.execute(sa.text("SELECT set_config('lock_timeout', :p, true)"), {"p": previous})
+        return result
+
+    delay = RETRY_FIRST
+    for attempt in range(1, attempts + 1):
+        try:
+            return _in_transaction(bind, restoring)
+        except sa.exc.OperationalError as exc:
+            if not _is_lock_timeout(exc):
+                raise
+            if isinstance(bind, sa.Connection) and owned:
+                bind.rollback()
+            who = _blocker(engine, schema)
+            if not owned or attempt == attempts:
+                tries = f"{attempt} tries: each time" if attempt > 1 else "one try:"
+                raise MigrationBlockedError(
+                    f"the flowq migration gave up after {tries} a statement waited "
+                    f"more than {lock_timeout:g} s for a lock on the {schema!r} schema's "
+                    f"tables, held by {who}; end that transaction (or let it finish), then "
+                    "run `flowq migrate` again.") from None
+            if on_retry is not None:
+                on_retry(f"a migration statement waited more than {lock_timeout:g} s for a "
+                         f"lock held by {who}: rolled back, trying again in {delay:g} s "
+                         f"(try {attempt + 1} of {attempts}).")
+            time.sleep(delay)
+            delay = min(delay * 2, RETRY_CAP)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def current_revision(conn: sa.Connection, schema: str = DEFAULT_SCHEMA) -> str | None:
@@ -120,20 +237,38 @@ def current_revision(conn: sa.Connection, schema: str = DEFAULT_SCHEMA) -> str |
     return ctx.get_current_revision()
 
 
+def is_known_revision(revision: str | None) -> bool:
+    """Whether `revision` is one of the revisions this flowq ships (so a schema at it is this
+    flowq's head or behind it); False for a revision of a newer flowq, or any other text."""
+    from alembic.script import ScriptDirectory
+
+    if revision is None:
+        return False
+    script = ScriptDirectory.from_config(alembic_config())
+    # Compared as ids, never resolved: 'head' or a prefix written into the version table
+    # must not pass for a revision.
+    return revision in {rev.revision for rev in script.walk_revisions()}
+
+
 def migrate(bind: sa.Engine | sa.Connection, *, schema: str = DEFAULT_SCHEMA,
-            revision: str = "head") -> Migrated:
+            revision: str = "head", lock_timeout: float = LOCK_TIMEOUT,
+            attempts: int = LOCK_ATTEMPTS,
+            on_retry: Callable[[str], None] | None = None) -> Migrated:
     """Bring the flowq schema up to `revision` (default: the latest); safe to call repeatedly.
 
     With an Engine, migrating is one transaction of its own. With a Connection, it joins the
     connection's open transaction if there is one (commit it yourself), else commits.
-    Returns what it did (`Migrated`: the revisions before and after).
+    Each lock wait is bounded by `lock_timeout` seconds so running workers' claims never
+    queue longer behind the DDL; a migration whose wait timed out is rolled back and tried
+    again, `attempts` times in all (`on_retry` gets one sentence per retry), then raises
+    `MigrationBlockedError`. Returns what it did (`Migrated`: the revisions before and after).
     """
     from alembic import command
 
     schema = validate_schema_name(schema)
 
     def work(conn: sa.Connection) -> Migrated:
-        _lock(conn)
+        _lock(conn, lock_timeout)
         created = conn.execute(sa.text("SELECT 1 FROM pg_namespace WHERE nspname = :s"),
                                {"s": schema}).scalar() is None
         if created:
@@ -143,24 +278,27 @@ def migrate(bind: sa.Engine | sa.Connection, *, schema: str = DEFAULT_SCHEMA,
         command.upgrade(alembic_config(conn, schema=schema), revision)
         return Migrated(before, current_revision(conn, schema), created)
 
-    return _in_transaction(bind, work)
+    return _bounded(bind, schema, work, lock_timeout=lock_timeout, attempts=attempts,
+                    on_retry=on_retry)
 
 
 def downgrade(bind: sa.Engine | sa.Connection, *, schema: str = DEFAULT_SCHEMA,
-              revision: str = "base") -> None:
+              revision: str = "base", lock_timeout: float = LOCK_TIMEOUT,
+              attempts: int = LOCK_ATTEMPTS,
+              on_retry: Callable[[str], None] | None = None) -> None:
     """Undo flowq's migrations down to `revision`.
 
     Down to base (the default), it also drops flowq's version table, and the schema when
     `migrate` created it and nothing else is in it; a schema that holds anything flowq did
     not create (or that flowq did not create) is left in place, empty of flowq's objects.
-    Transactions as for `migrate`.
+    Transactions and lock waits as for `migrate`.
     """
     from alembic import command
 
     schema = validate_schema_name(schema)
 
     def work(conn: sa.Connection) -> None:
-        _lock(conn)
+        _lock(conn, lock_timeout)
         command.downgrade(alembic_config(conn, schema=schema), revision)
         if current_revision(conn, schema) is not None:
             return
@@ -179,7 +317,8 @@ def downgrade(bind: sa.Engine | sa.Connection, *, schema: str = DEFAULT_SCHEMA,
             if getattr(exc.orig, "sqlstate", None) != _DEPENDENT_OBJECTS_STILL_EXIST:
                 raise
 
-    _in_transaction(bind, work)
+    _bounded(bind, schema, work, lock_timeout=lock_timeout, attempts=attempts,
+             on_retry=on_retry)
 
 
 def sql_script(*, schema: str = DEFAULT_SCHEMA, revision: str = "head") -> str:

@@ -29,7 +29,7 @@ from typing import Any, Final, Literal
 import sqlalchemy as sa
 
 from flowq.db.checks import schema_exists
-from flowq.db.migrations import HEAD_REVISION, current_revision
+from flowq.db.migrations import HEAD_REVISION, current_revision, is_known_revision
 from flowq.db.schema import JOBS_STORAGE_PARAMETERS, notify_channel
 from flowq.db.sql import Queries, queries
 from flowq.names import DEFAULT_SCHEMA
@@ -100,9 +100,10 @@ def _schema(schema: str, present: bool, revision: str | None) -> Check:
                      f"run `{_migrate(schema)}`", details)
     if revision == HEAD_REVISION:
         return Check("schema", "OK", f"revision {revision} (this flowq's head)", "", details)
-    if revision is not None and revision > HEAD_REVISION:
-        return Check("schema", "WARN", f"revision {revision}, newer than this flowq's "
-                     f"{HEAD_REVISION}", "upgrade flowq here to the version that migrated it",
+    if revision is not None and not is_known_revision(revision):
+        return Check("schema", "WARN", f"revision {revision[:64]!r}, newer than this flowq's "
+                     f"{HEAD_REVISION} (workers of this version start, with a warning)",
+                     "upgrade flowq here to the version that migrated it",
                      details)
     return Check("schema", "FAIL", f"revision {revision}, behind this flowq's {HEAD_REVISION}: "
                  "workers of this version refuse to start",

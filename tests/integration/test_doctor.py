@@ -132,6 +132,17 @@ def test_a_schema_behind_is_reported(engine: sa.Engine, db_url: str) -> None:
     assert {c.level for c in doctor(engine)} == {"OK"}
 
 
+def test_a_schema_newer_than_this_flowq_is_a_warning(engine: sa.Engine) -> None:
+    """A revision this flowq does not ship is a newer flowq's, whatever it sorts like."""
+    for newer in ("0008", "00010", "abc123"):
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE flowq.alembic_version SET version_num = :r"),
+                         {"r": newer})
+        schema = by_name(doctor(engine))["schema"]
+        assert schema.level == "WARN", newer
+        assert schema.found.startswith(f"revision {newer!r}, newer than this flowq's")
+
+
 def test_a_database_without_the_schema(empty_db_url: str) -> None:
     result = cli("doctor", "--database-url", empty_db_url, "--json")
     assert result.exit_code == 1, result.output

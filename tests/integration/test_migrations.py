@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
 import sys
 import sysconfig
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
 import flowq
+from flowq.db.checks import ensure_schema
 from flowq.db.migrations import (
+    HEAD_REVISION,
     VERSION_TABLE,
     Migrated,
     current_revision,
@@ -26,7 +30,9 @@ from flowq.db.migrations import (
     sql_script,
 )
 from flowq.db.schema import metadata
+from flowq.errors import ConfigurationError, MigrationBlockedError, SchemaMissingError
 from flowq.names import DEFAULT_SCHEMA
+from flowq.testing import wait_until
 
 HEAD = "0007"
 
@@ -144,6 +150,8 @@ def test_indexes_exist(engine: sa.Engine) -> None:
 
 def test_sql_script_prints_the_ddl() -> None:
     ddl = sql_script()
+    # Applied by hand, the script's lock waits are bounded like `migrate`'s.
+    assert ddl.index("SET LOCAL lock_timeout = '500ms';") < ddl.index("CREATE SCHEMA")
     assert "CREATE SCHEMA IF NOT EXISTS \"flowq\"" in ddl
     assert "CREATE TABLE flowq.jobs" in ddl
     assert "CREATE INDEX jobs_pending_idx ON flowq.jobs" in ddl
@@ -306,3 +314,215 @@ def test_the_revision_a_worker_needs_is_the_migrations_head() -> None:
     from flowq.db.migrations import HEAD_REVISION, alembic_config
 
     assert ScriptDirectory.from_config(alembic_config()).get_current_head() == HEAD_REVISION
+
+
+# -- migrating under running workers: bounded lock waits, retries, one sentence -------------
+
+# The shape of a claim (flowq's claim statement names jobs.trace_context, which 0006 lacks):
+# what matters here is its lock, ROW EXCLUSIVE on flowq.jobs, which conflicts with the ACCESS
+# EXCLUSIVE that 0007's ALTER TABLE queues for.
+CLAIM = """UPDATE flowq.jobs SET status = 'running', attempts = attempts + 1, locked_at = now(),
+                               heartbeat_at = now(), locked_by = 'probe'
+           WHERE id IN (SELECT id FROM flowq.jobs WHERE status = 'pending' AND run_at <= now()
+                        AND queue = 'default' ORDER BY priority, run_at, id LIMIT 1
+                        FOR UPDATE SKIP LOCKED)
+           RETURNING id"""
+HOLDS = {
+    "a read (ACCESS SHARE)": "SELECT count(*) FROM flowq.jobs",
+    "a row lock": "SELECT id FROM flowq.jobs ORDER BY id LIMIT 1 FOR UPDATE",
+}
+
+
+def _named_engine(url: str, name: str) -> sa.Engine:
+    return sa.create_engine(url, poolclass=sa.pool.NullPool,
+                            connect_args={"application_name": name})
+
+
+def _waiting_on_a_lock(engine: sa.Engine, name: str) -> bool:
+    return bool(_scalar(engine, "SELECT count(*) FROM pg_stat_activity WHERE application_name"
+                                " = :n AND wait_event_type = 'Lock'", n=name))
+
+
+@pytest.fixture
+def at_0006(engine: sa.Engine) -> sa.Engine:
+    """`engine`'s database with three pending jobs, downgraded to 0006: upgrading it again runs
+    0007's ALTER TABLE flowq.jobs, which needs that table's ACCESS EXCLUSIVE lock."""
+    with engine.begin() as conn:
+        for n in range(3):
+            flowq.enqueue(conn, "held", queue="default", n=n)
+    downgrade(engine, revision="0006")
+    return engine
+
+
+@pytest.fixture
+def holder(db_url: str, at_0006: sa.Engine, request: pytest.FixtureRequest
+           ) -> Iterator[tuple[sa.Connection, int]]:
+    """An open transaction holding a lock on flowq.jobs (a read by default), and its pid."""
+    eng = _named_engine(db_url, "flowq-test-holder")
+    conn = eng.connect()
+    conn.execute(sa.text(HOLDS[getattr(request, "param", "a read (ACCESS SHARE)")]))
+    pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+    yield conn, pid
+    conn.close()
+    eng.dispose()
+
+
+@pytest.mark.parametrize("holder", list(HOLDS), indirect=True)
+def test_migrate_under_a_held_lock_never_stalls_claims_and_lands_once_it_is_released(
+        db_url: str, at_0006: sa.Engine, holder: tuple[sa.Connection, int]) -> None:
+    held, holder_pid = holder
+    migrator = _named_engine(db_url, "flowq-test-migrate")
+    claimer = _named_engine(db_url, "flowq-test-claim")
+    lines: list[str] = []
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(migrate(migrator, attempts=200, on_retry=lines.append))
+        except BaseException as exc:  # reported by the assertion below
+            outcome.append(exc)
+
+    seen_waiting: set[bool] = set()
+    stop = threading.Event()
+
+    def observe() -> None:  # did a claim really queue behind the DDL?
+        while not stop.is_set():
+            if _waiting_on_a_lock(at_0006, "flowq-test-claim"):
+                seen_waiting.add(True)
+            stop.wait(0.005)
+
+    thread = threading.Thread(target=run)
+    observer = threading.Thread(target=observe)
+    thread.start()
+    observer.start()
+    try:
+        claimed: list[int] = []
+        for _ in range(3):
+            # Sent while the ALTER waits for its lock: the claim queues behind it, and would
+            # wait for as long as the holder holds on without a lock_timeout.
+            wait_until(lambda: _waiting_on_a_lock(at_0006, "flowq-test-migrate"), timeout=30,
+                       interval=0.005, message="the migration waiting for its lock")
+            with claimer.connect() as conn:
+                conn.execute(sa.text("SET statement_timeout = '2s'"))
+                claimed += conn.execute(sa.text(CLAIM)).scalars().all()
+                conn.rollback()
+        assert len(claimed) == 3 and outcome == []
+    finally:
+        stop.set()
+        observer.join()
+        held.rollback()  # the holder lets go
+        thread.join(timeout=60)
+        migrator.dispose()
+        claimer.dispose()
+    assert outcome == [Migrated("0006", HEAD, created_schema=False)]
+    assert seen_waiting == {True}
+    assert lines, "the migration never had to try again"
+    # (the last line may come after the holder let go, naming nobody)
+    assert f"pid {holder_pid} (application_name 'flowq-test-holder'" in lines[0], lines[0]
+    assert "on flowq.jobs)" in lines[0] and len(lines) < 20, lines
+
+
+def test_migrate_gives_up_with_one_sentence_naming_the_blocker(
+        at_0006: sa.Engine, holder: tuple[sa.Connection, int]) -> None:
+    _, holder_pid = holder
+    lines: list[str] = []
+    with pytest.raises(MigrationBlockedError) as info:
+        migrate(at_0006, lock_timeout=0.2, attempts=2, on_retry=lines.append)
+    message = str(info.value)
+    assert message.startswith("the flowq migration gave up after 2 tries: each time a "
+                              "statement waited more than 0.2 s for a lock on the 'flowq' "
+                              "schema's tables, "), message
+    assert (f"held by pid {holder_pid} (application_name 'flowq-test-holder', state idle in "
+            "transaction, in a transaction for ") in message
+    assert "AccessShareLock on flowq.jobs); end that transaction" in message
+    assert message.endswith("then run `flowq migrate` again.")
+    assert "\n" not in message
+    assert len(lines) == 1 and "(try 2 of 2)" in lines[0]
+    with at_0006.connect() as conn:
+        assert current_revision(conn) == "0006"  # rolled back whole
+
+
+def test_migrate_inside_the_callers_transaction_waits_once_and_keeps_their_settings(
+        at_0006: sa.Engine, holder: tuple[sa.Connection, int], db_url: str) -> None:
+    with at_0006.connect() as conn:
+        conn.execute(sa.text("SET LOCAL lock_timeout = '7s'"))
+        with pytest.raises(MigrationBlockedError, match="after one try"):
+            migrate(conn, lock_timeout=0.2, on_retry=pytest.fail)
+        conn.rollback()
+    holder[0].rollback()
+    with at_0006.connect() as conn:
+        conn.execute(sa.text("SET LOCAL lock_timeout = '7s'"))
+        assert migrate(conn).after == HEAD
+        assert conn.execute(sa.text("SHOW lock_timeout")).scalar() == "7s"
+        conn.commit()
+
+
+def test_flowq_migrate_prints_one_line_per_retry_then_one_sentence(
+        at_0006: sa.Engine, holder: tuple[sa.Connection, int], db_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from functools import partial
+
+    from click.testing import CliRunner
+
+    import flowq.db.migrations as migrations
+    from flowq.cli import main
+
+    # The command's budget, made small (the default is about a minute of tries).
+    monkeypatch.setattr(migrations, "migrate", partial(migrate, attempts=3, lock_timeout=0.2))
+    result = CliRunner().invoke(main, ["migrate", "--database-url", db_url],
+                                env={"FLOWQ_DATABASE_URL": None, "DATABASE_URL": None})
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 3 and result.stdout == "", result.output
+    assert [("(try 2 of 3)" in lines[0]), ("(try 3 of 3)" in lines[1])] == [True, True]
+    assert "gave up after 3 tries" in lines[2] and f"pid {holder[1]}" in lines[2]
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("budget", [{"lock_timeout": 0}, {"lock_timeout": float("nan")},
+                                    {"lock_timeout": float("inf")}, {"lock_timeout": 61},
+                                    {"attempts": 0}, {"attempts": 10**6}, {"attempts": 2.5},
+                                    {"attempts": True}, {"lock_timeout": True}])
+def test_an_unbounded_retry_budget_is_refused(engine: sa.Engine, budget: dict[str, Any]
+                                              ) -> None:
+    with pytest.raises(ConfigurationError):
+        migrate(engine, **budget)
+
+
+# -- a worker's revision check: older refused, newer (unknown) accepted with a warning ------
+
+
+def _set_revision(engine: sa.Engine, revision: str) -> None:
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"UPDATE flowq.{VERSION_TABLE} SET version_num = :r"),
+                     {"r": revision})
+
+
+def test_a_schema_behind_this_flowq_is_refused_with_the_migrate_advice(
+        engine: sa.Engine) -> None:
+    downgrade(engine, revision="0006")
+    with pytest.raises(SchemaMissingError, match=r"is at revision 0006, and this flowq needs "
+                       + HEAD_REVISION + r": run `flowq migrate` first"):
+        ensure_schema(engine, current=True)
+    ensure_schema(engine)  # a command that only reads does not ask for the head
+
+
+@pytest.mark.parametrize("newer", ["0008", "9999_future", "head"])
+def test_a_schema_newer_than_this_flowq_is_accepted_with_one_warning(
+        engine: sa.Engine, newer: str, caplog: pytest.LogCaptureFixture) -> None:
+    _set_revision(engine, newer)
+    with caplog.at_level(logging.WARNING, logger="flowq"):
+        ensure_schema(engine, current=True)
+    [record] = [r for r in caplog.records if r.name.startswith("flowq")]
+    assert record.levelno == logging.WARNING
+    assert record.getMessage() == (
+        f"the flowq schema 'flowq' is at revision {newer!r}, newer than this flowq's "
+        f"{HEAD_REVISION}: fine while a release rolls out, since migrations only expand; "
+        "upgrade this worker")
+
+
+def test_a_schema_at_this_flowqs_head_passes_quietly(engine: sa.Engine,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG, logger="flowq"):
+        ensure_schema(engine, current=True)
+    assert [r for r in caplog.records if r.name.startswith("flowq")] == []

@@ -76,8 +76,10 @@ def _when(value: datetime | None) -> str:
     return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value else "-"
 
 
-def _error_cell(text: str | None) -> str:
+def _error_cell(text: str | None, earlier: bool = False) -> str:
     line = first_line(text or "")
+    if earlier and line:  # the step succeeded after it: not why the step ended
+        line = f"(earlier attempt) {line}"
     return line if len(line) <= ERROR_CHARS else line[: ERROR_CHARS - 1] + "…"
 
 
@@ -116,7 +118,7 @@ def _describe(run: RunInfo) -> str:
                          ", ".join(group.parents or ())])
             continue
         rows.append([str(s.index), s.step or "-", s.status, f"{s.attempts}/{s.max_attempts}",
-                     s.queue, str(s.job_id), _when(s.finished_at), _error_cell(s.last_error),
+                     s.queue, str(s.job_id), _when(s.finished_at), _error_cell(s.last_error, s.last_error_earlier),
                      ", ".join(group.parents or ()) if group else ""])
     lines += ["", table(["#", "step", "status", "attempts", "queue", "job", "finished",
                           "last error", "after"], rows)]

@@ -61,8 +61,11 @@ def open_engine(database_url: str | None, schema: str) -> sa.Engine:
 
 
 def load_app(spec: str) -> FlowQ:
-    """Import `module:attribute` (the cwd on sys.path) and return the FlowQ app it names."""
-    from flowq.define.app import FlowQ
+    """Import `module:attribute` (the cwd on sys.path) and return the FlowQ app it names.
+
+    `module` alone names the module's one FlowQ app (the choice is said on stderr); a module
+    with none or several is refused with the names it has."""
+    from flowq.define.app import FlowQ, did_you_mean
 
     module_name, _, attr = spec.partition(":")
     if not module_name:
@@ -82,13 +85,22 @@ def load_app(spec: str) -> FlowQ:
                 f"cannot import {module_name!r}: no such module (run from the directory that "
                 "contains it, or install it)") from None
         raise
-    if attr:
-        app = getattr(module, attr, None)
-    else:
-        found = [v for v in vars(module).values() if isinstance(v, FlowQ)]
-        app = found[0] if len(found) == 1 else None
+    apps = sorted(name for name, value in vars(module).items() if isinstance(value, FlowQ))
+    has = (f"{module_name} has {len(apps)} FlowQ app(s): "
+           + ", ".join(f"{module_name}:{name}" for name in apps)) if apps else (
+        f"{module_name} has no FlowQ app at its top level")
+    if not attr:
+        if len(apps) != 1:
+            raise ConfigurationError(f"{spec!r} names a module, not an app: {has}; name one "
+                                     "as MODULE:APP")
+        click.echo(f"flowq: using {module_name}:{apps[0]}, the module's only FlowQ app.",
+                   err=True)
+        attr = apps[0]
+    app = getattr(module, attr, None)
     if not isinstance(app, FlowQ):
-        raise ConfigurationError(f"{spec!r} is not a flowq.FlowQ app (expected MODULE:APP)")
+        hint = did_you_mean(attr, apps)
+        raise ConfigurationError(f"{spec!r} is not a flowq.FlowQ app: "
+                                 f"{hint + ' ' if hint else ''}({has})")
     return app
 
 

@@ -20,7 +20,8 @@ __all__ = ["demo"]
               help="PostgreSQL database to run in, in a schema the demo creates and drops "
               "(default: a throwaway embedded server; FLOWQ_DATABASE_URL and DATABASE_URL "
               "are ignored).")
-@click.option("--jobs", "n_jobs", default=2000, show_default=True, type=click.IntRange(10))
+@click.option("--jobs", "n_jobs", default=2000, show_default=True, type=click.IntRange(10),
+              help="How many jobs the demo enqueues and runs.")
 def demo(database_url: str | None, n_jobs: int) -> None:
     """Show transactional enqueue and a worker on an embedded PostgreSQL (or --database-url)."""
     from flowq.local.demo import run_demo

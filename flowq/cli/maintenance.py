@@ -17,7 +17,8 @@ __all__ = ["prune", "reap"]
 @click.command()
 @url_option
 @schema_option
-@click.option("--stale-after", default=30.0, show_default=True, type=click.FloatRange(0.0))
+@click.option("--stale-after", default=30.0, show_default=True, type=click.FloatRange(0.0),
+              help="Heartbeat age (seconds) after which a running job is requeued.")
 def reap(database_url: str | None, schema: str, stale_after: float) -> None:
     """Requeue (or bury) running jobs whose worker stopped heartbeating; one pass."""
     from flowq.db.sql import Queries

@@ -213,7 +213,19 @@ def test_enqueue_by_an_unknown_name_needs_its_queue(Session: sessionmaker[flowq.
     """A producer that does not import the handler cannot know its queue: guessing `default`
     stranded jobs whose workers serve other queues, so it must say (issue 10)."""
     _assert_refused(Session, engine, lambda s: s.enqueue("fast_by_name", n=21),
-                    flowq.UnknownTaskError, "'fast_by_name'", "pass queue=")
+                    flowq.UnknownTaskError, "'fast_by_name'", "queue=",
+                    "import the module that defines it")
+
+
+def test_enqueue_by_a_misspelt_name_says_the_name(Session: sessionmaker[flowq.Session],
+                                                  engine: sa.Engine, app: flowq.FlowQ) -> None:
+    """With the app loaded, an unknown name close to one it defines is a typo: the error names
+    the task meant, and does not offer queue=, which would enqueue a job no worker runs."""
+    @app.task(queue="fulfilment")
+    def fulfil_order_by_name(ctx: object, order: int) -> None: ...
+
+    _assert_refused(Session, engine, lambda s: s.enqueue("fulfil_ordr_by_name", order=1),
+                    flowq.UnknownTaskError, "did you mean 'fulfil_order_by_name'?")
 
 
 def test_enqueue_by_name_validates_against_a_live_app(

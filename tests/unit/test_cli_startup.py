@@ -15,6 +15,7 @@ import importlib.metadata
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -153,3 +154,39 @@ def test_bench_without_flowq_bench_says_how_to_get_it() -> None:
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == f"Error: {INSTALL_HINT}"
     assert "make bench" in INSTALL_HINT and "pip install ./bench" in INSTALL_HINT
+
+
+def _options(command: click.Command, path: str) -> Iterator[tuple[str, click.Option]]:
+    """Every option of `command` and of its subcommands, with the command line naming it."""
+    if isinstance(command, click.Group):
+        for name in command.list_commands(click.Context(command)):
+            sub = command.get_command(click.Context(command), name)
+            assert sub is not None
+            yield from _options(sub, f"{path} {name}")
+    for param in command.params:
+        if isinstance(param, click.Option):
+            yield path, param
+
+
+def test_every_option_has_help_text() -> None:
+    missing = [f"{path} {option.opts[0]}" for path, option in _options(main, "flowq")
+               if not option.hidden and not (option.help or "").strip()]
+    assert not missing, missing
+
+
+def test_every_worker_config_field_and_worker_option_is_in_the_worker_guide() -> None:
+    """docs/worker.md's table puts each WorkerConfig field beside its `flowq worker` flag."""
+    from dataclasses import fields
+
+    from flowq.worker.config import WorkerConfig
+
+    guide = (Path(__file__).parents[2] / "docs" / "worker.md").read_text()
+    table = guide[guide.index("## Options and defaults"):]
+    table = table[:table.index("\n## ")]
+    missing = [f.name for f in fields(WorkerConfig) if f"`{f.name}`" not in table]
+    assert not missing, missing
+    command = main.get_command(click.Context(main), "worker")
+    assert command is not None
+    flags = [opt for param in command.params if isinstance(param, click.Option)
+             for opt in param.opts if opt.startswith("--")]
+    assert [flag for flag in flags if f"`{flag}" not in table] == []

@@ -24,9 +24,11 @@ from flowq.db.schema import STATUSES, Status
 from flowq.errors import InvalidArgumentsError
 from flowq.ops.runs import (
     DEFAULT_RETRY_BATCH,
+    KnownNames,
     RunInfo,
     cancel_run,
     get_run,
+    known_names,
     list_runs,
     parse_when,
     retry_run,
@@ -165,6 +167,8 @@ def list_command(database_url: str | None, schema: str, status: str | None, task
                           queue=queue, since=since, until=until, before=before,
                           limit=limit + 1, schema=schema)
         unserved = unserved_jobs(engine, schema=schema)
+        known = (known_names(engine, schema=schema)
+                 if not found and (task is not None or queue is not None) else None)
     finally:
         engine.dispose()
     next_before = found[limit - 1].run_id if len(found) > limit else None
@@ -172,7 +176,7 @@ def list_command(database_url: str | None, schema: str, status: str | None, task
     rows = [[str(r.run_id), r.task, r.status, f"{r.step_index}:{r.step or '-'}",
              _when(r.created_at), _when(r.finished_at), r.idempotency_key or ""] for r in found]
     text = (table(["run", "task", "status", "step", "created", "finished", "key"], rows)
-            if found else "no runs.")
+            if found else "no runs." + _no_match_hint(known, task, queue))
     if next_before is not None:
         text += (f"\nmore: the next page is `flowq runs list --before {next_before}` with "
                  "the same filters.")
@@ -182,6 +186,21 @@ def list_command(database_url: str | None, schema: str, status: str | None, task
                  f"one whose app defines {u.task!r} with --queues including {u.queue!r}.")
     _emit(as_json, {"runs": [r.to_dict() for r in found], "next_before": next_before,
                     "unserved": [u.to_dict() for u in unserved]}, text)
+
+
+def _no_match_hint(known: KnownNames | None, task: str | None, queue: str | None) -> str:
+    """' (no recent run has task 'x': did you mean 'y'?)' for a --task or --queue filter
+    that names nothing the database knows of (a typo, most often), else ''."""
+    if known is None:
+        return ""
+    from flowq.define.app import did_you_mean
+
+    hints = []
+    for what, name, names in (("task", task, known.tasks), ("queue", queue, known.queues)):
+        if name is not None and name not in names:
+            hint = did_you_mean(name, names)
+            hints.append(f"no recent run has {what} {name!r}" + (f": {hint}" if hint else ""))
+    return f" ({'; '.join(hints)})" if hints else ""
 
 
 @runs.command("show")

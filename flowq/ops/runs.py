@@ -51,6 +51,7 @@ from flowq.ops.runinfo import (
 __all__ = [
     "CancelResult",
     "DeadStep",
+    "KnownNames",
     "RetryResult",
     "RunInfo",
     "RunSummary",
@@ -63,6 +64,7 @@ __all__ = [
     "dead_steps",
     "find_run",
     "get_run",
+    "known_names",
     "list_runs",
     "parse_when",
     "retry_run",
@@ -185,6 +187,34 @@ def list_runs(bind: Bind, *, status: Status | None = None, task: str | None = No
         return [RunSummary(run_id=r.run_id, task=r.task, status=r.status, step=r.step,
                            step_index=r.step_index, idempotency_key=r.idempotency_key,
                            created_at=r.created_at, finished_at=r.finished_at) for r in rows]
+
+    return binds.read(bind, read)
+
+
+# How many of the latest runs `known_names` reads the task names of (a page of the run id
+# index: cheap at any table size).
+KNOWN_NAMES_RUNS: Final = 500
+
+
+@dataclass(frozen=True)
+class KnownNames:
+    """Task and queue names a database knows of, for a "did you mean" (not a full list)."""
+
+    tasks: list[str]
+    queues: list[str]
+
+
+def known_names(bind: Bind, *, schema: str = DEFAULT_SCHEMA) -> KnownNames:
+    """The task names of the latest `KNOWN_NAMES_RUNS` runs and of the apps imported here,
+    and the queues that have jobs or a declaration (`flowq.ops.queues.list_queues`): what a
+    filter that matched nothing is compared against. Bounded: no scan of the jobs table."""
+    from flowq.define.app import defined_names
+    from flowq.ops.queues import list_queues
+
+    def read(conn: sa.Connection) -> KnownNames:
+        runs = list_runs(conn, limit=KNOWN_NAMES_RUNS, schema=schema)
+        tasks = {r.task for r in runs} | set(defined_names(schema))
+        return KnownNames(sorted(tasks), [q.name for q in list_queues(conn, schema=schema)])
 
     return binds.read(bind, read)
 

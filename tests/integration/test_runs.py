@@ -206,6 +206,21 @@ def test_list_runs_by_status(ledger: sa.Engine, db_url: str) -> None:
     assert code == 0 and "fixable" in out and "dead" in out
 
 
+def test_a_filter_that_matches_nothing_says_what_was_meant(engine: sa.Engine,
+                                                           db_url: str) -> None:
+    with engine.begin() as conn:
+        flowq.enqueue(conn, "fulfil_order", queue="shipping", delay=3600)
+    code, out, _ = cli(db_url, "list", "--task", "fulfil_ordr")
+    assert code == 0
+    assert out.strip() == ("no runs. (no recent run has task 'fulfil_ordr': did you mean "
+                           "'fulfil_order'?)")
+    code, out, _ = cli(db_url, "list", "--queue", "shiping", "--task", "fulfil_order")
+    assert "no recent run has queue 'shiping': did you mean 'shipping'?" in out
+    assert "task" not in out.replace("--task", "")  # the task is known: nothing said of it
+    code, out, _ = cli(db_url, "list", "--task", "fulfil_order", "--status", "dead")
+    assert out.strip() == "no runs."  # known names: an empty page is just that
+
+
 def test_runs_in_another_schema(server_url: str, db_url: str, engine: sa.Engine) -> None:
     flowq.migrate(engine, schema="other")
     with engine.begin() as conn:

@@ -4,6 +4,7 @@
   DATABASE_URL, via `require_url`) and `--schema` (default "flowq").
 - `load_app("module:attr")`, `open_engine(url, schema)`.
 - `table`, `age_cell`, `limits_cell`: tables for people (every command also has --json).
+- `Phase`: the one line on stderr that says what a long command is doing.
 
 The error handler (`user_errors`, `UserError`) lives in `flowq.cli.group`, with the root
 group that runs it around every command. Command modules import this one; it imports none of
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 
     from flowq.define.app import FlowQ
 
-__all__ = ["age_cell", "limits_cell", "load_app", "open_engine", "require_url",
+__all__ = ["Phase", "age_cell", "limits_cell", "load_app", "open_engine", "require_url",
            "schema_option", "table", "url_option"]
 
 url_option = click.option(
@@ -102,6 +103,30 @@ def load_app(spec: str) -> FlowQ:
         raise ConfigurationError(f"{spec!r} is not a flowq.FlowQ app: "
                                  f"{hint + ' ' if hint else ''}({has})")
     return app
+
+
+# -- progress -------------------------------------------------------------------------------
+
+
+class Phase:
+    """One phase of a long command, said on stderr (stdout keeps the result, for scripts):
+    its line when it starts (`flowq: retrying dead runs, 500 per transaction …`), redrawn in
+    place with the count so far on a terminal (`update(n)`), ended by `done()`. Off a
+    terminal (a log, a pipe, CliRunner) only the start line is written: one line per phase."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.tty = sys.stderr.isatty()
+        click.echo(f"flowq: {text} …", err=True, nl=not self.tty)
+
+    def update(self, count: int, unit: str) -> None:
+        if self.tty:
+            click.echo(f"\rflowq: {self.text} … {count:,} {unit} so far\033[K", err=True,
+                       nl=False)
+
+    def done(self) -> None:
+        if self.tty:
+            click.echo("", err=True)
 
 
 # -- formatting (tables for people; --json for scripts) -----------------------------------

@@ -18,7 +18,7 @@ from typing import Any, Final, cast
 
 import click
 
-from flowq.cli.common import load_app, open_engine, schema_option, table, url_option
+from flowq.cli.common import Phase, load_app, open_engine, schema_option, table, url_option
 from flowq.cli.group import UserError
 from flowq.db.schema import STATUSES, Status
 from flowq.errors import InvalidArgumentsError
@@ -277,10 +277,13 @@ def retry_command(run_id: int | None, database_url: str | None, schema: str,
                         "--until, --limit) to retry every dead run that matches")
     if run_id is None:
         engine = open_engine(database_url, schema)
+        phase = Phase(f"retrying the dead runs that match, {batch_size:,} per transaction")
         try:
             n = retry_runs(engine, task=task, queue=queue, since=since, until=until,
-                           limit=limit, batch_size=batch_size, schema=schema)
+                           limit=limit, batch_size=batch_size, schema=schema,
+                           on_batch=lambda total: phase.update(total, "run(s) retried"))
         finally:
+            phase.done()
             engine.dispose()
         _emit(as_json, {"retried": n}, f"retried {n} run(s).")
         return

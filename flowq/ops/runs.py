@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
@@ -316,10 +316,12 @@ def _lock_runs(conn: sa.Connection, q: Queries, run_ids: list[int]) -> None:
 def retry_runs(bind: Bind, *, status: str = "dead", task: str | None = None,
                queue: str | None = None, since: When | None = None, until: When | None = None,
                limit: int | None = None, batch_size: int = DEFAULT_RETRY_BATCH,
-               schema: str = DEFAULT_SCHEMA) -> int:
+               schema: str = DEFAULT_SCHEMA,
+               on_batch: Callable[[int], None] | None = None) -> int:
     """Retry every dead run matching the filters (see the module docstring; at most `limit`
     runs), as `retry_run` does each one; return how many runs were retried (0 when none
-    matches: not an error).
+    matches: not an error). `on_batch(total)` is called after each committed batch with
+    the runs retried so far (a long redrive's progress).
 
     In batches of `batch_size` runs, oldest first, each in a transaction of its own (on an
     Engine, or a Connection outside a transaction; a Connection's open transaction is
@@ -351,6 +353,8 @@ def retry_runs(bind: Bind, *, status: str = "dead", task: str | None = None,
                 _lock_runs(conn, q, picked)
                 total += len(conn.execute(q.retry_dead_runs, {
                     "run_ids": picked, "channel": notify_channel(schema)}).all())
+        if on_batch is not None and picked:
+            on_batch(total)
         if len(picked) < size:
             break
         after = picked[-1]

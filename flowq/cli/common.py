@@ -9,7 +9,9 @@
 The error handler (`user_errors`, `UserError`) lives in `flowq.cli.group`, with the root
 group that runs it around every command. Command modules import this one; it imports none of
 them, and it imports `flowq.app` (the whole API) only when `load_app` runs, so that a read
-command such as `flowq status` imports what it reads with and no more.
+command such as `flowq status` imports what it reads with and no more; the database layer
+(and so SQLAlchemy) is imported only when a command reaches the database, so that every
+command's `--help` starts at once (tests/unit/test_cli_startup.py).
 """
 
 from __future__ import annotations
@@ -21,8 +23,6 @@ from typing import TYPE_CHECKING
 
 import click
 
-from flowq.db import create_engine, resolve_url
-from flowq.db.checks import ensure_schema
 from flowq.errors import ConfigurationError, FlowqError
 from flowq.names import DEFAULT_SCHEMA
 
@@ -43,6 +43,8 @@ schema_option = click.option("--schema", default=DEFAULT_SCHEMA, show_default=Tr
 
 def require_url(database_url: str | None) -> str:
     """`--database-url`, else FLOWQ_DATABASE_URL, else DATABASE_URL; a UserError if none."""
+    from flowq.db import resolve_url
+
     url = resolve_url(database_url)
     if not url:
         raise FlowqError("no database given: pass --database-url postgresql://... or set "
@@ -52,6 +54,9 @@ def require_url(database_url: str | None) -> str:
 
 def open_engine(database_url: str | None, schema: str) -> sa.Engine:
     """An engine on the command's database, checked to be reachable and migrated."""
+    from flowq.db import create_engine
+    from flowq.db.checks import ensure_schema
+
     engine = create_engine(require_url(database_url))
     try:
         ensure_schema(engine, schema)

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import click
 
-from flowq.db import normalize_url
-
 __all__ = ["demo"]
 
 
@@ -27,5 +25,7 @@ def demo(database_url: str | None, n_jobs: int) -> None:
     from flowq.local.demo import run_demo
 
     if database_url is not None:
+        from flowq.db import normalize_url
+
         normalize_url(database_url)  # a bad URL is one sentence before anything starts
     run_demo(database_url, n_jobs=n_jobs)

@@ -14,32 +14,27 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta
-from typing import Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import click
 
 from flowq.cli.common import Phase, load_app, open_engine, schema_option, table, url_option
 from flowq.cli.group import UserError
-from flowq.db.schema import STATUSES, Status
 from flowq.errors import InvalidArgumentsError
-from flowq.ops.runs import (
-    DEFAULT_RETRY_BATCH,
-    KnownNames,
-    RunInfo,
-    cancel_run,
-    get_run,
-    known_names,
-    list_runs,
-    parse_when,
-    retry_run,
-    retry_runs,
-    unserved_jobs,
-)
 from flowq.storable import first_line
 
-__all__ = ["runs"]
+if TYPE_CHECKING:
+    from flowq.db.schema import Status
+    from flowq.ops.runs import KnownNames, RunInfo
+
+__all__ = ["DEFAULT_RETRY_BATCH", "STATUSES", "runs"]
 
 ERROR_CHARS: Final = 70
+# `flowq.db.schema.STATUSES` and `flowq.ops.runs.DEFAULT_RETRY_BATCH`, repeated so that
+# `--help` imports no database library (tests/unit/test_cli_startup.py holds each copy to
+# its original); the runs API is imported when a command runs.
+STATUSES: Final = ("pending", "running", "succeeded", "dead", "cancelled", "waiting")
+DEFAULT_RETRY_BATCH: Final = 500
 
 json_option = click.option("--json", "as_json", is_flag=True,
                            help="Print one JSON object (stable keys) instead of a table.")
@@ -50,6 +45,8 @@ def _parse_when(ctx: click.Context, param: click.Parameter,
     """`--since`/`--until`: an ISO 8601 time or a duration ago (`flowq.ops.runs.parse_when`)."""
     if value is None:
         return None
+    from flowq.ops.runs import parse_when
+
     try:
         return parse_when(value)
     except InvalidArgumentsError as exc:
@@ -161,6 +158,8 @@ def list_command(database_url: str | None, schema: str, status: str | None, task
                  until: datetime | timedelta | None, limit: int, before: int | None,
                  as_json: bool) -> None:
     """List runs, newest first, a page at a time; filter by status, task, queue and time."""
+    from flowq.ops.runs import known_names, list_runs, unserved_jobs
+
     engine = open_engine(database_url, schema)
     try:
         found = list_runs(engine, status=cast("Status | None", status), task=task,
@@ -217,6 +216,8 @@ def show_command(run_id: int, database_url: str | None, schema: str, app_spec: s
     attempts, timings, last error, result."""
     if app_spec is not None:
         load_app(app_spec)  # registers its definitions, which `get_run` looks up
+    from flowq.ops.runs import get_run
+
     engine = open_engine(database_url, schema)
     try:
         run = get_run(engine, run_id, schema=schema)
@@ -232,6 +233,8 @@ def show_command(run_id: int, database_url: str | None, schema: str, app_spec: s
 @json_option
 def cancel_command(run_id: int, database_url: str | None, schema: str, as_json: bool) -> None:
     """Cancel a run: pending steps end cancelled; a running step finishes without a successor."""
+    from flowq.ops.runs import cancel_run
+
     engine = open_engine(database_url, schema)
     try:
         res = cancel_run(engine, run_id, schema=schema, reason="cancelled by `flowq runs cancel`")
@@ -268,6 +271,8 @@ def retry_command(run_id: int | None, database_url: str | None, schema: str,
                   limit: int | None, batch_size: int, as_json: bool) -> None:
     """Retry a dead run from the step that died, keeping the results of the steps before it;
     or, with --status dead, every dead run matching the filters, in batches."""
+    from flowq.ops.runs import retry_run, retry_runs
+
     filters = {"--task": task, "--queue": queue, "--since": since, "--until": until,
                "--limit": limit}
     if run_id is not None and status is not None:

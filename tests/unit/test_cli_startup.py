@@ -64,13 +64,37 @@ def modules_after(*args: str) -> set[str]:
     return set(json.loads(done.stdout.splitlines()[-1]))
 
 
+# Commands whose --help may import SQLAlchemy: `flowq bench` renders the command of the
+# flowq-bench distribution, whose package imports its harness (it is a benchmark: not a
+# command people type to see what it does).
+HELP_MAY_IMPORT_SQLALCHEMY = frozenset({"bench"})
+
+
 @pytest.mark.parametrize("name", sorted(COMMANDS))
-def test_command_help_imports_no_alembic(name: str) -> None:
-    """A command's --help loads that command's module, but never alembic: only migrating
-    needs it, and `flowq.db.migrations` imports it inside the functions that migrate."""
+def test_command_help_imports_no_database_library(name: str) -> None:
+    """A command's --help loads that command's module, but nothing heavy: each command
+    imports the database layer, the runs API and the rest when it runs (and never alembic,
+    which only migrating needs: `flowq.db.migrations` imports it inside those functions)."""
     modules = modules_after(name, "--help")
     assert COMMANDS[name][0].partition(":")[0] in modules  # the command was really loaded
     assert not sorted(m for m in modules if m.partition(".")[0] == "alembic")
+    allowed = {"sqlalchemy", "psycopg", "tenacity", "cronsim"} if (
+        name in HELP_MAY_IMPORT_SQLALCHEMY) else set()
+    heavy = sorted({m.partition(".")[0] for m in modules} & (set(HEAVY) - allowed))
+    assert not heavy, heavy
+
+
+def test_the_constants_the_help_repeats_are_the_originals() -> None:
+    """What the commands show in --help without importing their modules of origin."""
+    from flowq.cli import doctor as doctor_cli
+    from flowq.cli import runs as runs_cli
+    from flowq.db.schema import STATUSES
+    from flowq.ops.doctor import LONG_TRANSACTION_S
+    from flowq.ops.runs import DEFAULT_RETRY_BATCH
+
+    assert runs_cli.STATUSES == STATUSES
+    assert runs_cli.DEFAULT_RETRY_BATCH == DEFAULT_RETRY_BATCH
+    assert doctor_cli.LONG_TRANSACTION_S == LONG_TRANSACTION_S
 
 
 def test_import_flowq_imports_none_of_its_modules() -> None:

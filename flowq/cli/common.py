@@ -115,7 +115,7 @@ def load_app(spec: str) -> FlowQ:
 
 class Phase:
     """One phase of a long command, said on stderr (stdout keeps the result, for scripts):
-    its line when it starts (`flowq: retrying dead runs, 500 per transaction …`), redrawn in
+    its line when it starts (`flowq: retrying the dead runs that match, …`), redrawn in
     place with the count so far on a terminal (`update(n)`), ended by `done()`. Off a
     terminal (a log, a pipe, CliRunner) only the start line is written: one line per phase."""
 

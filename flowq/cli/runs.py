@@ -117,7 +117,8 @@ def _describe(run: RunInfo) -> str:
                          ", ".join(group.parents or ())])
             continue
         rows.append([str(s.index), s.step or "-", s.status, f"{s.attempts}/{s.max_attempts}",
-                     s.queue, str(s.job_id), _when(s.finished_at), _error_cell(s.last_error, s.last_error_earlier),
+                     s.queue, str(s.job_id), _when(s.finished_at),
+                     _error_cell(s.last_error, s.last_error_earlier),
                      ", ".join(group.parents or ()) if group else ""])
     lines += ["", table(["#", "step", "status", "attempts", "queue", "job", "finished",
                           "last error", "after"], rows)]

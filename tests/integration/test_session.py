@@ -101,11 +101,13 @@ def test_a_delayed_job_notifies_when_it_falls_due(
         Session: sessionmaker[flowq.Session], listener: Listener) -> None:
     """`queue@seconds`, measured from the transaction's start: a worker that waits that long
     after receiving it wakes when the job is due, never before."""
+    # Names no test app defines: by name, a live app of another test that defines one (a
+    # task 'keyed' taking an argument) would check these arguments against it.
     with Session.begin() as s:
-        s.enqueue("later", queue="q1", delay=30)
-        s.enqueue("keyed", queue="q2", delay=60, idempotency_key="k-later")
-        s.enqueue_many("bulk", [{}, {}], queue="q3", delay=90)
-        s.enqueue("now", queue="q4")
+        s.enqueue("notify_later_undefined", queue="q1", delay=30)
+        s.enqueue("notify_keyed_undefined", queue="q2", delay=60, idempotency_key="k-later")
+        s.enqueue_many("notify_bulk_undefined", [{}, {}], queue="q3", delay=90)
+        s.enqueue("notify_now_undefined", queue="q4")
     got = dict(p.partition("@")[::2] for p in listener.received())
     assert got["q4"] == ""
     assert [round(float(got[q])) for q in ("q1", "q2", "q3")] == [30, 60, 90]

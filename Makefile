@@ -12,6 +12,7 @@ BENCH_STAMP := $(VENV)/.flowq-bench-installed
 .PHONY: demo test lint bench clean
 
 $(STAMP): pyproject.toml
+	@echo "Installing flowq and its dev extras into $(VENV) (once; about a minute)..."
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -U pip
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'

@@ -56,8 +56,10 @@ class Context:
 
     Built by the worker for each attempt (and by `flowq.testing.make_context`):
     `session_factory` opens `ctx.session` on first use, `scheduled_at` is the tick of a
-    scheduled run, and `cancelled` tells whether the run was cancelled while the step runs
-    (asked each time the handler looks, so the worker can learn it later)."""
+    scheduled run, `enqueued_at` and `started_at` are read from the claimed row (the
+    construction time when not given: a test's context), and `cancelled` tells whether the
+    run was cancelled while the step runs (asked each time the handler looks, so the worker
+    can learn it later)."""
 
     job_id: int
     run_id: int
@@ -71,13 +73,18 @@ class Context:
                  queue: str, *, map_index: int | None = None,
                  session_factory: Callable[[], StepSession] | None = None,
                  scheduled_at: datetime | None = None,
-                 cancelled: Callable[[], bool] | None = None) -> None:
+                 cancelled: Callable[[], bool] | None = None,
+                 enqueued_at: datetime | None = None,
+                 started_at: datetime | None = None) -> None:
         self.job_id, self.run_id, self.task, self.step = job_id, run_id, task, step
         self.attempt, self.queue, self.map_index = attempt, queue, map_index
         self._session_factory = session_factory
         self._session: StepSession | None = None
         self._scheduled_at = scheduled_at
         self._cancelled = cancelled
+        now = datetime.now(timezone.utc)
+        self._enqueued_at = enqueued_at or now
+        self._started_at = started_at or now
 
     @property
     def cancelled(self) -> bool:
@@ -99,6 +106,20 @@ class Context:
         if self._scheduled_at is None:
             return None
         return self._scheduled_at.astimezone(timezone.utc)
+
+    @property
+    def enqueued_at(self) -> datetime:
+        """When this step's job was created (an aware datetime in UTC, the database's clock):
+        for a run's first steps the enqueue, for a later step the success that created it.
+        Retries keep it."""
+        return self._enqueued_at.astimezone(timezone.utc)
+
+    @property
+    def started_at(self) -> datetime:
+        """When this attempt started (UTC): the database's time of its claim, plus what it
+        waited in the worker's claim-ahead buffer. `started_at - enqueued_at` is the pickup
+        latency of a job that was due at once (a delayed one was due at its `run_at`)."""
+        return self._started_at.astimezone(timezone.utc)
 
     @property
     def idempotency_key(self) -> str:

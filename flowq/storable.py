@@ -8,14 +8,17 @@ outcome batched beside it), so the worker passes each through here first:
 
 - `storable_text(text)`: NUL written out as `\\x00`, lone surrogates as `\\udcff` escapes,
   capped at `MAX_TEXT_CHARS` (the head and the tail are kept);
-- `describe(exc)`: `Type: message`, then the traceback; an exception whose `__str__` raises
-  is described by its type name;
+- `describe(exc)`: `Type: message`, then the traceback from the first frame outside flowq
+  (the worker's and the test kit's frames that called the handler are dropped; the frames
+  of flowq calls the handler made, and the whole exception chain, are kept); an exception
+  whose `__str__` raises is described by its type name;
 - `clamp_delay(seconds)` / `delay_of(after)`: a delay in [0, `MAX_DELAY`] seconds.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import traceback
 from datetime import datetime, timedelta, timezone
 from typing import Final
@@ -27,6 +30,8 @@ MAX_TEXT_CHARS: Final = 8000
 # The longest wait flowq schedules (a year and a day): a policy or `RetryStep` asking for more
 # is clamped to it, so `now() + delay` always fits a timestamptz and a Python datetime.
 MAX_DELAY: Final = 366 * 86400.0
+# flowq's own source files: the frames `describe` drops from the head of a traceback.
+_FLOWQ_DIR: Final = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def safe_str(value: object) -> str:
@@ -65,10 +70,31 @@ def describe(exc: BaseException) -> str:
     """`Type: message` first (what `last_error` is read for), then the traceback; storable."""
     head = f"{_type_name(exc)}: {safe_str(exc)}"
     try:
-        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).strip()
+        described = traceback.TracebackException.from_exception(exc)
+        _drop_callers(described, set())
+        tb = "".join(described.format()).strip()
     except BaseException:
         tb = ""
     return storable_text(f"{head}\n\n{tb}" if tb else head)
+
+
+def _drop_callers(described: traceback.TracebackException, seen: set[int]) -> None:
+    """Drop flowq's frames from the head of each traceback of the chain: what called the
+    handler (executor, attempt, tracing, the test kit) tells the reader nothing. A traceback
+    that is flowq's only (an error flowq raised before any user code ran) is kept whole."""
+    if id(described) in seen:
+        return
+    seen.add(id(described))
+    frames = list(described.stack)
+    first = next((i for i, frame in enumerate(frames)
+                  if not os.path.abspath(frame.filename).startswith(_FLOWQ_DIR)), 0)
+    if first:
+        described.stack = traceback.StackSummary.from_list(frames[first:])
+    linked = [described.__cause__, described.__context__,
+              *(getattr(described, "exceptions", None) or ())]
+    for other in linked:
+        if other is not None:
+            _drop_callers(other, seen)
 
 
 def first_line(text: object) -> str:

@@ -19,8 +19,9 @@ in the same run, because absolute numbers drift from machine to machine and rati
 
 Modules: `options` (sizes and defaults), `harness` (server, databases, worker processes),
 `baselines` (raw loops), `drains` (timing a drain), `scenarios`, `limits`, `rate`, `producers`,
-`memory` and `pressure` (the scenarios), `report` (table and JSON), `app` (the bench's handlers), `worker` (soak worker),
-`cli` (the command's options).
+`memory` and `pressure` (the scenarios), `report` (table and JSON), `app` (the bench's handlers),
+`worker` (soak worker), `progress` (each scenario and repeat as it starts), `cli` (the
+command's options).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 
 from flowq_bench.harness import Server, open_server
 from flowq_bench.options import DEFAULT_SCENARIOS, SCENARIOS, Options
+from flowq_bench.progress import Progress, reporting
 from flowq_bench.report import Row, render_table, to_json
 
 __all__ = ["DEFAULT_SCENARIOS", "SCENARIOS", "Options", "run_bench"]
@@ -47,9 +49,12 @@ def _registry() -> dict[str, Callable[[Server, Options], list[Row]]]:
 
 def run_bench(url: str | None, names: Sequence[str], options: Options,
               progress: Callable[[str], None] = lambda _: None,
-              server_settings: dict[str, str] | None = None) -> tuple[str, dict[str, Any]]:
+              server_settings: dict[str, str] | None = None, *,
+              tty: bool = False) -> tuple[str, dict[str, Any]]:
     """Run the scenarios `names` on the server at `url` (None: a fresh embedded one); the
-    printable table and the JSON document."""
+    printable table and the JSON document. `progress` is given each scenario and each repeat
+    as they start (text with its line ends: `flowq_bench.progress`; `tty`: a bar redrawn in
+    place)."""
     from flowq import tracing
 
     registry = _registry()
@@ -57,10 +62,11 @@ def run_bench(url: str | None, names: Sequence[str], options: Options,
     # Tracing off here too (enqueue scenarios), as in the workers (see `WorkerGroup`).
     traced, tracing.ENABLED = tracing.ENABLED, False
     try:
-        with open_server(url, server_settings) as server:
+        with reporting(Progress(progress, tty=tty, scenarios=len(names))) as said, \
+                open_server(url, server_settings) as server:
             machine = server.machine()
             for name in names:
-                progress(f"running {name} …")
+                said.scenario(name)
                 rows.extend(registry[name](server, options))
     finally:
         tracing.ENABLED = traced

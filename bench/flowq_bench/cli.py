@@ -10,6 +10,7 @@ PostgreSQL, with it it creates and drops databases of its own on that server
 from __future__ import annotations
 
 import json
+import sys
 
 import click
 
@@ -85,7 +86,8 @@ def bench(database_url: str | None, scenarios: tuple[str, ...], n_jobs: int | No
                                      f"e.g. 16,128; got {drain_c!r}", param_hint="--drain-c")
         options.set_drain_concurrency(cs)
     table, doc = run_bench(database_url, scenarios or DEFAULT_SCENARIOS, options,
-                           progress=lambda m: click.echo(m, err=True))
+                           progress=lambda m: click.echo(m, err=True, nl=False),
+                           tty=sys.stderr.isatty())
     if json_file:
         with open(json_file, "w") as f:
             json.dump(doc, f, indent=2)

@@ -31,6 +31,7 @@ import flowq
 from flowq_bench import baselines
 from flowq_bench.app import app as bench_app
 from flowq_bench.harness import WorkerGroup, conninfo, own_database, reset, reset_table, wait_for
+from flowq_bench.progress import repeats
 
 __all__ = [
     "Check",
@@ -217,7 +218,7 @@ def flowq_drains(url: str, engine: sa.Engine, task: str, runs: int, rows_per_run
     before = _updates(engine, JOBS_TABLE)
     with WorkerGroup(url, processes=processes, concurrency=concurrency) as workers:
         workers.wait_ready(engine)
-        for _ in range(repeat):
+        for _ in repeats(repeat, f"flowq {task} P={processes} C={concurrency}"):
             reset(engine)
             with _wal(engine, n, out) as start:
                 # t0 and the WAL position right after the commit the workers wake at.
@@ -237,7 +238,7 @@ def flowq_drain(url: str, engine: sa.Engine, task: str, runs: int, rows_per_run:
     rates = []
     with WorkerGroup(url, processes=processes, concurrency=concurrency) as workers:
         workers.wait_ready(engine)
-        for _ in range(repeat):
+        for _ in repeats(repeat, f"flowq {task} P={processes} C={concurrency}"):
             reset(engine)
             t0 = enqueue_runs(engine, task, runs)
             rates.append(runs * rows_per_run / wait_drained(engine, runs * rows_per_run, t0))
@@ -251,7 +252,7 @@ def raw_drains(url: str, engine: sa.Engine, kind: str, task: str, runs: int, row
     """Rate and cost of each repeat, through P raw psycopg loops of `kind` on flowq.jobs."""
     out: list[DrainCost] = []
     n = runs * rows_per_run
-    for _ in range(repeat):
+    for _ in repeats(repeat, f"raw {kind} {task} P={processes}"):
         reset(engine)
         before = _updates(engine, JOBS_TABLE)
         with _wal(engine, n, out) as start:
@@ -272,7 +273,7 @@ def raw_drain(url: str, engine: sa.Engine, kind: str, task: str, runs: int, rows
               processes: int, repeat: int, check: Check | None = None) -> list[float]:
     """Rows per second through P raw psycopg loops of `kind`, once per repeat."""
     rates = []
-    for _ in range(repeat):
+    for _ in repeats(repeat, f"raw {kind} {task} P={processes}"):
         reset(engine)
         enqueue_runs(engine, task, runs)
         with baselines.run_loops(kind, conninfo(url), processes) as loops:
@@ -310,7 +311,7 @@ def minimal_drains(url: str, engine: sa.Engine, n: int, processes: int, repeat: 
             c.execute(sa.text(ddl))
     out: list[DrainCost] = []
     try:
-        for _ in range(repeat):
+        for _ in repeats(repeat, f"raw minimal table P={processes}"):
             reset_table(engine, baselines.MINIMAL_TABLE)
             before = _updates(engine, baselines.MINIMAL_TABLE)
             with _wal(engine, n, out) as start:

@@ -36,6 +36,7 @@ from flowq_bench.app import LIMIT_ENV, LIMITED_QUEUE
 from flowq_bench.drains import db_clock, engine_for, enqueue_runs, wait_drained
 from flowq_bench.harness import BENCH_QUEUE, Server, WorkerGroup, conninfo, reset, wait_for
 from flowq_bench.options import Options
+from flowq_bench.progress import repeats
 from flowq_bench.report import Figure, Row
 
 __all__ = ["DIAGNOSTIC_POLL", "DROP_BACKLOG", "LimitExceeded", "RunningSampler", "check_declared",
@@ -185,7 +186,7 @@ def _sampled_drain(url: str, engine: sa.Engine, task: str, queue: str, o: Option
         workers.wait_ready(engine)
         if limit is not None:
             check_declared(engine, queue, concurrency=limit)
-        for _ in range(o.repeat):
+        for _ in repeats(o.repeat, f"flowq {task} on {queue}"):
             reset(engine)
             with RunningSampler(conninfo(url), queue) as sampler:
                 t0 = enqueue_runs(engine, task, o.jobs)

@@ -27,6 +27,7 @@ from flowq_bench.app import noop, stamp
 from flowq_bench.drains import engine_for
 from flowq_bench.harness import Server, WorkerGroup, conninfo, reset, wait_for
 from flowq_bench.options import Options
+from flowq_bench.progress import repeats
 from flowq_bench.report import Figure, Row, percentile
 
 __all__ = ["enqueue", "latency", "soak"]
@@ -91,7 +92,7 @@ def enqueue(server: Server, o: Options) -> list[Row]:
         try:
             make = sessionmaker(engine, class_=flowq.Session)
             _transactions(make, min(20, o.transactions))  # warm the pool and the caches
-            for _ in range(o.repeat):
+            for _ in repeats(o.repeat, "enqueue in transactions, bulk"):
                 reset(engine)
                 a, b = _transactions(make, o.transactions)
                 with_job.append(a / o.transactions * 1000)
@@ -160,10 +161,10 @@ def latency(server: Server, o: Options) -> list[Row]:
         try:
             with WorkerGroup(url, processes=1, concurrency=o.concurrency) as workers:
                 workers.wait_ready(engine)
-                for _ in range(o.repeat):
+                for _ in repeats(o.repeat, "flowq latency"):
                     reset(engine)
                     ours.append(_measure(engine, o))
-            for _ in range(o.repeat):
+            for _ in repeats(o.repeat, "raw listener latency"):
                 reset(engine)
                 with baselines.run_loops("listener", conninfo(url), 1) as loops:
                     loops.go()

@@ -43,6 +43,7 @@ from flowq_bench.limits import (
     no_running,
 )
 from flowq_bench.options import Options
+from flowq_bench.progress import repeats
 from flowq_bench.report import Figure, Row
 
 __all__ = ["Window", "rate"]
@@ -158,7 +159,7 @@ def _rate_windows(url: str, engine: sa.Engine, o: Options, poll: float | None = 
                      env={RATE_ENV: str(o.rate_limit)}) as workers:
         workers.wait_ready(engine)
         check_declared(engine, RATE_QUEUE, rate_limit=o.rate_limit, rate_period=1.0)
-        for _ in range(o.repeat):
+        for _ in repeats(o.repeat, f"rate window of {o.rate_limit}/s"):
             time.sleep(1.2)  # idle for more than a period: the bucket is full
             reset(engine)
             with engine.begin() as c:

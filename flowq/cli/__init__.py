@@ -57,7 +57,9 @@ COMMANDS: Final[dict[str, tuple[str, str]]] = {
                   "List periodic schedules: spec, time zone, next tick, last run."),
     "status": ("flowq.cli.status:status_command",
                "Show queues, live workers, dead jobs by task and due jobs no worker serves."),
-    "worker": ("flowq.cli.worker:worker", "Run the jobs of MODULE:APP until SIGTERM/SIGINT."),
+    "worker": ("flowq.cli.worker:worker",
+               "Run the jobs of MODULE:APP until SIGTERM/SIGINT (MODULE alone: its only FlowQ "
+               "app)."),
 }
 
 

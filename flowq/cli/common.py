@@ -4,11 +4,14 @@
   DATABASE_URL, via `require_url`) and `--schema` (default "flowq").
 - `load_app("module:attr")`, `open_engine(url, schema)`.
 - `table`, `age_cell`, `limits_cell`: tables for people (every command also has --json).
+- `Phase`: the one line on stderr that says what a long command is doing.
 
 The error handler (`user_errors`, `UserError`) lives in `flowq.cli.group`, with the root
 group that runs it around every command. Command modules import this one; it imports none of
 them, and it imports `flowq.app` (the whole API) only when `load_app` runs, so that a read
-command such as `flowq status` imports what it reads with and no more.
+command such as `flowq status` imports what it reads with and no more; the database layer
+(and so SQLAlchemy) is imported only when a command reaches the database, so that every
+command's `--help` starts at once (tests/unit/test_cli_startup.py).
 """
 
 from __future__ import annotations
@@ -20,8 +23,6 @@ from typing import TYPE_CHECKING
 
 import click
 
-from flowq.db import create_engine, resolve_url
-from flowq.db.checks import ensure_schema
 from flowq.errors import ConfigurationError, FlowqError
 from flowq.names import DEFAULT_SCHEMA
 
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 
     from flowq.define.app import FlowQ
 
-__all__ = ["age_cell", "limits_cell", "load_app", "open_engine", "require_url",
+__all__ = ["Phase", "age_cell", "limits_cell", "load_app", "open_engine", "require_url",
            "schema_option", "table", "url_option"]
 
 url_option = click.option(
@@ -42,6 +43,8 @@ schema_option = click.option("--schema", default=DEFAULT_SCHEMA, show_default=Tr
 
 def require_url(database_url: str | None) -> str:
     """`--database-url`, else FLOWQ_DATABASE_URL, else DATABASE_URL; a UserError if none."""
+    from flowq.db import resolve_url
+
     url = resolve_url(database_url)
     if not url:
         raise FlowqError("no database given: pass --database-url postgresql://... or set "
@@ -51,6 +54,9 @@ def require_url(database_url: str | None) -> str:
 
 def open_engine(database_url: str | None, schema: str) -> sa.Engine:
     """An engine on the command's database, checked to be reachable and migrated."""
+    from flowq.db import create_engine
+    from flowq.db.checks import ensure_schema
+
     engine = create_engine(require_url(database_url))
     try:
         ensure_schema(engine, schema)
@@ -61,8 +67,11 @@ def open_engine(database_url: str | None, schema: str) -> sa.Engine:
 
 
 def load_app(spec: str) -> FlowQ:
-    """Import `module:attribute` (the cwd on sys.path) and return the FlowQ app it names."""
-    from flowq.define.app import FlowQ
+    """Import `module:attribute` (the cwd on sys.path) and return the FlowQ app it names.
+
+    `module` alone names the module's one FlowQ app (the choice is said on stderr); a module
+    with none or several is refused with the names it has."""
+    from flowq.define.app import FlowQ, did_you_mean
 
     module_name, _, attr = spec.partition(":")
     if not module_name:
@@ -82,14 +91,47 @@ def load_app(spec: str) -> FlowQ:
                 f"cannot import {module_name!r}: no such module (run from the directory that "
                 "contains it, or install it)") from None
         raise
-    if attr:
-        app = getattr(module, attr, None)
-    else:
-        found = [v for v in vars(module).values() if isinstance(v, FlowQ)]
-        app = found[0] if len(found) == 1 else None
+    apps = sorted(name for name, value in vars(module).items() if isinstance(value, FlowQ))
+    has = (f"{module_name} has {len(apps)} FlowQ app(s): "
+           + ", ".join(f"{module_name}:{name}" for name in apps)) if apps else (
+        f"{module_name} has no FlowQ app at its top level")
+    if not attr:
+        if len(apps) != 1:
+            raise ConfigurationError(f"{spec!r} names a module, not an app: {has}; name one "
+                                     "as MODULE:APP")
+        click.echo(f"flowq: using {module_name}:{apps[0]}, the module's only FlowQ app.",
+                   err=True)
+        attr = apps[0]
+    app = getattr(module, attr, None)
     if not isinstance(app, FlowQ):
-        raise ConfigurationError(f"{spec!r} is not a flowq.FlowQ app (expected MODULE:APP)")
+        hint = did_you_mean(attr, apps)
+        raise ConfigurationError(f"{spec!r} is not a flowq.FlowQ app: "
+                                 f"{hint + ' ' if hint else ''}({has})")
     return app
+
+
+# -- progress -------------------------------------------------------------------------------
+
+
+class Phase:
+    """One phase of a long command, said on stderr (stdout keeps the result, for scripts):
+    its line when it starts (`flowq: retrying the dead runs that match, …`), redrawn in
+    place with the count so far on a terminal (`update(n)`), ended by `done()`. Off a
+    terminal (a log, a pipe, CliRunner) only the start line is written: one line per phase."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.tty = sys.stderr.isatty()
+        click.echo(f"flowq: {text} …", err=True, nl=not self.tty)
+
+    def update(self, count: int, unit: str) -> None:
+        if self.tty:
+            click.echo(f"\rflowq: {self.text} … {count:,} {unit} so far\033[K", err=True,
+                       nl=False)
+
+    def done(self) -> None:
+        if self.tty:
+            click.echo("", err=True)
 
 
 # -- formatting (tables for people; --json for scripts) -----------------------------------

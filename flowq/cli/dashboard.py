@@ -48,7 +48,8 @@ def _loopback(host: str) -> bool:
 @schema_option
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on (0.0.0.0: every interface; put auth in front).")
-@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
+              help="TCP port to serve on (0: any free port).")
 @click.option("--allow-actions", is_flag=True,
               help="Enable retry, cancel, pause and resume (needs --token or --basic-auth; "
                    "a token is drawn and printed when neither is given).")

@@ -13,11 +13,12 @@ import json
 import click
 
 from flowq.cli.common import require_url, schema_option, url_option
-from flowq.db import create_engine
-from flowq.ops.doctor import LONG_TRANSACTION_S
-from flowq.ops.doctor import doctor as run_doctor
 
-__all__ = ["doctor"]
+__all__ = ["LONG_TRANSACTION_S", "doctor"]
+
+# `flowq.ops.doctor.LONG_TRANSACTION_S`, repeated so that --help imports no database library
+# (tests/unit/test_cli_startup.py holds the copy to the original).
+LONG_TRANSACTION_S = 60.0
 
 
 @click.command("doctor")
@@ -31,6 +32,9 @@ def doctor(database_url: str | None, schema: str, long_transaction_s: float,
            as_json: bool) -> None:
     """Check schema version, table health, long transactions, autovacuum, LISTEN, pooler
     and clock skew; say what to do about each finding."""
+    from flowq.db import create_engine
+    from flowq.ops.doctor import doctor as run_doctor
+
     engine = create_engine(require_url(database_url))
     try:
         checks = run_doctor(engine, schema=schema, long_transaction_s=long_transaction_s)

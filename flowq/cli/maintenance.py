@@ -7,17 +7,23 @@ Both take `--database-url` and `--schema` (default "flowq").
 
 from __future__ import annotations
 
+from typing import Final
+
 import click
 
-from flowq.cli.common import open_engine, schema_option, url_option
+from flowq.cli.common import Phase, open_engine, schema_option, url_option
 
 __all__ = ["prune", "reap"]
+
+# Batches `flowq prune` deletes at most in one command (each of the pruner's batch size).
+PRUNE_MAX_BATCHES: Final = 1_000_000
 
 
 @click.command()
 @url_option
 @schema_option
-@click.option("--stale-after", default=30.0, show_default=True, type=click.FloatRange(0.0))
+@click.option("--stale-after", default=30.0, show_default=True, type=click.FloatRange(0.0),
+              help="Heartbeat age (seconds) after which a running job is requeued.")
 def reap(database_url: str | None, schema: str, stale_after: float) -> None:
     """Requeue (or bury) running jobs whose worker stopped heartbeating; one pass."""
     from flowq.db.sql import Queries
@@ -50,9 +56,21 @@ def prune(database_url: str | None, schema: str, retention: float, dead_retentio
     from flowq.worker.pruner import Pruner
 
     engine = open_engine(database_url, schema)
+    phase = Phase(f"deleting runs finished more than {retention:,.0f}s ago "
+                  f"({dead_retention:,.0f}s with a dead step), a batch per transaction")
+    pruner = Pruner(engine, Queries(schema), retention=retention,
+                    dead_retention=dead_retention, max_batches=1)
+    n = 0
     try:
-        n = Pruner(engine, Queries(schema), retention=retention,
-                   dead_retention=dead_retention, max_batches=1_000_000).run_once()
+        # The pruner's pass, a batch at a time, to report each (it stops at a batch that
+        # deletes nothing, or finds another pruner holding the lock).
+        for _ in range(PRUNE_MAX_BATCHES):
+            deleted = pruner.run_once()
+            if not deleted:
+                break
+            n += deleted
+            phase.update(n, "row(s) deleted")
     finally:
+        phase.done()
         engine.dispose()
     click.echo(f"pruned {n} row(s).")

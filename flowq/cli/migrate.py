@@ -12,7 +12,6 @@ from __future__ import annotations
 import click
 
 from flowq.cli.common import require_url, schema_option, url_option
-from flowq.db import create_engine
 
 __all__ = ["migrate"]
 
@@ -29,6 +28,8 @@ def migrate(database_url: str | None, schema: str, sql: bool) -> None:
     if sql:
         click.echo(sql_script(schema=schema))
         return
+    from flowq.db import create_engine
+
     engine = create_engine(require_url(database_url))
     try:
         done = run_migrate(engine, schema=schema,

@@ -13,7 +13,6 @@ import json
 import click
 
 from flowq.cli.common import age_cell, limits_cell, open_engine, schema_option, table, url_option
-from flowq.ops.queues import list_queues, pause, resume
 
 __all__ = ["queues"]
 
@@ -29,6 +28,8 @@ def queues(ctx: click.Context, database_url: str | None, schema: str, as_json: b
         return
     engine = open_engine(database_url, schema)
     try:
+        from flowq.ops.queues import list_queues
+
         found = list_queues(engine, schema=schema)
     finally:
         engine.dispose()
@@ -50,11 +51,20 @@ def queues(ctx: click.Context, database_url: str | None, schema: str, as_json: b
 
 
 def _set(database_url: str | None, schema: str, name: str, paused: bool) -> None:
+    from flowq.define.app import did_you_mean
+    from flowq.ops.queues import list_queues, pause, resume
+
     engine = open_engine(database_url, schema)
     try:
+        known = [q.name for q in list_queues(engine, schema=schema)]
         changed = (pause if paused else resume)(engine, name, schema=schema)
     finally:
         engine.dispose()
+    if name not in known:  # legitimate ahead of its jobs, but more often a typo
+        hint = did_you_mean(name, known)
+        click.echo(f"flowq: warning: no queue {name!r} has jobs or a declaration"
+                   f"{': ' + hint if hint else ''} (the setting is kept for it all the same)",
+                   err=True)
     state = "paused" if paused else "resumed"
     click.echo(f"queue {name!r} {state}." if changed else
                f"queue {name!r} was already {'paused' if paused else 'active'}; nothing changed.")

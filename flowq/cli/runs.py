@@ -14,30 +14,27 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta
-from typing import Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import click
 
-from flowq.cli.common import load_app, open_engine, schema_option, table, url_option
+from flowq.cli.common import Phase, load_app, open_engine, schema_option, table, url_option
 from flowq.cli.group import UserError
-from flowq.db.schema import STATUSES, Status
 from flowq.errors import InvalidArgumentsError
-from flowq.ops.runs import (
-    DEFAULT_RETRY_BATCH,
-    RunInfo,
-    cancel_run,
-    get_run,
-    list_runs,
-    parse_when,
-    retry_run,
-    retry_runs,
-    unserved_jobs,
-)
 from flowq.storable import first_line
 
-__all__ = ["runs"]
+if TYPE_CHECKING:
+    from flowq.db.schema import Status
+    from flowq.ops.runs import KnownNames, RunInfo
+
+__all__ = ["DEFAULT_RETRY_BATCH", "STATUSES", "runs"]
 
 ERROR_CHARS: Final = 70
+# `flowq.db.schema.STATUSES` and `flowq.ops.runs.DEFAULT_RETRY_BATCH`, repeated so that
+# `--help` imports no database library (tests/unit/test_cli_startup.py holds each copy to
+# its original); the runs API is imported when a command runs.
+STATUSES: Final = ("pending", "running", "succeeded", "dead", "cancelled", "waiting")
+DEFAULT_RETRY_BATCH: Final = 500
 
 json_option = click.option("--json", "as_json", is_flag=True,
                            help="Print one JSON object (stable keys) instead of a table.")
@@ -48,6 +45,8 @@ def _parse_when(ctx: click.Context, param: click.Parameter,
     """`--since`/`--until`: an ISO 8601 time or a duration ago (`flowq.ops.runs.parse_when`)."""
     if value is None:
         return None
+    from flowq.ops.runs import parse_when
+
     try:
         return parse_when(value)
     except InvalidArgumentsError as exc:
@@ -76,8 +75,10 @@ def _when(value: datetime | None) -> str:
     return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value else "-"
 
 
-def _error_cell(text: str | None) -> str:
+def _error_cell(text: str | None, earlier: bool = False) -> str:
     line = first_line(text or "")
+    if earlier and line:  # the step succeeded after it: not why the step ended
+        line = f"(earlier attempt) {line}"
     return line if len(line) <= ERROR_CHARS else line[: ERROR_CHARS - 1] + "…"
 
 
@@ -116,7 +117,8 @@ def _describe(run: RunInfo) -> str:
                          ", ".join(group.parents or ())])
             continue
         rows.append([str(s.index), s.step or "-", s.status, f"{s.attempts}/{s.max_attempts}",
-                     s.queue, str(s.job_id), _when(s.finished_at), _error_cell(s.last_error),
+                     s.queue, str(s.job_id), _when(s.finished_at),
+                     _error_cell(s.last_error, s.last_error_earlier),
                      ", ".join(group.parents or ()) if group else ""])
     lines += ["", table(["#", "step", "status", "attempts", "queue", "job", "finished",
                           "last error", "after"], rows)]
@@ -157,12 +159,16 @@ def list_command(database_url: str | None, schema: str, status: str | None, task
                  until: datetime | timedelta | None, limit: int, before: int | None,
                  as_json: bool) -> None:
     """List runs, newest first, a page at a time; filter by status, task, queue and time."""
+    from flowq.ops.runs import known_names, list_runs, unserved_jobs
+
     engine = open_engine(database_url, schema)
     try:
         found = list_runs(engine, status=cast("Status | None", status), task=task,
                           queue=queue, since=since, until=until, before=before,
                           limit=limit + 1, schema=schema)
         unserved = unserved_jobs(engine, schema=schema)
+        known = (known_names(engine, schema=schema)
+                 if not found and (task is not None or queue is not None) else None)
     finally:
         engine.dispose()
     next_before = found[limit - 1].run_id if len(found) > limit else None
@@ -170,7 +176,7 @@ def list_command(database_url: str | None, schema: str, status: str | None, task
     rows = [[str(r.run_id), r.task, r.status, f"{r.step_index}:{r.step or '-'}",
              _when(r.created_at), _when(r.finished_at), r.idempotency_key or ""] for r in found]
     text = (table(["run", "task", "status", "step", "created", "finished", "key"], rows)
-            if found else "no runs.")
+            if found else "no runs." + _no_match_hint(known, task, queue))
     if next_before is not None:
         text += (f"\nmore: the next page is `flowq runs list --before {next_before}` with "
                  "the same filters.")
@@ -180,6 +186,21 @@ def list_command(database_url: str | None, schema: str, status: str | None, task
                  f"one whose app defines {u.task!r} with --queues including {u.queue!r}.")
     _emit(as_json, {"runs": [r.to_dict() for r in found], "next_before": next_before,
                     "unserved": [u.to_dict() for u in unserved]}, text)
+
+
+def _no_match_hint(known: KnownNames | None, task: str | None, queue: str | None) -> str:
+    """' (no recent run has task 'x': did you mean 'y'?)' for a --task or --queue filter
+    that names nothing the database knows of (a typo, most often), else ''."""
+    if known is None:
+        return ""
+    from flowq.define.app import did_you_mean
+
+    hints = []
+    for what, name, names in (("task", task, known.tasks), ("queue", queue, known.queues)):
+        if name is not None and name not in names:
+            hint = did_you_mean(name, names)
+            hints.append(f"no recent run has {what} {name!r}" + (f": {hint}" if hint else ""))
+    return f" ({'; '.join(hints)})" if hints else ""
 
 
 @runs.command("show")
@@ -196,6 +217,8 @@ def show_command(run_id: int, database_url: str | None, schema: str, app_spec: s
     attempts, timings, last error, result."""
     if app_spec is not None:
         load_app(app_spec)  # registers its definitions, which `get_run` looks up
+    from flowq.ops.runs import get_run
+
     engine = open_engine(database_url, schema)
     try:
         run = get_run(engine, run_id, schema=schema)
@@ -211,6 +234,8 @@ def show_command(run_id: int, database_url: str | None, schema: str, app_spec: s
 @json_option
 def cancel_command(run_id: int, database_url: str | None, schema: str, as_json: bool) -> None:
     """Cancel a run: pending steps end cancelled; a running step finishes without a successor."""
+    from flowq.ops.runs import cancel_run
+
     engine = open_engine(database_url, schema)
     try:
         res = cancel_run(engine, run_id, schema=schema, reason="cancelled by `flowq runs cancel`")
@@ -247,6 +272,8 @@ def retry_command(run_id: int | None, database_url: str | None, schema: str,
                   limit: int | None, batch_size: int, as_json: bool) -> None:
     """Retry a dead run from the step that died, keeping the results of the steps before it;
     or, with --status dead, every dead run matching the filters, in batches."""
+    from flowq.ops.runs import retry_run, retry_runs
+
     filters = {"--task": task, "--queue": queue, "--since": since, "--until": until,
                "--limit": limit}
     if run_id is not None and status is not None:
@@ -256,10 +283,13 @@ def retry_command(run_id: int | None, database_url: str | None, schema: str,
                         "--until, --limit) to retry every dead run that matches")
     if run_id is None:
         engine = open_engine(database_url, schema)
+        phase = Phase(f"retrying the dead runs that match, {batch_size:,} per transaction")
         try:
             n = retry_runs(engine, task=task, queue=queue, since=since, until=until,
-                           limit=limit, batch_size=batch_size, schema=schema)
+                           limit=limit, batch_size=batch_size, schema=schema,
+                           on_batch=lambda total: phase.update(total, "run(s) retried"))
         finally:
+            phase.done()
             engine.dispose()
         _emit(as_json, {"retried": n}, f"retried {n} run(s).")
         return

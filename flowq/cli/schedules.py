@@ -12,11 +12,14 @@ from __future__ import annotations
 import json
 import zoneinfo
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
 import click
 
 from flowq.cli.common import load_app, open_engine, url_option
-from flowq.ops.schedules import ScheduleInfo, list_schedules
+
+if TYPE_CHECKING:
+    from flowq.ops.schedules import ScheduleInfo
 
 __all__ = ["schedules"]
 
@@ -48,6 +51,8 @@ def schedules(app_spec: str | None, database_url: str | None, schema: str | None
     schema = schema or (app.schema if app is not None else "flowq")
     engine = open_engine(database_url, schema)
     try:
+        from flowq.ops.schedules import list_schedules
+
         found = list_schedules(engine, app, schema=schema)
     finally:
         engine.dispose()

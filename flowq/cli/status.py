@@ -6,11 +6,14 @@ Reads through `flowq.ops.status.status`; `--json` prints `Status.to_dict()` (sta
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import click
 
 from flowq.cli.common import age_cell, limits_cell, open_engine, schema_option, table, url_option
-from flowq.ops.status import Status, status
+
+if TYPE_CHECKING:
+    from flowq.ops.status import Status
 
 __all__ = ["status_command"]
 
@@ -54,6 +57,8 @@ def status_command(database_url: str | None, schema: str, as_json: bool) -> None
     """Show queues, live workers, dead jobs by task and due jobs no worker serves."""
     engine = open_engine(database_url, schema)
     try:
+        from flowq.ops.status import status
+
         st = status(engine, schema=schema)
     finally:
         engine.dispose()

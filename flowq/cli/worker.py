@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import click
 
@@ -27,6 +27,9 @@ from flowq.cli.common import load_app, require_url, url_option
 from flowq.cli.group import UserError
 from flowq.errors import InvalidQueueError
 from flowq.names import validate_queue
+
+if TYPE_CHECKING:
+    from flowq.define.app import FlowQ
 
 __all__ = ["worker"]
 
@@ -53,6 +56,19 @@ def _queues(value: str | None) -> list[str] | None:
         # An empty list would silently mean "every queue": refuse it instead.
         raise InvalidQueueError(f"--queues {value!r} names no queue: pass a,b or leave it out.")
     return names
+
+
+def _warn_unused_queues(app: FlowQ, queues: list[str] | None) -> None:
+    """Say so when --queues names a queue none of the app's tasks and steps use: legitimate
+    (a job enqueued with queue=), but more often a typo, which would serve nothing."""
+    from flowq.define.app import did_you_mean
+
+    for name in queues or ():
+        if name not in app.queues:
+            hint = did_you_mean(name, app.queues)
+            click.echo(f"flowq: warning: no task or step of the app uses queue {name!r}"
+                       f"{': ' + hint if hint else ''} (the app's queues: "
+                       f"{', '.join(app.queues) or 'none'})", err=True)
 
 
 @click.command()
@@ -84,15 +100,20 @@ def _queues(value: str | None) -> list[str] | None:
 @click.option("--stale-after", default=30.0, show_default=True, type=click.FloatRange(0.1),
               help="Heartbeat age after which a running job is requeued by the reaper.")
 @click.option("--heartbeat-interval", default=5.0, show_default=True,
-              type=click.FloatRange(0.05))
-@click.option("--reap-interval", default=10.0, show_default=True, type=click.FloatRange(0.05))
+              type=click.FloatRange(0.05),
+              help="Seconds between heartbeats of the jobs this worker holds (--stale-after "
+              "must exceed twice it).")
+@click.option("--reap-interval", default=10.0, show_default=True, type=click.FloatRange(0.05),
+              help="Seconds between passes of the reaper (and of the waits' and the worker "
+              "registry's expiry).")
 @click.option("--no-maintenance", is_flag=True, help="Do not reap or prune from this worker.")
 @click.option("--no-schedules", is_flag=True,
               help="Do not enqueue the app's periodic schedules from this worker.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
-              show_default=True)
+              show_default=True, help="Log lines as key=value text or as JSON objects.")
 @click.option("--log-level", default="INFO", show_default=True,
-              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+              help="The flowq logger's level.")
 @click.option("--job-log/--no-job-log", default=True, show_default=True,
               help="Log a line per succeeded job (failures are always logged).")
 @click.option("--metrics-port", default=None, type=click.IntRange(1, 65535),
@@ -106,7 +127,7 @@ def worker(app_spec: str, database_url: str | None, queues: str | None, concurre
            no_maintenance: bool, no_schedules: bool, log_format: str, log_level: str,
            job_log: bool, metrics_port: int | None, metrics_addr: str, pgbouncer: bool,
            listen_url: str | None, claim_ahead: int | None, start_timeout: float) -> None:
-    """Run the jobs of MODULE:APP until SIGTERM/SIGINT."""
+    """Run the jobs of MODULE:APP until SIGTERM/SIGINT (MODULE alone: its only FlowQ app)."""
     from flowq.worker import Worker, WorkerConfig
     from flowq.worker.logs import configure_logging
 
@@ -115,6 +136,7 @@ def worker(app_spec: str, database_url: str | None, queues: str | None, concurre
         raise UserError("--listen-url and --no-listen contradict each other: pass one of them.")
     url = require_url(database_url)
     app = load_app(app_spec)
+    _warn_unused_queues(app, _queues(queues))
     config = WorkerConfig(queues=_queues(queues), concurrency=concurrency,
                           poll_interval=poll_interval, listen=not no_listen,
                           shutdown_grace=shutdown_grace, start_timeout=start_timeout,

@@ -58,6 +58,8 @@ class ClaimedJob:
     scheduled_at: datetime | None = None  # the tick a periodic schedule enqueued this run for
     pickup_delay: float = 0.0  # seconds from its due time (run_at) to this claim
     trace_context: str | None = None  # W3C trace context (JSON text) it was enqueued under
+    enqueued_at: datetime | None = None  # its row's created_at (`ctx.enqueued_at`)
+    claimed_at: datetime | None = None  # this claim's database time (`ctx.started_at`)
 
     @property
     def claim(self) -> Claim:

@@ -7,13 +7,15 @@ producers and workers share (`schema`, `default_queue`), its queues' declared li
 (`queue()`) and its schedules (`periodic()`).
 
 `find_definition(name, schema)` finds a definition in any live app of a schema, so that an
-enqueue by name can still check its arguments.
+enqueue by name can still check its arguments; `defined_names(schema)` lists them all, and
+`did_you_mean(name, known)` names the close ones, for the errors about a name nobody defines.
 """
 
 from __future__ import annotations
 
+import difflib
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, overload
 
@@ -28,7 +30,7 @@ from flowq.names import DEFAULT_QUEUE, DEFAULT_SCHEMA, validate_queue, validate_
 if TYPE_CHECKING:
     from flowq.context import Context
 
-__all__ = ["FlowQ", "find_definition"]
+__all__ = ["FlowQ", "defined_names", "did_you_mean", "find_definition"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -227,3 +229,18 @@ def find_definition(name: str, schema: str) -> Pipeline | None:
             if found is not None:
                 return found
     return None
+
+
+def defined_names(schema: str) -> list[str]:
+    """Every task and pipeline name the live apps of `schema` define, sorted."""
+    return sorted({p.name for app in list(_APPS) if app.schema == schema for p in app})
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """"did you mean 'x'?" (or "'x' or 'y'") for the names of `known` close to `name` (a
+    typo's likely intent, by difflib's ratio), else ''. Names are shown with repr: `name`
+    and `known` may come from anyone."""
+    close = difflib.get_close_matches(name, sorted(set(known) - {name}), n=3, cutoff=0.6)
+    if not close:
+        return ""
+    return f"did you mean {' or '.join(repr(c) for c in close)}?"

@@ -35,7 +35,7 @@ import sqlalchemy as sa
 
 from flowq.db.schema import notify_channel
 from flowq.db.sql import queries
-from flowq.define.app import find_definition
+from flowq.define.app import defined_names, did_you_mean, find_definition
 from flowq.define.options import RESERVED_OPTIONS, EnqueueOptions
 from flowq.define.pipeline import Pipeline
 from flowq.define.retry import DEFAULT_MAX_ATTEMPTS
@@ -191,6 +191,25 @@ def _resolve(task: Pipeline | str, schema: str | None) -> tuple[str, Pipeline | 
     )
 
 
+def _unknown_name(name: str, schema: str) -> str:
+    """Why an enqueue by `name` without `queue=` is refused, and what to do. A close name
+    that an app of this process defines is likely the intent (a typo), and a queue guessed
+    for a typo would hold a job no worker ever runs: the fix offered is the name."""
+    known = defined_names(schema)
+    hint = did_you_mean(name, known)
+    if hint:
+        return (f"{name!r} is not a task or pipeline defined in this process: {hint} (a task "
+                "that only another service's workers define is enqueued by name with the "
+                "queue= they serve)")
+    defined = (f"the apps loaded here define {', '.join(map(repr, known[:10]))}"
+               f"{', ...' if len(known) > 10 else ''}; " if known else "")
+    return (f"{name!r} is not a task or pipeline defined in this process, so flowq cannot know "
+            f"which queue its workers serve: {defined}import the module that defines it, or, "
+            "for a task only another service's workers define, pass the queue= those workers "
+            f"serve (e.g. enqueue({name!r}, queue={DEFAULT_QUEUE!r}, ...); a queue no worker "
+            "of that task serves leaves the job pending, which `flowq runs list` warns of)")
+
+
 def _common_params(task: Pipeline | str, *, queue: str | None, priority: int | None,
                    run_at: datetime | None, delay: float | timedelta | None,
                    schema: str | None) -> tuple[str, Pipeline | None, str, dict[str, Any]]:
@@ -208,11 +227,7 @@ def _common_params(task: Pipeline | str, *, queue: str | None, priority: int | N
         # queue cannot be guessed: a default one that the task's workers do not serve would
         # leave the job pending forever, so the caller names it.
         if queue is None:
-            raise UnknownTaskError(
-                f"{name!r} is not a task or pipeline defined in this process, so flowq cannot "
-                f"know which queue its workers serve: pass queue= (e.g. "
-                f"enqueue({name!r}, queue={DEFAULT_QUEUE!r}, ...)), or import the module that "
-                "defines it")
+            raise UnknownTaskError(_unknown_name(name, schema))
         step_name, max_attempts = "", DEFAULT_MAX_ATTEMPTS
         default_queue, default_priority = DEFAULT_QUEUE, 0
     if priority is None:

@@ -42,6 +42,9 @@ class StepInfo:
     `locked_at`, `heartbeat_at` and `locked_by` describe the claim of a running step; they are
     cleared when the attempt ends. `step` is '' for a first step enqueued by name from a
     producer that did not know the pipeline (the worker resolves it to the first step).
+    `last_error` is the error of the step's latest failed attempt; `last_error_earlier` is
+    True when the step succeeded after it (the error of an earlier attempt, which a success
+    keeps in the row, is not why the step ended).
     """
 
     job_id: int
@@ -62,6 +65,7 @@ class StepInfo:
     args: Any
     result: Any
     map_index: int | None = None  # the item position of a map instance
+    last_error_earlier: bool = False  # see the class docstring
 
 
 @dataclass(frozen=True)
@@ -139,7 +143,8 @@ def _step(row: Any) -> StepInfo:
         cancel_requested=row.cancel_requested, run_at=row.run_at, created_at=row.created_at,
         locked_at=row.locked_at, heartbeat_at=row.heartbeat_at, locked_by=row.locked_by,
         finished_at=row.finished_at, last_error=row.last_error, args=row.args,
-        result=row.result, map_index=row.map_index)
+        result=row.result, map_index=row.map_index,
+        last_error_earlier=row.last_error is not None and row.status == "succeeded")
 
 
 def run_status(steps: Sequence[StepInfo]) -> Status:

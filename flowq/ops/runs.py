@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
@@ -51,6 +51,7 @@ from flowq.ops.runinfo import (
 __all__ = [
     "CancelResult",
     "DeadStep",
+    "KnownNames",
     "RetryResult",
     "RunInfo",
     "RunSummary",
@@ -63,6 +64,7 @@ __all__ = [
     "dead_steps",
     "find_run",
     "get_run",
+    "known_names",
     "list_runs",
     "parse_when",
     "retry_run",
@@ -189,6 +191,34 @@ def list_runs(bind: Bind, *, status: Status | None = None, task: str | None = No
     return binds.read(bind, read)
 
 
+# How many of the latest runs `known_names` reads the task names of (a page of the run id
+# index: cheap at any table size).
+KNOWN_NAMES_RUNS: Final = 500
+
+
+@dataclass(frozen=True)
+class KnownNames:
+    """Task and queue names a database knows of, for a "did you mean" (not a full list)."""
+
+    tasks: list[str]
+    queues: list[str]
+
+
+def known_names(bind: Bind, *, schema: str = DEFAULT_SCHEMA) -> KnownNames:
+    """The task names of the latest `KNOWN_NAMES_RUNS` runs and of the apps imported here,
+    and the queues that have jobs or a declaration (`flowq.ops.queues.list_queues`): what a
+    filter that matched nothing is compared against. Bounded: no scan of the jobs table."""
+    from flowq.define.app import defined_names
+    from flowq.ops.queues import list_queues
+
+    def read(conn: sa.Connection) -> KnownNames:
+        runs = list_runs(conn, limit=KNOWN_NAMES_RUNS, schema=schema)
+        tasks = {r.task for r in runs} | set(defined_names(schema))
+        return KnownNames(sorted(tasks), [q.name for q in list_queues(conn, schema=schema)])
+
+    return binds.read(bind, read)
+
+
 @dataclass(frozen=True)
 class UnservedJobs:
     """Due jobs of one task on one queue that no live worker serves (none listens on the
@@ -286,10 +316,12 @@ def _lock_runs(conn: sa.Connection, q: Queries, run_ids: list[int]) -> None:
 def retry_runs(bind: Bind, *, status: str = "dead", task: str | None = None,
                queue: str | None = None, since: When | None = None, until: When | None = None,
                limit: int | None = None, batch_size: int = DEFAULT_RETRY_BATCH,
-               schema: str = DEFAULT_SCHEMA) -> int:
+               schema: str = DEFAULT_SCHEMA,
+               on_batch: Callable[[int], None] | None = None) -> int:
     """Retry every dead run matching the filters (see the module docstring; at most `limit`
     runs), as `retry_run` does each one; return how many runs were retried (0 when none
-    matches: not an error).
+    matches: not an error). `on_batch(total)` is called after each committed batch with
+    the runs retried so far (a long redrive's progress).
 
     In batches of `batch_size` runs, oldest first, each in a transaction of its own (on an
     Engine, or a Connection outside a transaction; a Connection's open transaction is
@@ -321,6 +353,8 @@ def retry_runs(bind: Bind, *, status: str = "dead", task: str | None = None,
                 _lock_runs(conn, q, picked)
                 total += len(conn.execute(q.retry_dead_runs, {
                     "run_ids": picked, "channel": notify_channel(schema)}).all())
+        if on_batch is not None and picked:
+            on_batch(total)
         if len(picked) < size:
             break
         after = picked[-1]

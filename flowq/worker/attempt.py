@@ -30,6 +30,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Final
 
 from sqlalchemy.sql.elements import TextClause
@@ -94,7 +95,9 @@ class Attempt:
     """One attempt of `job`: resolved at construction, prepared once, judged once.
 
     `started` (monotonic) is when its clock started: durations and the policy's elapsed time
-    count from it (the executor resets it when the attempt leaves its claim-ahead buffer).
+    count from it (the executor resets it when the attempt leaves its claim-ahead buffer;
+    `claimed` keeps the construction's, so `ctx.started_at` adds the wait to the claim's
+    database time).
     `cancelled` is set when the run is cancelled while the attempt runs; the handler sees it
     as `ctx.cancelled`. `error` is the exception that failed it, once judged (for tracing)."""
 
@@ -105,7 +108,7 @@ class Attempt:
         self.resolved = resolve(app, job)
         self.read = read
         self.session_factory = session_factory
-        self.started = time.monotonic()
+        self.started = self.claimed = time.monotonic()
         self.cancelled = False
         self.ctx: Context | None = None
         self.error: BaseException | None = None
@@ -158,9 +161,12 @@ class Attempt:
             return self.failure(InvalidArgumentsError(f"job {job.id}: {exc}"), 0.0)
         except (InvalidArgumentsError, SignalTimeout) as exc:
             return self.failure(exc, 0.0)
+        started_at = None if job.claimed_at is None else job.claimed_at + timedelta(
+            seconds=max(0.0, self.started - self.claimed))
         self.ctx = Context(job.id, job.run_id, job.task, step.name, job.attempts, job.queue,
                            map_index=job.map_index, session_factory=self.session_factory,
-                           scheduled_at=job.scheduled_at, cancelled=self._cancel_seen)
+                           scheduled_at=job.scheduled_at, cancelled=self._cancel_seen,
+                           enqueued_at=job.enqueued_at, started_at=started_at)
         return Call(step, self.ctx, args)
 
     def _cancel_seen(self) -> bool:

@@ -41,6 +41,7 @@ pytestmark = pytest.mark.timeout(RUN_TIMEOUT + 100)  # the first test waits for 
 class QuickRun:
     table: str  # stdout: the table people read
     doc: dict[str, Any]  # --json-file: the same run as JSON
+    progress: str  # stderr: what it said as it went
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +53,17 @@ def quick_run(server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Quic
          "--json-file", str(out), "--database-url", server_url],
         capture_output=True, text=True, timeout=RUN_TIMEOUT, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
-    return QuickRun(done.stdout, json.loads(out.read_text()))
+    return QuickRun(done.stdout, json.loads(out.read_text()), done.stderr)
+
+
+def test_quick_bench_says_each_scenario_and_repeat_as_it_goes(quick_run: QuickRun) -> None:
+    lines = quick_run.progress.splitlines()
+    for i, name in enumerate(RUN_SCENARIOS, 1):
+        assert f"[{i}/{len(RUN_SCENARIOS)}] running {name} …" in lines, lines
+    runs = [line for line in lines if line.endswith(": run 1/1")]
+    assert any(line.startswith("  flowq ") for line in runs), lines
+    assert any(line.startswith("  raw ") for line in runs), lines
+    assert "\r" not in quick_run.progress  # not a terminal: a line each, no bar
 
 
 def test_quick_bench_reports_every_scenario_beside_a_reference(quick_run: QuickRun) -> None:

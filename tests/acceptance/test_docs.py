@@ -1,5 +1,7 @@
 """Snippets in the docs that are marked `<!-- snippet: NAME ... -->` run, as a reader would run
-them, against a migrated database of the test server."""
+them, against a migrated database of the test server; they and the project files of
+docs/testing.md (`<!-- project-file: NAME ... -->`, run as a project by test_wheel.py) pass
+`mypy --strict`, as a reader's type checker would see them."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import pytest
 
 DOCS = Path(__file__).parents[2] / "docs"
 _SNIPPET = re.compile(r"<!-- snippet: ([\w-]+)[^>]*-->\s*```python\n(.*?)```", re.DOTALL)
+_PROJECT_FILE = re.compile(r"<!-- project-file: ([\w.]+)[^>]*-->\s*```python\n(.*?)```",
+                           re.DOTALL)
 
 
 def snippets() -> dict[str, str]:
@@ -23,8 +27,39 @@ def snippets() -> dict[str, str]:
     return found
 
 
+def project_files() -> dict[str, str]:
+    """The files of the user's project docs/testing.md shows (conftest.py, test_*.py), by
+    file name, as the page gives them."""
+    found: dict[str, str] = {}
+    for name, code in _PROJECT_FILE.findall((DOCS / "testing.md").read_text()):
+        assert name not in found, f"docs/testing.md gives {name} twice"
+        found[name] = code
+    return found
+
+
 def test_the_marked_snippets_are_found() -> None:
     assert "worker.md:embedded-worker" in snippets()
+    assert "conftest.py" in project_files() and len(project_files()) >= 4
+
+
+def test_the_snippets_pass_mypy_strict(tmp_path: Path) -> None:
+    """One mypy run over every marked block, each written as a file of its own (distinct
+    module names); a reader's `-> dict` or an unannotated test fails it."""
+    files = []
+    for name, code in snippets().items():
+        files.append(tmp_path / ("doc_" + re.sub(r"\W", "_", name) + ".py"))
+        files[-1].write_text(code)
+    (tmp_path / "mypy.ini").write_text("[mypy]\n")  # not the repository's settings
+    (tmp_path / "project").mkdir()
+    for name, code in project_files().items():
+        files.append(tmp_path / "project" / name)
+        files[-1].write_text(code)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-warn-unused-ignores",
+         "--cache-dir", str(tmp_path / "mypy-cache"), "--config-file", "mypy.ini",
+         *map(str, files)],
+        capture_output=True, text=True, timeout=600, check=False, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("name", sorted(snippets()))

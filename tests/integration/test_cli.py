@@ -162,6 +162,40 @@ def test_bad_app_spec_is_one_sentence(app_module: str, db_url: str, spec: str,
                       fragment)
 
 
+def test_a_misspelt_app_names_the_modules_apps(app_module: str, db_url: str) -> None:
+    result = flowq("worker", f"{app_module}:ap", "--database-url", db_url)
+    assert_user_error(result, "did you mean 'app'?", f"has 1 FlowQ app(s): {app_module}:app")
+
+
+def test_a_module_alone_names_its_only_app(app_module: str,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from flowq.cli.common import load_app
+
+    app = load_app(app_module)
+    assert "hello" in app
+    assert f"using {app_module}:app, the module's only FlowQ app" in capsys.readouterr().err
+
+
+def test_a_module_with_several_apps_is_refused_with_their_names(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db_url: str) -> None:
+    name = f"twoapps_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text("import flowq\nbilling = flowq.FlowQ()\n"
+                                         "mail = flowq.FlowQ()\n")
+    monkeypatch.chdir(tmp_path)
+    assert_user_error(flowq("worker", name, "--database-url", db_url),
+                      "names a module, not an app", f"{name}:billing, {name}:mail")
+
+
+def test_a_queue_the_app_does_not_use_is_pointed_out(app_module: str,
+                                                     empty_db_url: str) -> None:
+    """Said before anything starts (here the database is not migrated: the worker stops)."""
+    result = flowq("worker", f"{app_module}:app", "--database-url", empty_db_url,
+                   "--queues", "q1,q11")
+    assert result.exit_code == 2
+    [warning] = [line for line in result.stderr.splitlines() if "warning" in line]
+    assert "queue 'q11': did you mean 'q1'? (the app's queues: q1)" in warning
+
+
 def test_app_module_with_a_missing_dependency_is_not_reported_as_missing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db_url: str) -> None:
     # The module exists; what it imports does not. Its own name starts like the missing one.
@@ -224,9 +258,12 @@ def test_prune_runs_one_pass_and_reports(db_url: str) -> None:
                 "('t', 't', 'succeeded', now() - interval '1 day')"))
         result = flowq("prune", "--database-url", db_url)
         assert result.exit_code == 0, result.output
-        assert result.output.strip() == "pruned 1 row(s)."
+        assert result.stdout.strip() == "pruned 1 row(s)."
+        # what it does, said as it starts (stderr: one line off a terminal)
+        assert result.stderr == ("flowq: deleting runs finished more than 259,200s ago "
+                                 "(1,209,600s with a dead step), a batch per transaction …\n")
         result = flowq("prune", "--database-url", db_url, "--retention", "0")
-        assert result.output.strip() == "pruned 1 row(s)."
+        assert result.stdout.strip() == "pruned 1 row(s)."
         assert job_rows(engine) == []
     finally:
         engine.dispose()

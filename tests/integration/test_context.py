@@ -84,3 +84,37 @@ def test_step_session_can_enqueue(app: flowq.FlowQ, engine: sa.Engine) -> None:
     from flowq.testing import assert_enqueued
 
     assert_enqueued(engine, follow_up, n=1)
+
+
+def test_enqueued_at_and_started_at_come_from_the_claimed_row(
+        engine: sa.Engine, db_url: str, app: flowq.FlowQ) -> None:
+    """Read by the claim itself (no query per job), on the database's clock, by the worker
+    and by drain alike: `started_at - enqueued_at` is the pickup latency."""
+    from datetime import timezone
+
+    from flowq.testing import drain, job_rows, run_until_idle
+
+    seen: dict[int, tuple[object, object]] = {}
+
+    @app.task()
+    def timed(ctx: Context, n: int) -> None:
+        seen[n] = (ctx.enqueued_at, ctx.started_at)
+
+    with engine.begin() as conn:
+        first = flowq.enqueue(conn, timed, n=1)
+        flowq.enqueue(conn, timed, n=2)
+    drain(engine, app, runs=[first])
+    run_until_idle(app, db_url)
+    with engine.connect() as conn:
+        db_now = conn.execute(sa.text("SELECT now()")).scalar_one()
+    rows = {r.args["n"]: r for r in job_rows(engine)}
+    assert sorted(seen) == [1, 2]
+    for n, (enqueued_at, started_at) in seen.items():
+        assert enqueued_at == rows[n].created_at
+        assert enqueued_at.tzinfo is timezone.utc and started_at.tzinfo is timezone.utc
+        assert rows[n].created_at <= started_at <= rows[n].finished_at <= db_now
+
+
+def test_a_context_built_by_hand_has_times_too() -> None:
+    ctx = make_ctx()
+    assert ctx.enqueued_at.tzinfo is not None and ctx.started_at >= ctx.enqueued_at

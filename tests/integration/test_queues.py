@@ -157,6 +157,22 @@ def test_pausing_an_invalid_queue_name_is_refused(engine: sa.Engine, db_url: str
     assert "not valid" in proc.stderr
 
 
+def test_pausing_a_queue_nothing_uses_says_what_was_meant(engine: sa.Engine,
+                                                          db_url: str) -> None:
+    from click.testing import CliRunner
+
+    from flowq.cli import main
+
+    with engine.begin() as conn:
+        flowq.enqueue(conn, "send", queue="emails", delay=60)
+    result = CliRunner().invoke(main, ["queues", "pause", "emials", "--database-url", db_url])
+    assert result.exit_code == 0 and result.stdout == "queue 'emials' paused.\n"
+    assert "no queue 'emials' has jobs or a declaration: did you mean 'emails'?" in (
+        result.stderr)
+    result = CliRunner().invoke(main, ["queues", "pause", "emails", "--database-url", db_url])
+    assert result.exit_code == 0 and result.stderr == ""
+
+
 # -- the claim ------------------------------------------------------------------------------
 
 

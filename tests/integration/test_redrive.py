@@ -18,7 +18,7 @@ from runs_cli import cli, cli_json
 from support import scalar
 
 import flowq
-from flowq.ops.runs import get_run, list_runs, parse_when, retry_runs
+from flowq.ops.runs import DEFAULT_RETRY_BATCH, get_run, list_runs, parse_when, retry_runs
 from flowq.testing import job_rows, wait_until
 
 FAST_POLL = ("--poll-interval", "0.1")
@@ -97,7 +97,7 @@ def test_a_thousand_runs_killed_by_real_workers_are_redriven_by_the_cli(
     with engine.begin() as conn:
         conn.execute(sa.text("INSERT INTO switches VALUES ('fixed')"))
     code, out, err = cli(db_url, "retry", "--status", "dead", "--batch-size", "128")
-    assert (code, out.strip(), err) == (0, "retried 1000 run(s).", "")
+    assert (code, out.strip(), err) == (0, "retried 1000 run(s).", said(128))
 
     wait_until(lambda: statuses(engine, run_ids) == {"succeeded": 2000}, timeout=300,
                interval=0.2, message="the redriven runs to succeed")
@@ -107,6 +107,11 @@ def test_a_thousand_runs_killed_by_real_workers_are_redriven_by_the_cli(
     assert scalar(engine, "SELECT max(attempts) FROM flowq.jobs WHERE step = 'fix_two'") == 1
     assert get_run(engine, run_ids[0]).result == {"n": 0, "total": 1}
     assert cli(db_url, "retry", "--status", "dead")[1].strip() == "retried 0 run(s)."
+
+
+def said(batch_size: int = DEFAULT_RETRY_BATCH) -> str:
+    """What a bulk retry says on stderr as it starts (off a terminal: that one line)."""
+    return f"flowq: retrying the dead runs that match, {batch_size:,} per transaction …\n"
 
 
 # -- the API ------------------------------------------------------------------------------------
@@ -214,7 +219,7 @@ def test_the_cli_retries_with_filters(engine: sa.Engine, db_url: str) -> None:
     reports = many(engine, report, 4)
     kill(engine, mails + reports)
     code, out, err = cli(db_url, "retry", "--status", "dead", "--task", "rd_report")
-    assert (code, out.strip(), err) == (0, "retried 4 run(s).", "")
+    assert (code, out.strip(), err) == (0, "retried 4 run(s).", said())
     assert cli_json(db_url, "retry", "--status", "dead", "--queue", "mail", "--limit", "2") == {
         "retried": 2}
     assert cli_json(db_url, "retry", "--status", "dead", "--since", "2024-01-01T00:00:00Z",
@@ -224,12 +229,12 @@ def test_the_cli_retries_with_filters(engine: sa.Engine, db_url: str) -> None:
 
 
 def test_nothing_matching_says_zero_and_exits_zero(engine: sa.Engine, db_url: str) -> None:
-    assert cli(db_url, "retry", "--status", "dead") == (0, "retried 0 run(s).\n", "")
+    assert cli(db_url, "retry", "--status", "dead") == (0, "retried 0 run(s).\n", said())
     kill(engine, many(engine, mail, 2), ago=timedelta(hours=1))
     for filters in (["--task", "nobody"], ["--queue", "nowhere"], ["--since", "30m"],
                     ["--until", "2000-01-01"], ["--task", "rd_report", "--queue", "mail"]):
         assert cli(db_url, "retry", "--status", "dead", *filters) == (
-            0, "retried 0 run(s).\n", ""), filters
+            0, "retried 0 run(s).\n", said()), filters
     assert cli(db_url, "retry", "--status", "dead")[1] == "retried 2 run(s).\n"
 
 
@@ -354,3 +359,10 @@ def test_bad_list_filters_in_the_api(engine: sa.Engine) -> None:
         list_runs(engine, status="zombie")  # type: ignore[arg-type]
     with pytest.raises(flowq.InvalidArgumentsError, match="before"):
         list_runs(engine, before=0)
+
+
+def test_a_bulk_retry_reports_each_batch(engine: sa.Engine) -> None:
+    kill(engine, many(engine, mail, 5))
+    totals: list[int] = []
+    assert retry_runs(engine, batch_size=2, on_batch=totals.append) == 5
+    assert totals == [2, 4, 5]

@@ -24,7 +24,8 @@ RUN_KEYS = {"run_id", "task", "status", "cancel_requested", "idempotency_key", "
             "finished_at", "result", "steps", "graph"}
 STEP_KEYS = {"job_id", "step", "index", "queue", "status", "attempts", "max_attempts",
              "cancel_requested", "run_at", "created_at", "locked_at", "heartbeat_at",
-             "locked_by", "finished_at", "last_error", "args", "result", "map_index"}
+             "locked_by", "finished_at", "last_error", "args", "result", "map_index",
+             "last_error_earlier"}
 
 
 def enqueue(engine: sa.Engine, pipeline: flowq.Pipeline, **kwargs: Any) -> flowq.Enqueued:
@@ -71,6 +72,8 @@ def test_show_a_succeeded_run(ledger: sa.Engine, db_url: str) -> None:
     assert [s.attempts for s in info.steps] == [1, 2, 1]
     assert info.steps[1].last_error is not None
     assert info.steps[1].last_error.startswith("RuntimeError: flaky failure 1")
+    # it succeeded on its second attempt: the error is labelled as the first's
+    assert [s.last_error_earlier for s in info.steps] == [False, True, False]
     assert info.steps[2].args == {"n": 4, "token": "tok-4-40"}
     assert info.finished_at == info.steps[2].finished_at
 
@@ -80,11 +83,13 @@ def test_show_a_succeeded_run(ledger: sa.Engine, db_url: str) -> None:
     assert data["status"] == "succeeded"
     assert data["result"] == {"n": 4, "done": "tok-4-40"}
     assert data["steps"][1]["attempts"] == 2
+    assert data["steps"][1]["last_error_earlier"] is True
 
     code, out, _ = cli(db_url, "show", str(run.id))
     assert code == 0
     assert f"run {run.id}  chain3  succeeded" in out
-    assert "flaky" in out and "2/5" in out and "RuntimeError: flaky failure 1" in out
+    assert "flaky" in out and "2/5" in out
+    assert "(earlier attempt) RuntimeError: flaky failure 1" in out
 
 
 def test_cancel_a_pending_run_then_again_then_a_finished_one(ledger: sa.Engine,
@@ -199,6 +204,21 @@ def test_list_runs_by_status(ledger: sa.Engine, db_url: str) -> None:
     assert [r["run_id"] for r in data["runs"]] == [ok.id]
     code, out, _ = cli(db_url, "list")
     assert code == 0 and "fixable" in out and "dead" in out
+
+
+def test_a_filter_that_matches_nothing_says_what_was_meant(engine: sa.Engine,
+                                                           db_url: str) -> None:
+    with engine.begin() as conn:
+        flowq.enqueue(conn, "fulfil_order", queue="shipping", delay=3600)
+    code, out, _ = cli(db_url, "list", "--task", "fulfil_ordr")
+    assert code == 0
+    assert out.strip() == ("no runs. (no recent run has task 'fulfil_ordr': did you mean "
+                           "'fulfil_order'?)")
+    code, out, _ = cli(db_url, "list", "--queue", "shiping", "--task", "fulfil_order")
+    assert "no recent run has queue 'shiping': did you mean 'shipping'?" in out
+    assert "task" not in out.replace("--task", "")  # the task is known: nothing said of it
+    code, out, _ = cli(db_url, "list", "--task", "fulfil_order", "--status", "dead")
+    assert out.strip() == "no runs."  # known names: an empty page is just that
 
 
 def test_runs_in_another_schema(server_url: str, db_url: str, engine: sa.Engine) -> None:

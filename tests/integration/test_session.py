@@ -101,11 +101,13 @@ def test_a_delayed_job_notifies_when_it_falls_due(
         Session: sessionmaker[flowq.Session], listener: Listener) -> None:
     """`queue@seconds`, measured from the transaction's start: a worker that waits that long
     after receiving it wakes when the job is due, never before."""
+    # Names no test app defines: by name, a live app of another test that defines one (a
+    # task 'keyed' taking an argument) would check these arguments against it.
     with Session.begin() as s:
-        s.enqueue("later", queue="q1", delay=30)
-        s.enqueue("keyed", queue="q2", delay=60, idempotency_key="k-later")
-        s.enqueue_many("bulk", [{}, {}], queue="q3", delay=90)
-        s.enqueue("now", queue="q4")
+        s.enqueue("notify_later_undefined", queue="q1", delay=30)
+        s.enqueue("notify_keyed_undefined", queue="q2", delay=60, idempotency_key="k-later")
+        s.enqueue_many("notify_bulk_undefined", [{}, {}], queue="q3", delay=90)
+        s.enqueue("notify_now_undefined", queue="q4")
     got = dict(p.partition("@")[::2] for p in listener.received())
     assert got["q4"] == ""
     assert [round(float(got[q])) for q in ("q1", "q2", "q3")] == [30, 60, 90]
@@ -213,7 +215,19 @@ def test_enqueue_by_an_unknown_name_needs_its_queue(Session: sessionmaker[flowq.
     """A producer that does not import the handler cannot know its queue: guessing `default`
     stranded jobs whose workers serve other queues, so it must say (issue 10)."""
     _assert_refused(Session, engine, lambda s: s.enqueue("fast_by_name", n=21),
-                    flowq.UnknownTaskError, "'fast_by_name'", "pass queue=")
+                    flowq.UnknownTaskError, "'fast_by_name'", "queue=",
+                    "import the module that defines it")
+
+
+def test_enqueue_by_a_misspelt_name_says_the_name(Session: sessionmaker[flowq.Session],
+                                                  engine: sa.Engine, app: flowq.FlowQ) -> None:
+    """With the app loaded, an unknown name close to one it defines is a typo: the error names
+    the task meant, and does not offer queue=, which would enqueue a job no worker runs."""
+    @app.task(queue="fulfilment")
+    def fulfil_order_by_name(ctx: object, order: int) -> None: ...
+
+    _assert_refused(Session, engine, lambda s: s.enqueue("fulfil_ordr_by_name", order=1),
+                    flowq.UnknownTaskError, "did you mean 'fulfil_order_by_name'?")
 
 
 def test_enqueue_by_name_validates_against_a_live_app(

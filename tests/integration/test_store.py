@@ -77,7 +77,8 @@ def test_a_claim_read_in_another_column_order(engine: sa.Engine, store: Store) -
     columns = [f.name for f in dataclasses.fields(ClaimedJob)][::-1]
     exprs = {"args": "args::text AS args", "trace_context": "trace_context::text AS trace_context",
              "age": "extract(epoch FROM now() - created_at)::float8 AS age",
-             "pickup_delay": "0::float8 AS pickup_delay"}
+             "pickup_delay": "0::float8 AS pickup_delay",
+             "enqueued_at": "created_at AS enqueued_at", "claimed_at": "locked_at AS claimed_at"}
     text = sa.text(f"SELECT {', '.join(exprs.get(c, c) for c in columns)} FROM flowq.jobs "
                    "WHERE id = :id")
     with engine.connect() as conn:

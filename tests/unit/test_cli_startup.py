@@ -15,6 +15,7 @@ import importlib.metadata
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -63,13 +64,37 @@ def modules_after(*args: str) -> set[str]:
     return set(json.loads(done.stdout.splitlines()[-1]))
 
 
+# Commands whose --help may import SQLAlchemy: `flowq bench` renders the command of the
+# flowq-bench distribution, whose package imports its harness (it is a benchmark: not a
+# command people type to see what it does).
+HELP_MAY_IMPORT_SQLALCHEMY = frozenset({"bench"})
+
+
 @pytest.mark.parametrize("name", sorted(COMMANDS))
-def test_command_help_imports_no_alembic(name: str) -> None:
-    """A command's --help loads that command's module, but never alembic: only migrating
-    needs it, and `flowq.db.migrations` imports it inside the functions that migrate."""
+def test_command_help_imports_no_database_library(name: str) -> None:
+    """A command's --help loads that command's module, but nothing heavy: each command
+    imports the database layer, the runs API and the rest when it runs (and never alembic,
+    which only migrating needs: `flowq.db.migrations` imports it inside those functions)."""
     modules = modules_after(name, "--help")
     assert COMMANDS[name][0].partition(":")[0] in modules  # the command was really loaded
     assert not sorted(m for m in modules if m.partition(".")[0] == "alembic")
+    allowed = {"sqlalchemy", "psycopg", "tenacity", "cronsim"} if (
+        name in HELP_MAY_IMPORT_SQLALCHEMY) else set()
+    heavy = sorted({m.partition(".")[0] for m in modules} & (set(HEAVY) - allowed))
+    assert not heavy, heavy
+
+
+def test_the_constants_the_help_repeats_are_the_originals() -> None:
+    """What the commands show in --help without importing their modules of origin."""
+    from flowq.cli import doctor as doctor_cli
+    from flowq.cli import runs as runs_cli
+    from flowq.db.schema import STATUSES
+    from flowq.ops.doctor import LONG_TRANSACTION_S
+    from flowq.ops.runs import DEFAULT_RETRY_BATCH
+
+    assert runs_cli.STATUSES == STATUSES
+    assert runs_cli.DEFAULT_RETRY_BATCH == DEFAULT_RETRY_BATCH
+    assert doctor_cli.LONG_TRANSACTION_S == LONG_TRANSACTION_S
 
 
 def test_import_flowq_imports_none_of_its_modules() -> None:
@@ -153,3 +178,39 @@ def test_bench_without_flowq_bench_says_how_to_get_it() -> None:
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == f"Error: {INSTALL_HINT}"
     assert "make bench" in INSTALL_HINT and "pip install ./bench" in INSTALL_HINT
+
+
+def _options(command: click.Command, path: str) -> Iterator[tuple[str, click.Option]]:
+    """Every option of `command` and of its subcommands, with the command line naming it."""
+    if isinstance(command, click.Group):
+        for name in command.list_commands(click.Context(command)):
+            sub = command.get_command(click.Context(command), name)
+            assert sub is not None
+            yield from _options(sub, f"{path} {name}")
+    for param in command.params:
+        if isinstance(param, click.Option):
+            yield path, param
+
+
+def test_every_option_has_help_text() -> None:
+    missing = [f"{path} {option.opts[0]}" for path, option in _options(main, "flowq")
+               if not option.hidden and not (option.help or "").strip()]
+    assert not missing, missing
+
+
+def test_every_worker_config_field_and_worker_option_is_in_the_worker_guide() -> None:
+    """docs/worker.md's table puts each WorkerConfig field beside its `flowq worker` flag."""
+    from dataclasses import fields
+
+    from flowq.worker.config import WorkerConfig
+
+    guide = (Path(__file__).parents[2] / "docs" / "worker.md").read_text()
+    table = guide[guide.index("## Options and defaults"):]
+    table = table[:table.index("\n## ")]
+    missing = [f.name for f in fields(WorkerConfig) if f"`{f.name}`" not in table]
+    assert not missing, missing
+    command = main.get_command(click.Context(main), "worker")
+    assert command is not None
+    flags = [opt for param in command.params if isinstance(param, click.Option)
+             for opt in param.opts if opt.startswith("--")]
+    assert [flag for flag in flags if f"`{flag}" not in table] == []

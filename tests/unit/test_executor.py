@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -278,9 +279,13 @@ def test_a_policy_wait_without_max_is_clamped(app: flowq.FlowQ, run: Any) -> Non
 
 def test_a_slot_is_not_lost_when_scheduling_or_spawning_fails(
         app: flowq.FlowQ, run: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Held until the test ends, then let go at once: its late result is logged here, not
+    # during a later test whose command logs to stderr (seen in test_secrets).
+    release = threading.Event()
+
     @app.task(timeout=0.2)
     def stuck(ctx: Context) -> None:
-        time.sleep(2)
+        release.wait(10)
 
     @app.task()
     async def later(ctx: Context) -> None: ...
@@ -303,3 +308,55 @@ def test_a_slot_is_not_lost_when_scheduling_or_spawning_fails(
                                "{}", False, 0.0))
     assert executor.in_flight == 0 and executor.unsettled_claims() == []
     assert executor.active == 0
+    release.set()
+
+
+def _frames(text: str) -> list[str]:
+    """The files of a stored traceback's frames, in order."""
+    return [line.split('"')[1] for line in text.splitlines()
+            if line.lstrip().startswith('File "')]
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_stored_traceback_starts_at_the_handler(app: flowq.FlowQ, run: Any,
+                                                  kind: str) -> None:
+    """The executor's, the attempt's and tracing's frames that called the handler are left
+    out of `last_error`; the chain (`raise ... from`) and its own frames stay."""
+    def lookup(sku: str) -> int:
+        return {"mug": 1}[sku]
+
+    if kind == "sync":
+        @app.task(name="fails", retry=TWO)
+        def fails(ctx: Context, sku: str) -> None:
+            try:
+                lookup(sku)
+            except KeyError as exc:
+                raise ValueError(f"no such sku {sku}") from exc
+        task = fails
+    else:
+        @app.task(name="fails", retry=TWO)
+        async def afails(ctx: Context, sku: str) -> None:
+            try:
+                lookup(sku)
+            except KeyError as exc:
+                raise ValueError(f"no such sku {sku}") from exc
+        task = afails
+
+    out = run(task, sku="teapot")
+    assert isinstance(out, Failed)
+    assert out.text.startswith("ValueError: no such sku teapot")
+    assert "The above exception was the direct cause" in out.text
+    files = _frames(out.text)
+    assert files and all(f == __file__ for f in files), files
+    assert "lookup" in out.text and "KeyError: 'teapot'" in out.text
+
+
+def test_an_error_flowq_raises_keeps_its_frames(app: flowq.FlowQ, run: Any) -> None:
+    """A traceback without a user frame (a result flowq cannot store) is kept whole."""
+    @app.task()
+    def returns_a_set(ctx: Context) -> Any:
+        return {1, 2}
+
+    out = run(returns_a_set)
+    assert isinstance(out, Failed) and out.retry_in is None
+    assert _frames(out.text) and all("flowq" in f for f in _frames(out.text))

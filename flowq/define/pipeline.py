@@ -27,7 +27,7 @@ from flowq.define.retry import Retry
 from flowq.define.step import MAX_STEP_INDEX, Step, as_seconds, make_step
 from flowq.errors import ConfigurationError, InvalidArgumentsError
 from flowq.jsonargs import JSONError, dumps_checked
-from flowq.names import validate_name, validate_queue
+from flowq.names import validate_name, validate_priority, validate_queue
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11 on
@@ -148,7 +148,10 @@ class Pipeline:
         self.app = app
         self.name = validate_name("pipeline", name)
         self.queue = validate_queue(queue or app.default_queue)
-        self.priority = int(priority)
+        try:  # refused when declared, not at the first enqueue
+            self.priority = validate_priority(priority)
+        except InvalidArgumentsError as exc:
+            raise ConfigurationError(f"{self.name!r}: {exc}") from None
         self.steps: list[Step[Any, Any]] = []
         self._index = _StepIndex()
         # Per-key concurrency (tasks only, see `FlowQ.task`): the argument naming the key, or

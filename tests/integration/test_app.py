@@ -240,3 +240,14 @@ def test_which_steps_a_run_starts_with_is_decided_by_the_pipeline(app: flowq.Flo
     right.check_input({"n": 1})
     with pytest.raises(flowq.InvalidArgumentsError, match=r"arguments for 'fan'.*'left'.*'go'"):
         fan.check_start_arguments({"n": 1, "go": 2}, "arguments for 'fan'")
+
+
+@pytest.mark.parametrize("priority", [40_000, -40_000, True, 1.5, "high"])
+def test_a_priority_a_job_cannot_hold_is_refused_when_declared(priority: Any) -> None:
+    """A priority out of the smallint's range (or not an integer) fails at definition, with
+    the task's name, not at its first enqueue."""
+    app = flowq.FlowQ()
+    with pytest.raises(flowq.ConfigurationError, match=r"'too_high'.*priority"):
+        app.task(name="too_high", priority=priority)(lambda ctx: None)
+    with pytest.raises(flowq.ConfigurationError, match=r"'steps'.*priority"):
+        app.pipeline("steps", priority=priority)

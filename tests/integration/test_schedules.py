@@ -151,11 +151,9 @@ def test_what_an_enqueue_of_a_tick_refuses_is_refused_at_definition(
         app: flowq.FlowQ) -> None:
     """A schedule is checked as its ticks' enqueues would be: a priority out of range, a
     concurrency key that is not a JSON scalar, the arguments of every root."""
-    @app.task(name="too_high", priority=40_000)
-    def too_high(ctx: flowq.Context) -> None: ...
-
-    with pytest.raises(flowq.ConfigurationError, match=r"schedule 'too_high'.*priority"):
-        app.periodic(too_high, every=60)
+    with pytest.raises(flowq.ConfigurationError, match=r"'too_high'.*priority"):
+        @app.task(name="too_high", priority=40_000)  # refused already, when declared
+        def too_high(ctx: flowq.Context) -> None: ...
 
     @app.task(name="keyed", concurrency_key=lambda **_: [1])
     def keyed(ctx: flowq.Context) -> None: ...

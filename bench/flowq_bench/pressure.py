@@ -38,6 +38,7 @@ from flowq_bench.app import stamp
 from flowq_bench.drains import engine_for
 from flowq_bench.harness import Server, WorkerGroup, wait_for
 from flowq_bench.options import Options
+from flowq_bench.progress import repeats
 from flowq_bench.report import Figure, Row, percentile
 
 __all__ = ["pressure"]
@@ -165,7 +166,8 @@ def _run_phases(url: str, engine: sa.Engine, o: Options) -> tuple[list[_Phase], 
     marks = [0]  # the last run id committed at each phase's edge (run ids only grow)
     thread.start()
     try:
-        for name in PHASES:
+        for i in repeats(len(PHASES), "pressure phase"):
+            name = PHASES[i]
             with _BESIDE[name](url):
                 time.sleep(o.pressure_phase)
             edges.append(_edge(engine))

@@ -67,6 +67,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from tenacity import wait_fixed
 
 import flowq
 from flowq import FlowQ, Pipeline, Rate, Retry, RunStateError
@@ -116,7 +117,9 @@ SETTINGS = settings(
 APP = FlowQ()
 APP.queue("lm_q", concurrency=CONCURRENCY)
 APP.queue("lm_r", rate_limit=Rate(RATE, per=366 * 86400))
-TWO = Retry(max_attempts=2)
+# A fixed wait of an hour: a retry is due only when the model lets time pass (a jittered
+# second would come due on the wall clock, and the draws would depend on it).
+TWO = Retry(max_attempts=2, wait=wait_fixed(3600))
 
 
 @APP.task(name="lm_limited", queue="lm_q", retry=TWO)
@@ -626,9 +629,100 @@ class LimitsMachine(RuleBasedStateMachine):
                     assert "merge" in rows, run
 
 
+# Passing takes a few tens of seconds; a failure is shrunk for up to Hypothesis' own five
+# minutes before it is reported, which the suite's 300 s timeout would cut short.
+@pytest.mark.timeout(420)
 def test_limits_uniques_joins_and_signals(engine: sa.Engine) -> None:
     class Machine(LimitsMachine):
         pass
 
     Machine.engine = engine
     run_state_machine_as_test(Machine, settings=SETTINGS)
+
+
+def machine(engine: sa.Engine) -> LimitsMachine:
+    """The model above, driven by hand: the races a test must always see, not only when the
+    draws happen on them. Its invariants are checked after every action."""
+
+    class Machine(LimitsMachine):
+        pass
+
+    Machine.engine = engine
+    m = Machine()
+    m.reset()
+    return m
+
+
+def claim_one(m: LimitsMachine, worker: str, step: str) -> Held:
+    """`worker` claims the next due job of lm_w (a plain queue): one of `step`."""
+    before = len(m.held[worker])
+    m.claim(worker, "lm_w", 1, plain=False)
+    m.invariants_hold()
+    [held] = m.held[worker][before:]
+    assert held.job.step == step, held
+    return held
+
+
+def test_a_join_counts_a_parent_once_through_reaps_and_late_completions(
+        engine: sa.Engine) -> None:
+    """w1's claim of `left` is reaped and w1 claims it again; both claims then complete in
+    one batch (the completer's), and w2's late claim of `right`, reaped and re-claimed by
+    w3, completes after its re-claim: each parent counts once, the join is created once."""
+    m = machine(engine)
+    m.enqueue("lm_join", n=1)
+    m.finish("w1", [claim_one(m, "w1", "start")], succeed=True)
+    m.invariants_hold()
+    old_left = claim_one(m, "w1", "left")
+    old_right = claim_one(m, "w2", "right")
+    m.stall_and_reap([old_left.job.id, old_right.job.id])
+    m.invariants_hold()
+    new_left = claim_one(m, "w1", "left")
+    new_right = claim_one(m, "w3", "right")
+    m.finish("w1", [old_left, new_left], succeed=True)  # one batch, two claims of one job
+    m.invariants_hold()
+    m.finish("w3", [new_right], succeed=True)
+    m.invariants_hold()
+    m.finish("w2", [old_right], succeed=True)  # late: lands nowhere, counts nothing
+    m.invariants_hold()
+    m.finish("w1", [claim_one(m, "w1", "merge")], succeed=True)
+    m.invariants_hold()
+    [run_id] = m.runs
+    assert [r.step for r in m.rows() if r.run_id == run_id] == [
+        "start", "left", "right", "merge"]
+    assert get_run(engine, run_id).status == "succeeded"
+
+
+def test_a_signal_racing_its_timeout_ends_one_way(engine: sa.Engine) -> None:
+    """The wait times out (the expiry pass) and an attempt starts without the payload; the
+    signal comes while it runs (sent, not delivered; the same payload again is a no-op,
+    another refused); that attempt fails with SignalTimeout, and its retry runs with the
+    payload. A signal that comes while its step waits is delivered and runs with it."""
+    m = machine(engine)
+    m.enqueue("lm_signal", n=1)
+    [raced] = m.runs
+    m.finish("w1", [claim_one(m, "w1", "prep")], succeed=True)
+    m.invariants_hold()
+    m.let_time_pass()  # the wait times out: runnable without the payload
+    m.invariants_hold()
+    late = claim_one(m, "w1", "gated")
+    for payload in (PAYLOADS[0], PAYLOADS[0], PAYLOADS[1]):  # sent; no-op; refused
+        m.signal(raced, payload)
+        m.invariants_hold()
+    m.finish("w1", [late], succeed=True)  # it started without: SignalTimeout, retried
+    m.invariants_hold()
+    assert m.read("SELECT status, attempts, last_error LIKE 'SignalTimeout%' AS timed_out "
+                  "FROM flowq.jobs WHERE id = :i", i=late.job.id) == [("pending", 1, True)]
+    m.let_time_pass()
+    m.finish("w2", [claim_one(m, "w2", "gated")], succeed=True)  # with the payload
+    m.invariants_hold()
+    assert get_run(engine, raced).result == {"got": PAYLOADS[0]}
+
+    m.enqueue("lm_signal", n=2)
+    [waits] = set(m.runs) - {raced}
+    m.finish("w3", [claim_one(m, "w3", "prep")], succeed=True)
+    m.signal(waits, PAYLOADS[1])  # delivered: the step waits
+    m.invariants_hold()
+    m.finish("w3", [claim_one(m, "w3", "gated")], succeed=True)
+    m.invariants_hold()
+    assert get_run(engine, waits).result == {"got": PAYLOADS[1]}
+    m.signal(waits, PAYLOADS[1])  # finished: refused

@@ -57,7 +57,7 @@ from typing import Any, Final
 
 import pytest
 import sqlalchemy as sa
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -68,6 +68,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 from tenacity import wait_fixed
+from test_lifecycle import SETTINGS as LIFECYCLE_SETTINGS  # the first model's helpers
+from test_lifecycle import STALE_AFTER, check_row_shape
 
 import flowq
 from flowq import FlowQ, Pipeline, Rate, Retry, RunStateError
@@ -88,7 +90,6 @@ from flowq.worker.writes import write_outcome, write_successes
 Q = Queries("flowq")
 WORKERS: Final = ("w1", "w2", "w3")
 DRAINER: Final = "drainer"
-STALE_AFTER: Final = 600.0  # a stalled heartbeat is set an hour back
 DRAIN_ROUNDS: Final = 40  # a key limit of 1 drains one job of a key per round
 CONCURRENCY: Final = 2  # queue lm_q
 RATE: Final = 3  # starts of queue lm_r per 366 days: none comes back during a test
@@ -101,16 +102,7 @@ FATES: Final = ("run on", "run on", "run on", "succeed", "succeed", "fail", "rel
 PAYLOADS: Final = ({"box": "A"}, {"box": "B"})
 JOINED: Final = ("left", "right")
 
-SETTINGS = settings(
-    max_examples=30,
-    stateful_step_count=40,
-    deadline=None,
-    derandomize=True,  # the same examples on every run: CI cannot flake
-    database=None,
-    report_multiple_bugs=False,
-    phases=[Phase.explicit, Phase.generate, Phase.shrink],
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+SETTINGS = settings(LIFECYCLE_SETTINGS, max_examples=30)  # the first model's, derandomized
 
 # -- the app ----------------------------------------------------------------------------------
 
@@ -252,13 +244,11 @@ class LimitsMachine(RuleBasedStateMachine):
         with self.engine.connect() as conn:
             return conn.execute(sa.text(sql), params).all()
 
-    def active(self, run_id: int) -> bool:
-        return bool(self.read("SELECT 1 FROM flowq.jobs WHERE run_id = :r AND status IN "
-                              "('pending', 'running', 'waiting')", r=run_id))
-
-    def controlled(self, queue: str) -> bool:
-        with self.engine.connect() as conn:
-            return queue in Store(runner(conn)).controlled_queues([queue])
+    def active(self) -> set[int]:
+        """The runs with a row pending, running or waiting."""
+        return {r.run_id for r in self.read(
+            "SELECT DISTINCT run_id FROM flowq.jobs WHERE status = ANY(:s)",
+            s=list(ACTIVE_STATUSES))}
 
     def signal_sent(self, run_id: int) -> bool:
         return bool(self.read("SELECT 1 FROM flowq.signals WHERE run_id = :r AND name = 'go' "
@@ -276,7 +266,7 @@ class LimitsMachine(RuleBasedStateMachine):
 
     def signal_runs(self, *, live: bool) -> list[int]:
         runs = sorted(r.run_id for r in self.runs.values() if r.task == "lm_signal")
-        return [r for r in runs if self.active(r)] if live else runs
+        return sorted(set(runs) & self.active()) if live else runs
 
     def holders(self) -> list[str]:
         return [w for w in WORKERS if self.held[w]]
@@ -306,8 +296,9 @@ class LimitsMachine(RuleBasedStateMachine):
         definition = KINDS[task]
         holder = None
         if unique_key is not None:
+            active = self.active()
             live = [r for r in self.runs.values()
-                    if r.unique_key == unique_key and self.active(r.run_id)]
+                    if r.unique_key == unique_key and r.run_id in active]
             assert len(live) <= 1
             holder = live[0].run_id if live else None
         args = {"customer": n} if definition.concurrency_key is not None else {"n": n}
@@ -427,7 +418,7 @@ class LimitsMachine(RuleBasedStateMachine):
                             "'gated'", r=run_id)
         before = self.read("SELECT * FROM flowq.signals WHERE run_id = :r", r=run_id)
         with self.engine.connect() as conn:  # a refused signal is rolled back at close
-            if status in ("succeeded", "dead", "cancelled") or not self.active(run_id):
+            if status in ("succeeded", "dead", "cancelled") or run_id not in self.active():
                 with pytest.raises(RunStateError):
                     flowq.signal(conn, run_id, "go", payload)
             elif run.payload is not None and run.payload != payload:
@@ -540,8 +531,9 @@ class LimitsMachine(RuleBasedStateMachine):
             assert {r.key_limit for r in group} == {limit}, group
             assert len(group) <= limit, f"{len(group)} of key {key} run in {queue}: {group}"
         keyed = {r.queue for r in rows if r.status == "pending" and r.concurrency_key}
-        for queue in sorted(keyed):
-            assert self.controlled(queue), f"{queue} holds keyed jobs but is not controlled"
+        with self.engine.connect() as conn:
+            controlled = Store(runner(conn)).controlled_queues(sorted(keyed))
+        assert keyed <= set(controlled), f"{keyed - set(controlled)} hold keyed jobs, uncontrolled"
         assert self.rated_claims <= RATE, f"{self.rated_claims} starts in lm_r (rate {RATE})"
 
     def check_uniques(self, rows: list[Any]) -> None:  # (4)
@@ -583,15 +575,11 @@ class LimitsMachine(RuleBasedStateMachine):
 
     def check_holders_and_shapes(self, rows: list[Any]) -> None:  # (7)
         for r in rows:
+            check_row_shape(r)
             if r.status == "running":
                 holders = [h for held in self.held.values() for h in held
                            if h.job.claim == (r.id, r.lease)]
                 assert [h.worker for h in holders] == [r.locked_by], (r, holders)
-                assert None not in (r.lease, r.locked_at, r.heartbeat_at), r
-                assert r.finished_at is None, r
-            else:
-                assert (r.locked_by, r.locked_at, r.heartbeat_at) == (None, None, None), r
-                assert (r.finished_at is not None) == (r.status in TERMINAL_STATUSES), r
             if r.status == "succeeded":
                 snapshot = tuple(r)
                 assert self.frozen.setdefault(r.id, snapshot) == snapshot, f"job {r.id} changed"

@@ -16,7 +16,8 @@ transaction), or `Store.claim` sent to any queue (a worker that has not yet seen
 and judged; `flowq.worker.writes` (`write_successes` for a batch of successes, the
 completer's statement, `write_outcome` for the rest); `Store.release`; `Reaper.run_once`;
 `WaitExpirer.run_once`; `flowq.enqueue` (with `queue=`, `unique_key=`), `flowq.signal`,
-`flowq.ops.runs.cancel_run`; the worker's queue declarations (`Registry.declare_queues`).
+`flowq.ops.runs.cancel_run` and `retry_run`, `flowq.ops.queues.pause` and `resume`; the
+worker's queue declarations (`Registry.declare_queues`).
 The only SQL written here reads rows, or plays the clock: a stalled heartbeat, a retry or a
 wait timeout whose time has come.
 
@@ -25,7 +26,7 @@ Invariants, after every step:
 2. A per-key limit: never more than `key_limit` jobs of one concurrency key running in one
    queue, whatever queue the job was enqueued into; every queue holding a pending keyed
    job is controlled (claimed the limited way), and a plain claim of a controlled queue
-   claims nothing.
+   claims nothing. A paused queue gives nothing through either claim path.
 3. A rate (a period of 366 days: no token comes back while the test runs): at most `limit`
    claims in the example, re-claims after a reap or a release included.
 4. At most one active run per unique key; an enqueue of a key held by an active run returns
@@ -79,7 +80,8 @@ from flowq.db.schema import ACTIVE_STATUSES, TERMINAL_STATUSES
 from flowq.db.sql import Queries
 from flowq.db.store import Store
 from flowq.errors import SignalError
-from flowq.ops.runs import cancel_run, get_run
+from flowq.ops.queues import pause, resume
+from flowq.ops.runs import cancel_run, get_run, retry_run
 from flowq.worker.attempt import Attempt, Call
 from flowq.worker.model import Outcome, Succeeded
 from flowq.worker.reaper import Reaper
@@ -98,7 +100,7 @@ RATE: Final = 3  # starts of queue lm_r per 366 days: none comes back during a t
 QUEUES: Final = ("lm_q", "lm_r", "lm_k", "lm_x", "lm_w")
 UNIQUE_KEYS: Final = ("u1", "u2")
 # What becomes of a claim a worker holds, each time the worker works.
-FATES: Final = ("run on", "run on", "run on", "succeed", "succeed", "fail", "release")
+FATES: Final = ("run on", "succeed", "succeed", "fail", "release")
 PAYLOADS: Final = ({"box": "A"}, {"box": "B"})
 JOINED: Final = ("left", "right")
 
@@ -231,6 +233,7 @@ class LimitsMachine(RuleBasedStateMachine):
         self.serials = 0
         self.rated_claims = 0
         self.cancels = 0
+        self.paused: set[str] = set()
         self.frozen: dict[int, tuple[Any, ...]] = {}
         self.settled = False  # see test_lifecycle.py: teardown drives a checked system only
 
@@ -316,14 +319,17 @@ class LimitsMachine(RuleBasedStateMachine):
         self.settled = False
         with self.store() as (_, store):
             controls = store.controlled_queues([queue])
+            assert controls.get(queue, False) == (queue in self.paused)
             if plain or queue not in controls:
                 got = store.claim(queue, limit, worker)
                 if queue in controls:  # (2) a controlled queue is never claimed the plain way
                     assert got == [], f"plain claim of controlled {queue} took {got}"
-            elif controls[queue]:
-                got = []  # paused
             else:
+                # A paused queue is skipped by the claimer; claimed anyway, as by a worker
+                # that has not re-read the table since the pause, it gives nothing.
                 got = store.claim_limited(queue, limit, worker).jobs
+                if queue in self.paused:
+                    assert got == [], f"claim of paused {queue} took {got}"
         if queue == "lm_r":
             self.rated_claims += len(got)
         for job in sorted(got, key=lambda j: j.id):
@@ -435,6 +441,26 @@ class LimitsMachine(RuleBasedStateMachine):
                 return
         assert self.read("SELECT * FROM flowq.signals WHERE run_id = :r", r=run_id) == before
 
+    def pause(self, queue: str) -> None:
+        """Pause `queue`, or resume it if it is paused."""
+        self.settled = False
+        if queue in self.paused:
+            assert resume(self.engine, queue)
+            self.paused.discard(queue)
+        else:
+            assert pause(self.engine, queue)
+            self.paused.add(queue)
+
+    def retry_dead(self, run_id: int) -> None:
+        """`flowq runs retry`: a dead run's dead steps run again; any other run refuses."""
+        self.settled = False
+        status = get_run(self.engine, run_id).status
+        if status != "dead":
+            with pytest.raises(RunStateError):
+                retry_run(self.engine, run_id)
+            return
+        assert retry_run(self.engine, run_id).run.status == "pending"
+
     def cancel(self, run_id: int) -> None:
         self.settled = False
         status = get_run(self.engine, run_id).status
@@ -459,16 +485,19 @@ class LimitsMachine(RuleBasedStateMachine):
           plain=st.sampled_from([False, False, False, True]))
     def work(self, data: st.DataObject, worker: str, limit: int, plain: bool) -> None:
         """A worker claims (mostly from a queue with due work: an empty claim teaches
-        little), then each claim it holds succeeds, fails, is released or goes on running.
-        Claims of reaped jobs it still holds write too: late, duplicated completions."""
+        little), and each claim it held before succeeds, fails, is released or goes on
+        running. Claims of reaped jobs it still holds write too: late, duplicated
+        completions."""
+        # What it held before ends (or runs on); what it claims now has just started: it
+        # runs on through the next steps (reaps, other claims) and ends at a later turn.
+        fates = [data.draw(st.sampled_from(FATES), label=f"claim {h.serial}")
+                 for h in self.held[worker]]
+        chosen = list(zip(self.held[worker], fates, strict=True))
         if limit:
             due = self.due_queues()
             queues = due if due and data.draw(st.integers(0, 3), label="busy") else QUEUES
             self.claim(worker, data.draw(st.sampled_from(queues), label="queue"), limit,
                        plain=plain)
-        fates = [data.draw(st.sampled_from(FATES), label=f"claim {h.serial}")
-                 for h in self.held[worker]]
-        chosen = list(zip(self.held[worker], fates, strict=True))
         for fate in ("succeed", "fail"):
             ended = [h for h, f in chosen if f == fate]
             if ended:
@@ -502,10 +531,27 @@ class LimitsMachine(RuleBasedStateMachine):
         runs = self.signal_runs(live=bool(data.draw(st.integers(0, 3), label="live")))
         self.signal(data.draw(st.sampled_from(runs), label="run_id"), payload)
 
-    @precondition(lambda self: self.runs and self.cancels < 2)
-    @rule(data=st.data())
-    def cancel_a_run(self, data: st.DataObject) -> None:
-        self.cancel(data.draw(st.sampled_from(sorted(self.runs)), label="run_id"))
+    # One rule for the operators, so that their actions do not crowd out the workers'.
+    @precondition(lambda self: self.runs)
+    @rule(data=st.data(), action=st.sampled_from(["retry", "retry", "cancel", "pause"]))
+    def operate(self, data: st.DataObject, action: str) -> None:
+        """`flowq runs retry` (mostly of a dead run), `flowq runs cancel` (at most twice: a
+        cancel is final), or `flowq queues pause`/`resume`. Unique runs are not retried:
+        `runs retry` does not check the key again (documented: if a new run took the key
+        meanwhile, both are active)."""
+        if action == "pause":
+            self.pause(data.draw(st.sampled_from(QUEUES), label="queue"))
+            return
+        runs = sorted(self.runs)
+        if action == "cancel" and self.cancels < 2:
+            self.cancel(data.draw(st.sampled_from(runs), label="run_id"))
+            return
+        runs = [r for r in runs if self.runs[r].unique_key is None]
+        dead = [r for r in runs if get_run(self.engine, r).status == "dead"]
+        if dead and data.draw(st.integers(0, 3), label="dead"):
+            runs = dead
+        if runs:
+            self.retry_dead(data.draw(st.sampled_from(runs), label="run_id"))
 
     # -- invariants -----------------------------------------------------------------------
 
@@ -595,6 +641,8 @@ class LimitsMachine(RuleBasedStateMachine):
                     and not (r.queue == "lm_r" and r.status == "pending"
                              and self.rated_claims == RATE)]
 
+        for queue in sorted(self.paused):
+            self.pause(queue)  # resumed
         for _ in range(DRAIN_ROUNDS):
             if not stuck():
                 break

@@ -98,7 +98,6 @@ RATE: Final = 3  # starts of queue lm_r per 366 days: none comes back during a t
 # lm_k: the keyed tasks' own queue; lm_x: a queue nobody declares, keyed jobs enqueued into
 # it by `queue=` (issue 20 #1); lm_w: workflows and unique runs, claimed the plain way.
 QUEUES: Final = ("lm_q", "lm_r", "lm_k", "lm_x", "lm_w")
-UNIQUE_KEYS: Final = ("u1", "u2")
 # What becomes of a claim a worker holds, each time the worker works.
 FATES: Final = ("run on", "succeed", "succeed", "fail", "release")
 PAYLOADS: Final = ({"box": "A"}, {"box": "B"})
@@ -188,7 +187,8 @@ ENQUEUES: Final = (
     ("lm_limited", None, None), ("lm_rated", None, None), ("lm_join", None, None),
     ("lm_signal", None, None), ("lm_unique", None, "u1"), ("lm_unique", None, "u2"),
     ("lm_key1", None, None), ("lm_key1", "lm_x", None), ("lm_key1", "lm_q", None),
-    ("lm_key2", None, None), ("lm_key2", "lm_x", None), ("lm_key2", "lm_q", None))
+    ("lm_key2", None, None), ("lm_key2", "lm_x", None), ("lm_key2", "lm_q", None),
+    ("lm_key1", "lm_x", "u1"), ("lm_key2", None, "u1"))  # unique and keyed: its own statement
 
 KINDS: Final[dict[str, Pipeline]] = {p.name: p for p in (
     lm_limited, lm_rated, lm_key1, lm_key2, lm_unique, JOIN, SIGNAL)}
@@ -294,17 +294,25 @@ class LimitsMachine(RuleBasedStateMachine):
                  ).declare_queues(APP.declared_queues, APP.keyed_queues)
 
     def enqueue(self, task: str, *, n: int, queue: str | None = None,
-                unique_key: str | None = None) -> None:
+                unique_key: str | None = None, many: int = 0) -> None:
+        """`flowq.enqueue` one run, or with `many`, `flowq.enqueue_many` that many runs (its
+        own statement: keyed jobs mark their queue there too)."""
         self.settled = False
         definition = KINDS[task]
+        args = {"customer": n} if definition.concurrency_key is not None else {"n": n}
+        if many:
+            with self.engine.begin() as conn:
+                ids = flowq.enqueue_many(conn, definition, [args] * many, queue=queue)
+            assert len(ids) == many and not set(ids) & set(self.runs)
+            self.runs.update((i, RunModel(i, task)) for i in ids)
+            return
         holder = None
-        if unique_key is not None:
+        if unique_key is not None:  # a key of the task (another task's key is another)
             active = self.active()
-            live = [r for r in self.runs.values()
-                    if r.unique_key == unique_key and r.run_id in active]
+            live = [r for r in self.runs.values() if (r.task, r.unique_key) == (
+                task, unique_key) and r.run_id in active]
             assert len(live) <= 1
             holder = live[0].run_id if live else None
-        args = {"customer": n} if definition.concurrency_key is not None else {"n": n}
         with self.engine.begin() as conn:
             done = flowq.enqueue(conn, definition, queue=queue, unique_key=unique_key, **args)
         if holder is not None:  # (4) the active run holding the key comes back
@@ -506,11 +514,15 @@ class LimitsMachine(RuleBasedStateMachine):
         if released:
             self.release(worker, released)
 
-    # Two keys per keyed task, so that keys meet their limits.
-    @rule(what=st.sampled_from(ENQUEUES), n=st.integers(0, 1))
-    def enqueue_work(self, what: tuple[str, str | None, str | None], n: int) -> None:
+    # Two keys per keyed task, so that keys meet their limits; now and then a batch
+    # (`enqueue_many`, which takes no unique key).
+    @rule(what=st.sampled_from(ENQUEUES), n=st.integers(0, 1),
+          many=st.sampled_from([0, 2]))
+    def enqueue_work(self, what: tuple[str, str | None, str | None], n: int, many: int
+                     ) -> None:
         task, queue, unique_key = what
-        self.enqueue(task, n=n, queue=queue, unique_key=unique_key)
+        self.enqueue(task, n=n, queue=queue, unique_key=unique_key,
+                     many=0 if unique_key else many)
 
     @rule(data=st.data(), reap=st.booleans())
     def clock(self, data: st.DataObject, reap: bool) -> None:
@@ -584,10 +596,11 @@ class LimitsMachine(RuleBasedStateMachine):
 
     def check_uniques(self, rows: list[Any]) -> None:  # (4)
         active = {r.run_id for r in rows if r.status in ACTIVE_STATUSES}
-        for key in UNIQUE_KEYS:
-            holders = [r for r in self.runs.values() if r.unique_key == key
-                       and r.run_id in active]
-            assert len(holders) <= 1, f"unique key {key} held by runs {holders}"
+        holders: dict[tuple[str, str], list[int]] = {}
+        for r in self.runs.values():
+            if r.unique_key is not None and r.run_id in active:
+                holders.setdefault((r.task, r.unique_key), []).append(r.run_id)
+        assert all(len(h) == 1 for h in holders.values()), holders
 
     def check_steps_once(self, rows: list[Any]) -> None:  # (5)
         steps: dict[tuple[int, str], int] = {}

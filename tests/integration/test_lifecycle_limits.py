@@ -467,7 +467,8 @@ class LimitsMachine(RuleBasedStateMachine):
             with pytest.raises(RunStateError):
                 retry_run(self.engine, run_id)
             return
-        assert retry_run(self.engine, run_id).run.status == "pending"
+        # A dead step waiting for a signal waits again (with a new timeout).
+        assert retry_run(self.engine, run_id).run.status in ("pending", "waiting")
 
     def cancel(self, run_id: int) -> None:
         self.settled = False
@@ -745,7 +746,9 @@ def test_a_signal_racing_its_timeout_ends_one_way(engine: sa.Engine) -> None:
     """The wait times out (the expiry pass) and an attempt starts without the payload; the
     signal comes while it runs (sent, not delivered; the same payload again is a no-op,
     another refused); that attempt fails with SignalTimeout, and its retry runs with the
-    payload. A signal that comes while its step waits is delivered and runs with it."""
+    payload. A signal that comes while its step waits is delivered and runs with it. A step
+    whose attempts all timed out is dead and refuses the signal; `runs retry` makes it wait
+    again, and the signal is delivered."""
     m = machine(engine)
     m.enqueue("lm_signal", n=1)
     [raced] = m.runs
@@ -775,3 +778,18 @@ def test_a_signal_racing_its_timeout_ends_one_way(engine: sa.Engine) -> None:
     m.invariants_hold()
     assert get_run(engine, waits).result == {"got": PAYLOADS[1]}
     m.signal(waits, PAYLOADS[1])  # finished: refused
+
+    m.enqueue("lm_signal", n=3)
+    [missed] = set(m.runs) - {raced, waits}
+    m.finish("w1", [claim_one(m, "w1", "prep")], succeed=True)
+    for _ in range(2):  # both attempts time out: dead
+        m.let_time_pass()
+        m.finish("w1", [claim_one(m, "w1", "gated")], succeed=True)
+        m.invariants_hold()
+    m.signal(missed, PAYLOADS[0])  # dead: refused
+    m.retry_dead(missed)  # `flowq runs retry`: the step waits again
+    m.invariants_hold()
+    m.signal(missed, PAYLOADS[0])  # delivered now
+    m.finish("w2", [claim_one(m, "w2", "gated")], succeed=True)
+    m.invariants_hold()
+    assert get_run(engine, missed).result == {"got": PAYLOADS[0]}

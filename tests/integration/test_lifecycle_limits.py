@@ -15,10 +15,10 @@ transaction), or `Store.claim` sent to any queue (a worker that has not yet seen
 `flowq.worker.attempt.Attempt`, prepared at claim time as the executor does, run or failed
 and judged; `flowq.worker.writes` (`write_successes` for a batch of successes, the
 completer's statement, `write_outcome` for the rest); `Store.release`; `Reaper.run_once`;
-`WaitExpirer.run_once`; `flowq.enqueue` (with `queue=`, `unique_key=`), `flowq.enqueue_many`,
-`flowq.signal`,
-`flowq.ops.runs.cancel_run` and `retry_run`, `flowq.ops.queues.pause` and `resume`; the
-worker's queue declarations (`Registry.declare_queues`).
+`WaitExpirer.run_once`; `flowq.enqueue` (with `queue=`, `unique_key=`),
+`flowq.enqueue_many`, `flowq.signal`, `flowq.ops.runs.cancel_run` and `retry_run`,
+`flowq.ops.queues.pause` and `resume`; the worker's queue declarations
+(`Registry.declare_queues`).
 The only SQL written here reads rows, or plays the clock: a stalled heartbeat, a retry or a
 wait timeout whose time has come.
 

@@ -34,6 +34,10 @@ time pass, claim and complete everything) in a bounded number of rounds. Provabl
 asserted: every row ends final (not merely "final or pending in the future": time is let
 pass), and a run whose latest step succeeded without a cancel reached its pipeline's last step.
 
+Queue and key limits, a rate, unique runs, joins and signals are the second model's, in
+test_lifecycle_limits.py (its own app and the worker's claim-to-outcome path); it shares
+this one's settings, STALE_AFTER and the row shapes (`check_row_shape`).
+
 The machine found a bug, fixed since and pinned by the last test: one batch holding two
 claims of one pipeline step (an attempt lost to the reaper and the same worker's re-claim)
 inserted its successor twice, because successors were joined on the job id alone; they are
@@ -202,6 +206,19 @@ def derived_status(steps: list[Job]) -> str:
     if any(s.cancel_requested or s.status == "cancelled" for s in steps):
         return "cancelled"
     return steps[-1].status
+
+
+def check_row_shape(r: Any) -> None:
+    """Invariant 5 on one `flowq.jobs` row (test_lifecycle_limits checks it too): a running
+    row has its claim columns and no finished_at; any other has no claim columns, and
+    finished_at iff it is final."""
+    claim = (r.locked_by, r.locked_at, r.heartbeat_at)
+    if r.status == "running":
+        assert r.lease is not None and None not in claim and r.attempts >= 1, r
+        assert r.finished_at is None, r
+    else:
+        assert claim == (None, None, None), r
+        assert (r.finished_at is not None) == (r.status in TERMINAL_STATUSES), r
 
 
 FENCED: Final = ("heartbeat_jobs", "complete_jobs", "complete_job", "complete_steps",
@@ -697,13 +714,7 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     def check_row_shapes(self, rows: dict[int, Any]) -> None:  # (5)
         for r in rows.values():
-            claim = (r.locked_by, r.locked_at, r.heartbeat_at)
-            if r.status == "running":
-                assert r.lease is not None and None not in claim and r.attempts >= 1, r
-                assert r.finished_at is None, r
-            else:
-                assert claim == (None, None, None), r
-                assert (r.finished_at is not None) == (r.status in TERMINAL_STATUSES), r
+            check_row_shape(r)
 
     # -- teardown: drive everything to an end ---------------------------------------------
 

@@ -28,7 +28,7 @@ from flowq.db.migrations import (
 from flowq.db.schema import metadata
 from flowq.names import DEFAULT_SCHEMA
 
-HEAD = "0007"
+HEAD = "0008"
 
 
 @pytest.fixture

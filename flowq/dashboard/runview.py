@@ -67,9 +67,9 @@ def nodes(run: RunInfo, definition: Any) -> list[Node]:
         declared = [(st.name, tuple(st.parents), st.wait_for) for st in definition.steps]
     else:
         declared, previous = [], None
-        for g in run.graph:
-            declared.append((g.step, () if previous is None else (previous,), None))
-            previous = g.step
+        for reached in run.graph:
+            declared.append((reached.step, () if previous is None else (previous,), None))
+            previous = reached.step
     out = []
     for name, parents, signal in declared:
         g = groups.get(name)

@@ -100,7 +100,7 @@ def test_the_history_is_bounded_in_length_and_text(engine: sa.Engine, store: Sto
 def test_the_reaper_logs_the_lost_attempt(engine: sa.Engine, store: Store) -> None:
     with engine.begin() as conn:
         conn.execute(sa.text("INSERT INTO flowq.jobs (task, step) VALUES ('t', 't')"))
-    [job] = store.claim("default", 1, "w-gone")
+    assert len(store.claim("default", 1, "w-gone")) == 1
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE flowq.jobs SET heartbeat_at = now() - interval '1 hour'"))
     assert len(store.reap(60, 10)) == 1

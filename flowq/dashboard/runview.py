@@ -79,6 +79,8 @@ def nodes(run: RunInfo, definition: Any) -> list[Node]:
         if g.instances is not None:
             counts = ", ".join(f"{n} {st}" for st, n in sorted(g.counts.items()))
             note = f"x{g.instances}: {counts}"
+        elif g.status == "waiting" and signal is not None:
+            note = f"waits for signal {signal}"
         else:
             note = f"{g.status}, {g.attempts} attempt{'s' if g.attempts != 1 else ''}"
         out.append(Node(name, parents, g.status, note, signal))

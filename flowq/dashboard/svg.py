@@ -26,7 +26,7 @@ __all__ = ["COLORS", "Bar", "Node", "chart", "graph", "timeline"]
 COLORS: Final = {"succeeded": "#1a7f37", "dead": "#c62828", "running": "#0b6bcb",
                  "pending": "#9a6700", "waiting": "#9a6700", "cancelled": "#667085",
                  "unreached": "#c3c9d4"}
-CHART_W: Final = 300
+CHART_W: Final = 270
 CHART_H: Final = 80
 
 
@@ -77,6 +77,11 @@ def chart(title: str, series: Sequence[tuple[str, str, Sequence[float | None]]],
             coords = " ".join(f"{_num((i + 0.5) * step)},{_num(y(v))}" for i, v in points)
             parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" '
                          f'points="{coords}"><title>{escape(name)}</title></polyline>')
+            # A dot per bucket that has a value, so that a lone one shows (and hovers).
+            parts.extend(f'<circle cx="{_num((i + 0.5) * step)}" cy="{_num(y(v))}" r="1.6" '
+                         f'fill="{colour}"><title>{escape(name)}: {escape(_label(v))}'
+                         f"{escape(unit)}</title></circle>"
+                         for i, v in points if v or len(points) < 2)
     legend_x = CHART_W - 4
     for name, colour, _ in reversed(series):
         parts.append(f'<text x="{legend_x}" y="11" font-size="10" text-anchor="end" '

@@ -116,15 +116,21 @@ def page_routes(d: Dashboard) -> list[Route]:
                                 **await _choices(f))
             return RedirectResponse(request.url_for("run", run_id=run_id).path, status_code=303)
         search = (request.query_params.get("args") or "").strip()
-        matches = None
+        matches, problem = None, None
         if search:
             matches = await d.read(reads.search_args, reads.parse_search(search))
+            if matches is None:
+                problem = (f"The search of the arguments was stopped after "
+                           f"{reads.SEARCH_TIMEOUT_MS // 1000} s (no index serves it): "
+                           "search with a more selective value.")
+                matches = []
         found = await d.read(runs_api.list_runs, status=f["status"], task=f["task"],
                              queue=f["queue"], before=_before(request), limit=PAGE_SIZE)
         due = await d.read(reads.due_times, [r.run_id for r in found if r.status == "pending"])
         older = _older(f, found)
         return d.render(request, "runs.html", page="runs", found=found, filters=f, find="",
-                        older=older, problem=None, due=due, search=search, matches=matches,
+                        older=older, problem=problem, due=due, search=search,
+                        matches=matches,
                         **await _choices(f))
 
     async def _choices(f: dict[str, str | None]) -> dict[str, Any]:

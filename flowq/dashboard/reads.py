@@ -10,7 +10,11 @@ anyway (no rollup, so the workers' hot path pays nothing for them).
   bucket. It reads at most `ACTIVITY_ROWS` finished rows (the latest), and as many running
   and due ones; `truncated` says the window held more finished rows than that.
 - `running_jobs`: up to `RUNNING_ROWS` running rows with the worker holding each.
-- `search_args`: up to `SEARCH_ROWS` rows whose arguments contain a JSON object.
+- `search_args`: up to `SEARCH_ROWS` rows whose arguments contain a JSON object, or None
+  when it ran past `SEARCH_TIMEOUT_MS` (no index serves it).
+
+A read cancelled by its timeout gives an empty answer that says so (`Activity.timed_out`,
+`search_args` None), not an error page.
 """
 
 from __future__ import annotations
@@ -27,9 +31,25 @@ from flowq.errors import InvalidArgumentsError
 from flowq.jsonargs import JSONError, dumps_checked
 from flowq.names import DEFAULT_SCHEMA
 
-__all__ = ["ACTIVITY_ROWS", "READ_TIMEOUT_MS", "RUNNING_ROWS", "SEARCH_ROWS", "WINDOWS",
-           "Activity", "FoundJob", "QueueSeries", "RunningJob", "activity", "due_times",
-           "known_tasks", "parse_search", "running_jobs", "search_args"]
+__all__ = [
+    "ACTIVITY_ROWS",
+    "READ_TIMEOUT_MS",
+    "RUNNING_ROWS",
+    "SEARCH_ROWS",
+    "SEARCH_TIMEOUT_MS",
+    "WINDOWS",
+    "Activity",
+    "FoundJob",
+    "QueueSeries",
+    "ReadTimedOut",
+    "RunningJob",
+    "activity",
+    "due_times",
+    "known_tasks",
+    "parse_search",
+    "running_jobs",
+    "search_args",
+]
 
 READ_TIMEOUT_MS: Final = 5000
 ACTIVITY_ROWS: Final = 200_000
@@ -67,13 +87,23 @@ class Activity:
     buckets: int
     queues: dict[str, QueueSeries] = field(default_factory=dict)
     truncated: bool = False
+    timed_out: bool = False  # the read ran past READ_TIMEOUT_MS: no charts
+
+
+class ReadTimedOut(Exception):
+    """A dashboard read ran past its statement timeout (PostgreSQL cancelled it)."""
 
 
 def _timed(engine: sa.Engine, schema: str, ms: int, fn: Any) -> Any:
     q = queries(schema)
-    with engine.connect() as conn, conn.begin():
-        conn.execute(q.set_statement_timeout, {"ms": ms})
-        return fn(conn, q)
+    try:
+        with engine.connect() as conn, conn.begin():
+            conn.execute(q.set_statement_timeout, {"ms": ms})
+            return fn(conn, q)
+    except sa.exc.OperationalError as exc:
+        if getattr(exc.orig, "sqlstate", None) == "57014":  # query_canceled
+            raise ReadTimedOut from None
+        raise
 
 
 def activity(engine: sa.Engine, window: str = "hour", *,
@@ -120,7 +150,12 @@ def activity(engine: sa.Engine, window: str = "hour", *,
         out.queues = dict(sorted(out.queues.items()))
         return out
 
-    result: Activity = _timed(engine, schema, READ_TIMEOUT_MS, read)
+    try:
+        result: Activity = _timed(engine, schema, READ_TIMEOUT_MS, read)
+    except ReadTimedOut:
+        now = datetime.now().astimezone()
+        return Activity(window=window, since=now - timedelta(seconds=length), now=now,
+                        bucket_s=bucket, buckets=n, timed_out=True)
     return result
 
 
@@ -194,16 +229,20 @@ class FoundJob:
 
 
 def search_args(engine: sa.Engine, args_json: str, *, schema: str = DEFAULT_SCHEMA,
-                limit: int = SEARCH_ROWS) -> list[FoundJob]:
+                limit: int = SEARCH_ROWS) -> list[FoundJob] | None:
     """Up to `limit` rows, newest first, whose arguments contain `args_json` (from
-    `parse_search`), under `SEARCH_TIMEOUT_MS` (no index serves it)."""
+    `parse_search`), under `SEARCH_TIMEOUT_MS` (no index serves it); None when it ran out
+    of time."""
 
     def read(conn: sa.Connection, q: Any) -> list[FoundJob]:
         return [FoundJob(r.id, r.run_id, r.task, r.step, r.queue, r.status, r.created_at)
                 for r in conn.execute(q.search_jobs_by_args,
                                       {"args": args_json, "limit": limit})]
 
-    found: list[FoundJob] = _timed(engine, schema, SEARCH_TIMEOUT_MS, read)
+    try:
+        found: list[FoundJob] = _timed(engine, schema, SEARCH_TIMEOUT_MS, read)
+    except ReadTimedOut:
+        return None
     return found
 
 

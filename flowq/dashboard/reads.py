@@ -6,8 +6,8 @@ retained. Nothing here writes: the charts are computed from the rows the workers
 anyway (no rollup, so the workers' hot path pays nothing for them).
 
 - `activity(window)`: per queue, over the last hour (60 buckets of a minute) or day (96 of
-  15 minutes): depth, started, finished and dead per bucket, pickup delay p50/p95 per
-  bucket. It reads at most `ACTIVITY_ROWS` finished rows (the latest), and as many running
+  15 minutes): depth, started, finished, failed attempts and dead jobs per bucket, pickup
+  delay p50/p95 per bucket. It reads at most `ACTIVITY_ROWS` finished rows (the latest), and as many running
   and due ones; `truncated` says the window held more finished rows than that.
 - `running_jobs`: up to `RUNNING_ROWS` running rows with the worker holding each.
 - `search_args`: up to `SEARCH_ROWS` rows whose arguments contain a JSON object, or None
@@ -72,6 +72,7 @@ class QueueSeries:
     started: list[int]
     finished: list[int]
     dead: list[int]
+    failed: list[int]  # attempts that failed (retried, or the last of a dead job)
     p50: list[float | None]
     p95: list[float | None]
 
@@ -134,11 +135,11 @@ def activity(engine: sa.Engine, window: str = "hour", *,
             s = out.queues.get(r.queue)
             if s is None:
                 s = out.queues[r.queue] = QueueSeries(
-                    [0] * n, [0] * n, [0] * n, [0] * n, [None] * n, [None] * n)
+                    [0] * n, [0] * n, [0] * n, [0] * n, [0] * n, [None] * n, [None] * n)
                 due[r.queue], taken[r.queue] = [0] * n, [0] * n
             if r.kind == "started":
                 s.started[r.bucket], s.p50[r.bucket], s.p95[r.bucket] = r.n, r.p50, r.p95
-            elif r.kind in ("finished", "dead"):
+            elif r.kind in ("finished", "dead", "failed"):
                 getattr(s, r.kind)[r.bucket] = r.n
             else:
                 (due if r.kind == "due" else taken)[r.queue][r.bucket] = r.n

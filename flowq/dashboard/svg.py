@@ -4,8 +4,8 @@ No script and no external resource: each function returns markup (`markupsafe.Ma
 from numbers it formats itself and from text it escapes (task, queue and step names come
 from users), so the dashboard's Content-Security-Policy without scripts still holds.
 
-- `chart`: one small chart of one or more series over time buckets (lines, or bars for a
-  single count series), with its maximum labelled and a `<title>` per point for hovering.
+- `chart`: one small chart of one or more series over time buckets (lines, or bars for
+  counts), with its maximum labelled and a `<title>` per point for hovering.
 - `graph`: a run's steps as boxes in columns by depth (a step's column is one more than its
   deepest parent's), with edges from parents, coloured by status; steps not reached yet
   are grey and dashed; a mapped step is one box with its instances' counts.
@@ -43,7 +43,8 @@ def _label(value: float) -> str:
 def chart(title: str, series: Sequence[tuple[str, str, Sequence[float | None]]], *,
           bars: bool = False, unit: str = "", ident: str = "") -> Markup:
     """A chart of `series` ((name, colour, values per bucket, oldest first)), `bars` for
-    one count series. `unit` follows the values in labels; `ident` becomes the id."""
+    counts (each series' bars drawn over the previous one's: put the larger first).
+    `unit` follows the values in labels; `ident` becomes the id."""
     n = max((len(v) for _, _, v in series), default=0)
     top = max([v for _, _, vs in series for v in vs if v is not None] or [0.0])
     scale = top if top > 0 else 1.0

@@ -15,6 +15,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 from dashboard_app import reset_broken  # noqa: F401 (an autouse fixture)
+from runs_cli import cli, cli_json
 
 import flowq
 from flowq.dashboard import create_app
@@ -68,6 +69,17 @@ def test_failed_attempts_are_kept_and_a_first_success_writes_none(engine: sa.Eng
     shown = get_run(engine, flaky).to_dict()["steps"][0]["history"]
     assert shown[0]["error"].startswith("ValueError: flaky attempt 1") and \
         isinstance(shown[0]["started_at"], str)
+
+
+def test_runs_show_lists_the_failed_attempts(engine: sa.Engine, db_url: str) -> None:
+    flaky = enqueue(engine, da.flaky, n=5)
+    drain(engine, da.app)
+    code, out, _ = cli(db_url, "show", str(flaky))
+    assert code == 0
+    shown = out[out.index("failed attempts:"):]
+    assert "dash_flaky attempt 1: started" in shown and "flaky attempt 2 of 5" in shown
+    history = cli_json(db_url, "show", str(flaky))["steps"][0]["history"]
+    assert [a["attempt"] for a in history] == [1, 2, 3]
 
 
 @pytest.fixture
@@ -149,6 +161,7 @@ def test_the_queue_charts_and_the_window(engine: sa.Engine) -> None:
     dash = act.queues["dash"]
     # dash: flaky (1 row), fragile (dead), two's first steps (2, one still pending).
     assert (sum(dash.finished), sum(dash.dead), sum(dash.started)) == (3, 1, 3)
+    assert sum(dash.failed) == 3  # flaky's two retried attempts, fragile's last one
     assert dash.depth[-1] == 1 and act.queues["dash-limited"].depth[-1] == 0
     assert sum(act.queues["dash-limited"].finished) == 1 and not act.truncated
     assert any(p is not None and p >= 0 for p in dash.p50)

@@ -39,26 +39,30 @@ class DashboardStatements(Statements):
 
         Per queue and bucket of :bucket seconds from :since on: `finished` and `dead` (rows
         that ended then, by `finished_at`), `started` with the pickup delay's p50 and p95
-        (rows whose latest attempt started then, `started_at - run_at`), `due` (rows that
+        (rows whose latest attempt started then, `started_at - run_at`), `failed` (the
+        attempts that failed then, from the rows' `attempt_log`), `due` (rows that
         became due then, or before :since for bucket 0, and had not started by then) and
         `taken` (those of them that started then): the caller sums `due - taken` into the
         queue's depth. The rows read are the latest :limit finished since :since
         (`jobs_finished_idx`), the running ones (`jobs_running_idx`) and the due pending
         ones (`jobs_pending_idx`), :limit each; `read` says how many of each were read, so
-        the caller knows when the window was cut. The latest attempt of each row only: an
-        earlier failed one is in `attempt_log`, not counted here."""
+        the caller knows when the window was cut. Apart from `failed`, each row counts by
+        its latest attempt (an earlier failed one is in its `attempt_log`); a retry due
+        later is pending and not due, so its failed attempts are not read until it runs."""
         return self.sql(f"""
             WITH ended AS (
-                SELECT queue, status, run_at, started_at AS began, finished_at FROM {S}.jobs
+                SELECT queue, status, run_at, started_at AS began, finished_at, attempt_log
+                  FROM {S}.jobs
                  WHERE status IN ('succeeded', 'dead', 'cancelled')
                    AND finished_at >= CAST(:since AS timestamptz)
                  ORDER BY finished_at DESC LIMIT :limit
             ), running AS (
-                SELECT queue, status, run_at, locked_at AS began, NULL::timestamptz
+                SELECT queue, status, run_at, locked_at AS began, NULL::timestamptz,
+                       attempt_log
                   FROM {S}.jobs WHERE status = 'running' LIMIT :limit
             ), due AS (
                 SELECT queue, status, run_at, NULL::timestamptz AS began,
-                       NULL::timestamptz AS finished_at
+                       NULL::timestamptz AS finished_at, attempt_log
                   FROM {S}.jobs WHERE status = 'pending' AND run_at <= now() LIMIT :limit
             ), r AS (
                 SELECT * FROM ended UNION ALL SELECT * FROM running UNION ALL SELECT * FROM due
@@ -92,6 +96,13 @@ class DashboardStatements(Statements):
             UNION ALL
             SELECT queue, 'taken', st, count(*), NULL, NULL
               FROM b WHERE du IS NOT NULL AND st IS NOT NULL GROUP BY queue, st
+            UNION ALL
+            SELECT r.queue, 'failed', {_bucket("CAST(e.value ->> 'finished_at' AS timestamptz)")},
+                   count(*), NULL, NULL
+              FROM r CROSS JOIN LATERAL jsonb_array_elements(r.attempt_log) e
+             WHERE r.attempt_log IS NOT NULL
+               AND CAST(e.value ->> 'finished_at' AS timestamptz) >= CAST(:since AS timestamptz)
+             GROUP BY 1, 3
             UNION ALL
             SELECT '', 'read', 0, (SELECT count(*) FROM ended), NULL, NULL""")
 

@@ -1,9 +1,13 @@
 """The dashboard's pages (GET) and its login forms: what each page reads and how much it shows.
 
-Pages: queues (`/`), workers, runs (filters, find by id or idempotency key, `PAGE_SIZE` a
-page, older pages by `?before=`), a run with its steps, and the dead letters. Each reads
-through the same public functions as the CLI (`flowq.ops.status.status`, `flowq.runs`). A run
-page shows at most `MAX_STEP_ROWS` steps, and its arguments, result and error cells share
+Pages: queues (`/`, with the charts of `?window=hour|day`), workers (and what each runs
+now), runs (filters as lists of the known tasks and queues, find by id or idempotency key,
+`?args=` searches the arguments, due times, `PAGE_SIZE` a page, older pages by `?before=`),
+a run (its graph, timeline, attempts and steps: `flowq.dashboard.runview`), and the dead
+letters; `/refresh?every=N` sets the auto-refresh cookie and goes back. Each reads through
+the same public functions as the CLI (`flowq.ops.status.status`, `flowq.runs`) and the
+dashboard's bounded reads (`flowq.dashboard.reads`). A run page shows at most
+`MAX_STEP_ROWS` steps, and its arguments, result and error cells share
 `STEPS_BUDGET` characters (each between `CELL_MIN_CHARS` and `SHOWN_CHARS`), so that a run of
 huge values still renders a page a browser can hold. `login` and `logout` are POST forms of
 their own: `login` takes the token, `logout` ends a token login, CSRF-checked.
@@ -150,7 +154,7 @@ def page_routes(d: Dashboard) -> list[Route]:
         rows = min(len(info.steps), MAX_STEP_ROWS)
         cell = max(CELL_MIN_CHARS, min(SHOWN_CHARS, STEPS_BUDGET // max(1, 3 * rows)))
         definition = runview.definition_of(info, d.schema)
-        now = (await d.read(read_status)).at
+        now = await d.read(reads.database_now)
         signals = {s.job_id: runview.signal_of(s, definition) for s in info.steps
                    if s.status == "waiting"}
         return d.render(request, "run.html", page="runs", run=info, max_rows=MAX_STEP_ROWS,

@@ -44,6 +44,7 @@ __all__ = [
     "ReadTimedOut",
     "RunningJob",
     "activity",
+    "database_now",
     "due_times",
     "known_tasks",
     "parse_search",
@@ -267,4 +268,11 @@ def known_tasks(engine: sa.Engine, *, schema: str = DEFAULT_SCHEMA) -> list[str]
                                              {"recent": KNOWN_TASK_ROWS, "limit": 500})]
 
     found: list[str] = _timed(engine, schema, READ_TIMEOUT_MS, read)
+    return found
+
+
+def database_now(engine: sa.Engine, *, schema: str = DEFAULT_SCHEMA) -> datetime:
+    """The database's clock (a run page's timeline ends there while steps still run)."""
+    found: datetime = _timed(engine, schema, READ_TIMEOUT_MS,
+                             lambda conn, q: conn.execute(q.select_now).scalar_one())
     return found

@@ -3,8 +3,8 @@ run's definition: the graph's boxes, the timeline's bars, every attempt of every
 what a waiting step waits for.
 
 - **Graph** (`nodes`): with the definition, every step it declares, in its order, those not
-  reached yet `unreached` (grey); without it, the steps reached, each after the step before
-  it (the rows do not say their parents). A mapped step is one box with its instances'
+  reached yet `unreached` (grey); without it, the steps reached, in step order and without
+  edges (the rows do not say their parents). A mapped step is one box with its instances'
   counts by status.
 - **Timeline** (`bars`): a step row from when it was created (queued; a delayed step's
   delay included) to when its latest attempt started (`started_at`) and finished; at most
@@ -66,10 +66,8 @@ def nodes(run: RunInfo, definition: Any) -> list[Node]:
             groups[first] = groups.pop("")
         declared = [(st.name, tuple(st.parents), st.wait_for) for st in definition.steps]
     else:
-        declared, previous = [], None
-        for reached in run.graph:
-            declared.append((reached.step, () if previous is None else (previous,), None))
-            previous = reached.step
+        # The rows do not say which step follows which: no edges are guessed.
+        declared = [(reached.step, (), None) for reached in run.graph]
     out = []
     for name, parents, signal in declared:
         g = groups.get(name)

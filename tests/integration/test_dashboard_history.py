@@ -150,6 +150,18 @@ def test_the_run_page_draws_the_graph_timeline_and_attempts(engine: sa.Engine) -
     assert "(not kept after success)" in attempts
 
 
+def test_a_run_of_an_unknown_pipeline_is_drawn_without_guessed_edges(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        run_id = conn.execute(sa.text(
+            "INSERT INTO flowq.jobs (task, step, step_index, status, finished_at) "
+            "VALUES ('ghost', 'a', 0, 'succeeded', now()) RETURNING run_id")).scalar_one()
+        conn.execute(sa.text("INSERT INTO flowq.jobs (run_id, task, step, step_index) "
+                             "VALUES (:r, 'ghost', 'b', 1)"), {"r": run_id})
+    page = client(engine).get(f"/runs/{run_id}").text
+    assert 'data-step="a"' in page and 'data-step="b"' in page
+    assert 'class="edge"' not in page and "without edges" in page
+
+
 def test_the_queue_charts_and_the_window(engine: sa.Engine) -> None:
     enqueue(engine, da.flaky, n=1)
     enqueue(engine, da.two, n=2)

@@ -226,7 +226,8 @@ class ClaimStatements(Statements):
 
         Send a failed attempt back to pending after :delay seconds (or end it `cancelled` if
         its run was cancelled meanwhile); returns the new status and run_at, or nothing if
-        the claim is no longer ours."""
+        the claim is no longer ours. The failed attempt goes into `attempt_log`
+        (`fragments.log_attempt`), in the same fenced write."""
         return self.sql(f"""
             UPDATE {S}.jobs j
                SET status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'pending' END,
@@ -241,7 +242,8 @@ class ClaimStatements(Statements):
     def end_job(self) -> TextClause:
         """End a claim as dead or cancelled, fenced.
 
-        End a claim as :status (`dead` or `cancelled`) with :error."""
+        End a claim as :status (`dead` or `cancelled`) with :error, the attempt appended
+        to `attempt_log` (`fragments.log_attempt`)."""
         return self.sql(f"""
             UPDATE {S}.jobs j
                SET status = :status, finished_at = now(), last_error = :error,
@@ -273,7 +275,8 @@ class ClaimStatements(Statements):
         """Requeue, bury or cancel running jobs whose worker stopped heartbeating.
 
         Requeue (or bury, once attempts are spent) running jobs whose heartbeat is older than
-        :stale seconds: their worker died. The crashed attempt counts."""
+        :stale seconds: their worker died. The crashed attempt counts, and is appended to
+        `attempt_log` as lost."""
         return self.sql(f"""
             WITH stale AS (
                 SELECT id FROM {S}.jobs

@@ -1,8 +1,8 @@
 """The dashboard's reads of `flowq.jobs`: activity over time, running jobs, argument search.
 
-Each is bounded in rows (`:limit`) and served by an index, so a page costs about the rows it
-shows however many finished rows are retained; the dashboard also sends them under a
-statement timeout (`flowq.dashboard.reads`). None writes: the charts are computed from the
+Each is bounded in rows (`:limit`) and, but for the argument search, served by an index, so
+a page costs about the rows it reads however many finished rows are retained; the dashboard
+also sends them under a statement timeout (`flowq.dashboard.reads`). None writes: the charts are computed from the
 rows the workers write anyway (`started_at`, `finished_at`, `run_at`), not from a rollup.
 """
 

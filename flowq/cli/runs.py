@@ -131,6 +131,12 @@ def _describe(run: RunInfo) -> str:
     if len(dead_instances) > SHOWN_DEAD_INSTANCES:
         lines.append(f"  ... and {len(dead_instances) - SHOWN_DEAD_INSTANCES} more dead "
                      "instances (--json lists every row)")
+    # The attempts that failed (kept in attempt_log), of the steps that are not mapped.
+    failed = [(s, a) for s in run.steps if s.map_index is None for a in s.history if a.error]
+    if failed:
+        lines += ["", "failed attempts:"]
+        lines += [f"  {s.step or '-'} attempt {a.attempt}: started {_when(a.started_at)} on "
+                  f"{a.worker or '-'}: {_error_cell(a.error)}" for s, a in failed]
     return "\n".join(lines)
 
 

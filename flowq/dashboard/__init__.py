@@ -1,6 +1,6 @@
-"""The web dashboard (`flowq dashboard`, extra `flowq[dashboard]`): queues, workers, runs,
-a run's steps, dead letters with bulk retry; read-only unless actions are enabled behind a
-token or basic auth. `create_app` gives the ASGI app to mount in your own (docs/observability.md).
+"""The web dashboard (`flowq dashboard`, extra `flowq[dashboard]`): queues with charts over
+time, workers and what they run, runs, a run's graph, timeline and attempts, dead letters
+with bulk retry; read-only unless actions are enabled behind a token or basic auth. `create_app` gives the ASGI app to mount in your own (docs/observability.md).
 """
 
 from __future__ import annotations

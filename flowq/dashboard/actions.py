@@ -1,4 +1,5 @@
-"""The dashboard's actions: retry or cancel a run, pause or resume a queue, retry dead runs.
+"""The dashboard's actions: retry or cancel a run, pause or resume a queue, retry dead runs,
+cancel the ticked runs of a runs page.
 
 Each is a POST form wrapped by `Dashboard.action` (refused unless `allow_actions`,
 authenticated and CSRF-checked), calls the same public functions as `flowq runs` and
@@ -10,6 +11,8 @@ counted as skipped, not an error.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -62,12 +65,7 @@ def action_routes(d: Dashboard) -> list[Route]:
             queue = (form.get("queue") or "").strip() or None
             n = await d.read(runs_api.retry_runs, task=task, queue=queue)
             return d.redirect(request, back, f"{n} dead run(s) retried.")
-        ids = []
-        for value in form.getlist("run_id"):
-            run_id = parse_run_id(value) if isinstance(value, str) else None
-            if run_id is None:
-                raise InvalidArgumentsError(f"run_id must be a run id, got {str(value)[:40]!r}")
-            ids.append(run_id)
+        ids = _run_ids(form.getlist("run_id"))
         if not ids:
             return d.redirect(request, back, "No run selected: tick the runs to retry.")
         retried, skipped = 0, 0
@@ -82,10 +80,49 @@ def action_routes(d: Dashboard) -> list[Route]:
             note += f" {skipped} skipped: no longer dead."
         return d.redirect(request, back, note)
 
+    async def cancel_runs(request: Request) -> Response:
+        """Cancel the ticked runs of a runs page (at most `PAGE_SIZE * 20`), each through
+        `cancel_run` (the rule of what a cancel does lives there)."""
+        form = request.state.form
+        back = d.back(request, form, request.url_for("runs").path)
+        ids = _run_ids(form.getlist("run_id"))
+        if not ids:
+            return d.redirect(request, back, "No run selected: tick the runs to cancel.")
+        cancelled, already, skipped = 0, 0, 0
+        for run_id in ids[:PAGE_SIZE * 20]:
+            try:
+                result = await d.read(runs_api.cancel_run, run_id,
+                                      reason="cancelled from the flowq dashboard")
+            except (RunStateError, RunNotFoundError):
+                skipped += 1  # finished or pruned since the page was drawn
+                continue
+            if result.changed:
+                cancelled += 1
+            else:
+                already += 1
+        note = f"{cancelled} run(s) cancelled."
+        if already:
+            note += f" {already} already cancelled."
+        if skipped:
+            note += f" {skipped} skipped: no longer there or finished."
+        return d.redirect(request, back, note)
+
     return [
+        Route("/runs/cancel", d.action(cancel_runs), methods=["POST"], name="cancel_runs"),
         Route("/runs/{run_id}/retry", d.action(retry), methods=["POST"], name="retry"),
         Route("/runs/{run_id}/cancel", d.action(cancel), methods=["POST"], name="cancel"),
         Route("/queues/{name}/pause", d.action(pause), methods=["POST"], name="pause"),
         Route("/queues/{name}/resume", d.action(resume), methods=["POST"], name="resume"),
         Route("/dead/retry", d.action(retry_dead), methods=["POST"], name="retry_dead"),
     ]
+
+
+def _run_ids(values: list[Any]) -> list[int]:
+    """A form's ticked run ids, each checked (a 400 page for anything else)."""
+    ids = []
+    for value in values:
+        run_id = parse_run_id(value) if isinstance(value, str) else None
+        if run_id is None:
+            raise InvalidArgumentsError(f"run_id must be a run id, got {str(value)[:40]!r}")
+        ids.append(run_id)
+    return ids

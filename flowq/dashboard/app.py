@@ -3,7 +3,7 @@
 `create_app` checks the options, makes the `Dashboard` (`flowq.dashboard.site`: templates,
 cookies, guards, error pages) and mounts its routes: the pages and login forms
 (`flowq.dashboard.pages`) and, behind `allow_actions`, authentication and CSRF checks, the
-actions (`flowq.dashboard.actions`: retry, cancel, pause, resume, bulk retry). Every read
+actions (`flowq.dashboard.actions`: retry, cancel, pause, resume, bulk retry and cancel). Every read
 and action goes through the same public functions as the CLI, in a thread.
 """
 

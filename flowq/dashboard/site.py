@@ -43,14 +43,19 @@ from flowq.errors import (
 )
 from flowq.storable import first_line
 
-__all__ = ["HEADERS", "PAGE_SIZE", "SHOWN_CHARS", "Dashboard", "Endpoint", "parse_run_id",
-           "run_id_of"]
+__all__ = ["HEADERS", "PAGE_SIZE", "REFRESH_CHOICES", "REFRESH_COOKIE", "REFRESH_MAX_AGE",
+           "SHOWN_CHARS", "Dashboard", "Endpoint", "parse_run_id", "refresh_of", "run_id_of"]
 
 PAGE_SIZE: Final = 50
 # A value longer than this is cut on the page (the JSON of `flowq runs show --json` has it all).
 SHOWN_CHARS: Final = 20_000
 MAX_RUN_ID: Final = 2**63 - 1
 FLASH_COOKIE: Final = "flowq_flash"
+# Auto-refresh: the page reloads itself every so many seconds (`<meta http-equiv="refresh">`,
+# no script), off by default; the choice is remembered in this cookie for a year.
+REFRESH_COOKIE: Final = "flowq_refresh"
+REFRESH_CHOICES: Final = (5, 15, 60)
+REFRESH_MAX_AGE: Final = 365 * 86400
 HEADERS: Final = {
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; "
                                "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
@@ -92,6 +97,35 @@ def _when(value: Any) -> str:
     return "-" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
 
 
+def _duration(seconds: Any) -> str:
+    """Seconds as a short duration: 0.25 s, 12.4 s, 3 min 05 s, 2 h 04 min."""
+    if seconds is None:
+        return "-"
+    s = float(seconds)
+    if s < 60:
+        return f"{s:.3g} s" if s < 10 else f"{s:.1f} s"
+    if s < 3600:
+        return f"{int(s // 60)} min {int(s % 60):02d} s"
+    return f"{int(s // 3600)} h {int(s % 3600 // 60):02d} min"
+
+
+def refresh_of(request: Request) -> int | None:
+    """The auto-refresh period this browser chose (its cookie), None when off."""
+    text = request.cookies.get(REFRESH_COOKIE, "")
+    return int(text) if text.isdigit() and int(text) in REFRESH_CHOICES else None
+
+
+# A page's query longer than this is not carried in its links back to it (a `find` of a
+# megabyte would otherwise be repeated in every auto-refresh link).
+HERE_MAX_CHARS: Final = 2000
+
+
+def _here(request: Request) -> str:
+    """This page's path and query, for a form's `next` (checked by `Dashboard.back`)."""
+    query = request.url.query
+    return request.url.path + (f"?{query}" if query and len(query) <= HERE_MAX_CHARS else "")
+
+
 class Dashboard:
     """The state behind the routes: the engine, the schema, the guard and the templates."""
 
@@ -106,7 +140,7 @@ class Dashboard:
         self.env = jinja2.Environment(
             loader=jinja2.PackageLoader("flowq.dashboard", "templates"),
             autoescape=True, undefined=jinja2.StrictUndefined)
-        self.env.filters.update(shown=_shown, when=_when, age=age_cell,
+        self.env.filters.update(shown=_shown, when=_when, age=age_cell, duration=_duration,
                                 first_line=lambda text: first_line(text)[:300])
         self.env.globals.update(limits=limits_cell, statuses=STATUSES)
 
@@ -120,7 +154,8 @@ class Dashboard:
             request=request, title=self.title, csrf=csrf, flash=flash,
             logged_in=SESSION_COOKIE in request.cookies and self.guard.authenticated(request),
             actions=self.allow_actions, url=lambda route, **p: request.url_for(route, **p).path,
-            **context)
+            refresh=refresh_of(request) if context.get("refreshable", True) else None,
+            refresh_choices=REFRESH_CHOICES, here=_here(request), **context)
         response = HTMLResponse(html, status_code=status_code, headers=HEADERS)
         if request.cookies.get(CSRF_COOKIE) != csrf:
             self.cookie(request, response, CSRF_COOKIE, csrf)
@@ -141,7 +176,8 @@ class Dashboard:
         return request.url_for("queues").path
 
     def error(self, request: Request, status_code: int, message: str) -> HTMLResponse:
-        return self.render(request, "error.html", status_code=status_code, message=message)
+        return self.render(request, "error.html", status_code=status_code, message=message,
+                           refreshable=False)
 
     def redirect(self, request: Request, to: str, flash: str) -> RedirectResponse:
         response = RedirectResponse(to, status_code=303, headers=HEADERS)
@@ -261,6 +297,7 @@ class Dashboard:
 
     def login(self, request: Request, problem: str | None, status_code: int) -> HTMLResponse:
         response = self.render(request, "login.html", status_code=status_code, problem=problem,
+                               refreshable=False,
                                token_login=self.guard.token is not None,
                                next=request.url.path)
         if self.guard.basic_auth is not None:

@@ -98,6 +98,11 @@ jobs = sa.Table(
     # Tracing (flowq.tracing, revision 0007): the W3C trace context the run was enqueued
     # under, {"traceparent": ..., "tracestate": ...}; copied to the steps it creates.
     sa.Column("trace_context", JSONB),
+    # Attempt history (revision 0008): when the latest attempt started (kept from the claim's
+    # locked_at when the attempt ends), and the earlier failed attempts, a bounded list
+    # appended by the fenced retry and end statements (NULL while no attempt failed).
+    sa.Column("started_at", sa.DateTime(timezone=True)),
+    sa.Column("attempt_log", JSONB),
     sa.CheckConstraint(
         "status IN ('pending', 'running', 'succeeded', 'dead', 'cancelled', 'waiting')",
         name="jobs_status_check",

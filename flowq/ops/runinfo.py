@@ -31,8 +31,23 @@ from flowq.db.sql import Queries
 from flowq.define.app import find_definition
 from flowq.errors import RunNotFoundError
 
-__all__ = ["RunInfo", "RunSummary", "StepGroup", "StepInfo", "jsonable", "read_run",
-           "run_status"]
+__all__ = ["AttemptInfo", "RunInfo", "RunSummary", "StepGroup", "StepInfo", "attempts_of",
+           "jsonable", "read_run", "run_status"]
+
+
+@dataclass(frozen=True)
+class AttemptInfo:
+    """One attempt of a step: when it started and ended, on which worker, and its error.
+
+    The earlier failed attempts come from the row's `attempt_log` (revision 0008; the latest
+    `flowq.db.sql.fragments.ATTEMPT_LOG_LENGTH`, errors cut); the latest attempt is the row
+    itself, whose worker is not kept once it succeeded (`worker` None)."""
+
+    attempt: int
+    started_at: datetime | None
+    finished_at: datetime | None
+    worker: str | None
+    error: str | None
 
 
 @dataclass(frozen=True)
@@ -66,6 +81,9 @@ class StepInfo:
     result: Any
     map_index: int | None = None  # the item position of a map instance
     last_error_earlier: bool = False  # see the class docstring
+    # When the latest attempt started (revision 0008), and every attempt (`attempts_of`).
+    started_at: datetime | None = None
+    history: tuple[AttemptInfo, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -144,7 +162,27 @@ def _step(row: Any) -> StepInfo:
         locked_at=row.locked_at, heartbeat_at=row.heartbeat_at, locked_by=row.locked_by,
         finished_at=row.finished_at, last_error=row.last_error, args=row.args,
         result=row.result, map_index=row.map_index,
-        last_error_earlier=row.last_error is not None and row.status == "succeeded")
+        last_error_earlier=row.last_error is not None and row.status == "succeeded",
+        started_at=row.started_at, history=attempts_of(row))
+
+
+def _time(text: Any) -> datetime | None:
+    return datetime.fromisoformat(text) if isinstance(text, str) else None
+
+
+def attempts_of(row: Any) -> tuple[AttemptInfo, ...]:
+    """Every attempt of a job row known to flowq, oldest first: the entries of its
+    `attempt_log`, then its running or succeeded attempt (a failed one is logged already)."""
+    out = [AttemptInfo(attempt=int(e.get("attempt") or 0), started_at=_time(e.get("started_at")),
+                       finished_at=_time(e.get("finished_at")),
+                       worker=e.get("worker") if isinstance(e.get("worker"), str) else None,
+                       error=e.get("error") if isinstance(e.get("error"), str) else None)
+           for e in (row.attempt_log or ()) if isinstance(e, dict)]
+    if row.status == "running":
+        out.append(AttemptInfo(row.attempts, row.locked_at, None, row.locked_by, None))
+    elif row.status == "succeeded" and row.attempts > 0:
+        out.append(AttemptInfo(row.attempts, row.started_at, row.finished_at, None, None))
+    return tuple(out)
 
 
 def run_status(steps: Sequence[StepInfo]) -> Status:

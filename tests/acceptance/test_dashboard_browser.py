@@ -1,8 +1,11 @@
 """The dashboard in a real headless Chromium (Debian's chromium and chromium-driver, driven by
 selenium; `.ci/run` installs them when missing): a `flowq dashboard --allow-actions` process
-serves the pages, the browser logs in, opens each page, checks that hostile text in
-arguments and errors stays text (no script ran, no element was injected), finds a dead run,
-retries it (one from its page, one ticked on the dead letters page) and sees it succeed.
+serves the pages of a database holding a few hundred runs (succeeded, dead, retried, delayed,
+waiting for a signal, a graph with a join, a map); the browser logs in, opens each page,
+checks the queue charts, the run graph, the timeline, the attempt history and the
+auto-refresh toggle are drawn, that hostile text in arguments and errors stays text (no
+script ran, no element was injected), finds a dead run, retries it (one from its page, one
+ticked on the dead letters page) and sees it succeed.
 
 With FLOWQ_SCREENSHOTS=DIR set, it saves the pages as PNG files there (docs/img has them).
 """
@@ -16,6 +19,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -128,10 +132,33 @@ def test_the_dashboard_in_a_real_browser(engine: sa.Engine, dashboard: str,
         with engine.begin() as conn:
             for n in range(3):
                 flowq.enqueue(conn, da.two, n=n)
+        with engine.begin() as conn:
+            for n in range(200):
+                flowq.enqueue(conn, da.two, n=n)
+            flaky = [flowq.enqueue(conn, da.flaky, n=n).id for n in range(30)]
+            graph = flowq.enqueue(conn, da.graph, order=12).id
+            fan = flowq.enqueue(conn, da.fan, n=12).id
         drain(engine, da.app, raise_on_dead=False)
         with engine.begin() as conn:
+            # Spread the finished runs over the last hour, as a live queue's would be, so
+            # the charts have a shape (each run moved back whole, its times in order).
+            conn.execute(sa.text("""
+                UPDATE flowq.jobs
+                   SET created_at = created_at - make_interval(mins => ((run_id * 7) % 55)::int),
+                       run_at = run_at - make_interval(mins => ((run_id * 7) % 55)::int),
+                       started_at = started_at - make_interval(mins => ((run_id * 7) % 55)::int)
+                                    + make_interval(secs => (run_id % 5) * 0.2),
+                       finished_at = finished_at - make_interval(mins => ((run_id * 7) % 55)::int)
+                                     + make_interval(secs => (run_id % 5) * 0.3)
+                 WHERE status IN ('succeeded', 'dead') AND run_id <> ALL(:keep)"""),
+                {"keep": [graph, fan]})
             flowq.enqueue(conn, da.fragile, note="waiting for a worker")
+            for n in range(40):
+                flowq.enqueue(conn, da.two, n=n)  # due: the depth chart has something
+            for n in range(20):
+                flowq.enqueue(conn, da.two, n=n, delay=timedelta(hours=1 + n))
         assert get_run(engine, first).status == "dead"
+        assert get_run(engine, graph).status == "waiting"
 
         # Log in through the URL `flowq dashboard` prints: the token leaves the address bar.
         browser.get(f"{dashboard}/?token={TOKEN}")
@@ -140,11 +167,56 @@ def test_the_dashboard_in_a_real_browser(engine: sa.Engine, dashboard: str,
         queues = browser.find_element(By.ID, "queues").text
         assert "dash" in queues and "dash-limited" in queues
         assert "dash_fragile" in browser.find_element(By.ID, "dead-by-task").text
+        # The charts: four per queue, drawn on the server.
+        charts = browser.find_elements(By.CSS_SELECTOR, "#charts svg.chart")
+        assert len(charts) >= 8 and len(charts) % 4 == 0
+        assert browser.find_elements(By.CSS_SELECTOR, "#charts svg.chart polyline")
         shot(browser, "queues")
+        browser.find_element(By.ID, "window-day").click()
+        assert "last day" in browser.find_element(By.ID, "activity").text
+
+        # Auto-refresh: off by default, turned on (a meta refresh, no script), then off.
+        assert browser.find_elements(By.CSS_SELECTOR, "meta[http-equiv=refresh]") == []
+        browser.find_element(By.CSS_SELECTOR, "#refresh a[href*='every=60']").click()
+        [meta] = browser.find_elements(By.CSS_SELECTOR, "meta[http-equiv=refresh]")
+        assert meta.get_attribute("content") == "60"
+        assert "last day" in browser.find_element(By.ID, "activity").text  # same page
+        browser.get(f"{dashboard}/runs")
+        assert browser.find_elements(By.CSS_SELECTOR, "meta[http-equiv=refresh]")  # remembered
+        browser.find_element(By.CSS_SELECTOR, "#refresh a[href*='every=0']").click()
+        assert browser.find_elements(By.CSS_SELECTOR, "meta[http-equiv=refresh]") == []
+
+        # The graph: every step drawn, those after the wait greyed; the timeline.
+        browser.get(f"{dashboard}/runs/{graph}")
+        nodes = {n.get_attribute("data-step"): n.get_attribute("class")
+                 for n in browser.find_elements(By.CSS_SELECTOR, "#dag g.node")}
+        assert nodes == {"fetch": "node succeeded", "price": "node succeeded",
+                         "stock": "node succeeded", "combine": "node succeeded",
+                         "approve": "node waiting", "ship": "node unreached"}
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#dag line.edge")) == 6
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#timeline g.bar")) == 5
+        assert "waits for signal approval" in browser.find_element(By.ID, "steps").text
+        browser.set_window_size(1400, 1100)
+        shot(browser, "run-graph")
+        browser.get(f"{dashboard}/runs/{fan}")
+        assert "x12: 12 succeeded" in browser.find_element(By.ID, "dag").text
+
+        # The attempt history of a step that failed twice, then succeeded.
+        browser.get(f"{dashboard}/runs/{flaky[0]}#timeline-heading")
+        attempts = browser.find_element(By.ID, "attempts").text
+        assert "flaky attempt 1 of 0" in attempts and "flaky attempt 2 of 0" in attempts
+        assert "flowq.testing" in attempts
+        shot(browser, "run-attempts")
+        browser.set_window_size(1400, 900)
         for link, heading in (("Workers", "Workers"), ("Runs", "Runs"),
                               ("Dead letters", "Dead letters")):
             browser.find_element(By.LINK_TEXT, link).click()
             assert browser.find_element(By.TAG_NAME, "h1").text == heading
+            if link == "Runs":  # delayed runs say when they are due; filters are lists
+                assert "due " in browser.find_element(By.ID, "runs").text
+                options = browser.find_elements(By.CSS_SELECTOR, "#filter-task option")
+                assert {"dash_two", "dash_flaky"} <= {o.text for o in options}
+                shot(browser, "runs-delayed")
         shot(browser, "dead")
 
         # Hostile text is shown as text: no script ran, no element was injected.
@@ -190,7 +262,9 @@ def test_the_dashboard_in_a_real_browser(engine: sa.Engine, dashboard: str,
         wait_until(lambda: re.search(rf"/runs/{second}$", browser.current_url), timeout=20,
                    message="the run's page")
         browser.get(f"{dashboard}/runs?status=succeeded&task=dash_two")
-        assert len(browser.find_elements(By.CSS_SELECTOR, "#runs td.num a")) == 3
+        # 203 succeeded runs of dash_two: a full page, and a link to the older ones.
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#runs td.num a")) == 50
+        assert browser.find_elements(By.ID, "older")
         shot(browser, "runs")
     finally:
         da.BROKEN["on"] = True

@@ -1,9 +1,11 @@
 """The dashboard tests' app: a task that dies while `BROKEN` is set (with hostile text in its
-arguments and its error) and a two-step pipeline, all on queue "dash"."""
+arguments and its error), a two-step pipeline, a task that fails twice then succeeds, a graph
+with a join and a signal wait, and a map, all on queue "dash" (one step on "dash-limited")."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -38,6 +40,64 @@ def first(ctx: flowq.Context, n: int) -> dict[str, int]:
 @two.step(queue="dash-limited")
 def second(ctx: flowq.Context, n: int) -> int:
     return n * 2
+
+
+@app.task(name="dash_flaky", queue="dash", retry=flowq.Retry(stop=stop_after_attempt(4)))
+def flaky(ctx: flowq.Context, n: int) -> int:
+    if ctx.attempt < 3:
+        raise ValueError(f"flaky attempt {ctx.attempt} of {n}")
+    return n
+
+
+graph = app.pipeline("dash_graph", queue="dash")
+
+
+@graph.step()
+def fetch(ctx: flowq.Context, order: int) -> dict[str, int]:
+    return {"order": order}
+
+
+@graph.step(parents=["fetch"])
+def price(ctx: flowq.Context, order: int) -> dict[str, int]:
+    return {"cents": order * 100}
+
+
+@graph.step(parents=["fetch"])
+def stock(ctx: flowq.Context, order: int) -> dict[str, bool]:
+    return {"ok": True}
+
+
+@graph.step(parents=["price", "stock"])
+def combine(ctx: flowq.Context, price: dict[str, int], stock: dict[str, bool]) -> dict[str, int]:
+    return {"cents": price["cents"]}
+
+
+@graph.step(wait_for="approval", wait_timeout=3600)
+def approve(ctx: flowq.Context, cents: int, approval: Any) -> dict[str, int]:
+    return {"cents": cents}
+
+
+@graph.step()
+def ship(ctx: flowq.Context, cents: int) -> None:
+    return None
+
+
+fan = app.pipeline("dash_map", queue="dash")
+
+
+@fan.step()
+def split(ctx: flowq.Context, n: int) -> flowq.Each:
+    return flowq.each([{"i": i} for i in range(n)])
+
+
+@fan.step()
+def item(ctx: flowq.Context, i: int) -> int:
+    return i * i
+
+
+@fan.step()
+def gather(ctx: flowq.Context, item: list[int]) -> dict[str, int]:
+    return {"sum": sum(item)}
 
 
 def dead_run(engine: sa.Engine, note: str = HOSTILE, key: str | None = None) -> int:

@@ -25,7 +25,7 @@ RUN_KEYS = {"run_id", "task", "status", "cancel_requested", "idempotency_key", "
 STEP_KEYS = {"job_id", "step", "index", "queue", "status", "attempts", "max_attempts",
              "cancel_requested", "run_at", "created_at", "locked_at", "heartbeat_at",
              "locked_by", "finished_at", "last_error", "args", "result", "map_index",
-             "last_error_earlier"}
+             "last_error_earlier", "started_at", "history"}
 
 
 def enqueue(engine: sa.Engine, pipeline: flowq.Pipeline, **kwargs: Any) -> flowq.Enqueued:

@@ -8,7 +8,8 @@ one instance per process (each statement compiles once, on first use):
   reap), fenced on (id, lease); `jobs`: enqueue and the reads of job rows outside a claim;
 - `queues`, `signals`, `workers`, `uniques`, `schedules`: the table of that name;
 - `runs`: the rows of one run (inspection, cancel, retry, filters, redrive);
-- `admin`: the database itself (schema check, locks, clocks, health).
+- `admin`: the database itself (schema check, locks, clocks, health);
+- `dashboard`: the dashboard's bounded reads (activity over time, running jobs, search).
 
 Every write after the claim is fenced: it only touches a row that is still `running` under
 the lease the worker claimed it with. A lease comes from a sequence on every claim and is
@@ -25,6 +26,7 @@ from functools import cache
 
 from flowq.db.sql.admin import AdminStatements
 from flowq.db.sql.claims import ClaimStatements
+from flowq.db.sql.dashboard import DashboardStatements
 from flowq.db.sql.jobs import JobStatements
 from flowq.db.sql.queues import QueueStatements
 from flowq.db.sql.runs import RunStatements
@@ -38,7 +40,7 @@ __all__ = ["Queries", "queries"]
 
 class Queries(ClaimStatements, JobStatements, QueueStatements, SignalStatements,
               WorkerStatements, RunStatements, UniqueStatements, ScheduleStatements,
-              AdminStatements):
+              AdminStatements, DashboardStatements):
     """The statements for one flowq schema, every table's."""
 
 

@@ -15,6 +15,7 @@ from flowq.db.sql.fragments import (
     UNLOCK,
     S,
     Statements,
+    log_attempt,
     notify_new,
     rows,
     succeed,
@@ -22,6 +23,11 @@ from flowq.db.sql.fragments import (
 )
 
 __all__ = ["ClaimStatements"]
+
+# The error of an attempt whose worker stopped heartbeating (the reaper's).
+LOST = """format('WorkerLost: worker %s stopped heartbeating during attempt %s of %s '
+                              '(last heartbeat %s)', j.locked_by, j.attempts, j.max_attempts,
+                              j.heartbeat_at)"""
 
 
 class ClaimStatements(Statements):
@@ -220,13 +226,14 @@ class ClaimStatements(Statements):
 
         Send a failed attempt back to pending after :delay seconds (or end it `cancelled` if
         its run was cancelled meanwhile); returns the new status and run_at, or nothing if
-        the claim is no longer ours."""
+        the claim is no longer ours. The failed attempt goes into `attempt_log`
+        (`fragments.log_attempt`), in the same fenced write."""
         return self.sql(f"""
             UPDATE {S}.jobs j
                SET status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'pending' END,
                    finished_at = CASE WHEN cancel_requested THEN now() END,
                    run_at = now() + make_interval(secs => :delay),
-                   last_error = :error, {UNLOCK}
+                   last_error = :error, {log_attempt("CAST(:error AS text)")}, {UNLOCK}
               FROM {rows("c", CLAIM_KEY, single=True)}
              WHERE {FENCE}
             RETURNING j.status, j.run_at""")
@@ -235,10 +242,12 @@ class ClaimStatements(Statements):
     def end_job(self) -> TextClause:
         """End a claim as dead or cancelled, fenced.
 
-        End a claim as :status (`dead` or `cancelled`) with :error."""
+        End a claim as :status (`dead` or `cancelled`) with :error, the attempt appended
+        to `attempt_log` (`fragments.log_attempt`)."""
         return self.sql(f"""
             UPDATE {S}.jobs j
-               SET status = :status, finished_at = now(), last_error = :error, {UNLOCK}
+               SET status = :status, finished_at = now(), last_error = :error,
+                   {log_attempt("CAST(:error AS text)")}, {UNLOCK}
               FROM {rows("c", CLAIM_KEY, single=True)}
              WHERE {FENCE}
             RETURNING j.status""")
@@ -266,7 +275,8 @@ class ClaimStatements(Statements):
         """Requeue, bury or cancel running jobs whose worker stopped heartbeating.
 
         Requeue (or bury, once attempts are spent) running jobs whose heartbeat is older than
-        :stale seconds: their worker died. The crashed attempt counts."""
+        :stale seconds: their worker died. The crashed attempt counts, and is appended to
+        `attempt_log` as lost."""
         return self.sql(f"""
             WITH stale AS (
                 SELECT id FROM {S}.jobs
@@ -282,11 +292,8 @@ class ClaimStatements(Statements):
                        finished_at = CASE WHEN j.cancel_requested OR j.attempts >= j.max_attempts
                                           THEN now() END,
                        run_at = now(),
-                       last_error = format('WorkerLost: worker %s stopped heartbeating during '
-                                           'attempt %s of %s (last heartbeat %s)',
-                                           j.locked_by, j.attempts, j.max_attempts,
-                                           j.heartbeat_at),
-                       """ + UNLOCK + """
+                       last_error = """ + LOST + """,
+                       """ + log_attempt(LOST) + """, """ + UNLOCK + """
                   FROM stale WHERE j.id = stale.id
                 RETURNING j.id, j.run_id, j.task, j.step, j.queue, j.status, j.attempts)
             SELECT r.*, pg_notify(:channel, r.queue) FROM reaped r""")

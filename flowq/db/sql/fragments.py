@@ -20,6 +20,8 @@ from flowq.names import validate_schema_name
 
 __all__ = [
     "ACTIVE",
+    "ATTEMPT_ERROR_CHARS",
+    "ATTEMPT_LOG_LENGTH",
     "CALL",
     "CALL_COLUMNS",
     "CLAIMED",
@@ -37,6 +39,7 @@ __all__ = [
     "S",
     "Statements",
     "bind_rows",
+    "log_attempt",
     "mark_keyed",
     "notify_new",
     "rows",
@@ -83,6 +86,29 @@ FENCE = "j.id = c.id AND j.lease = c.lease AND (j.status = 'running') IS TRUE"
 # Clears the claim on a row that goes back to pending or ends. The lease stays: it is the
 # last claim's token, and the next claim draws a new one.
 UNLOCK = "locked_by = NULL, locked_at = NULL, heartbeat_at = NULL"
+
+# Attempt history (revision 0008): at most this many earlier attempts per row (the latest
+# kept), each error cut to this many characters, so a step retried without end stays small.
+ATTEMPT_LOG_LENGTH: Final = 20
+ATTEMPT_ERROR_CHARS: Final = 2000
+
+
+def log_attempt(error: str) -> str:
+    """The SET items that record a failed attempt as it ends (before `UNLOCK` clears the
+    claim: the right-hand sides read the row as it was): its start in `started_at`, and an
+    entry appended to `attempt_log`, which keeps the latest `ATTEMPT_LOG_LENGTH`. `error` is
+    an SQL expression for the attempt's error text."""
+    return f"""started_at = j.locked_at, attempt_log = (
+                   SELECT CASE WHEN jsonb_array_length(a.log) > {ATTEMPT_LOG_LENGTH}
+                               THEN a.log - 0 ELSE a.log END
+                     FROM (SELECT COALESCE(j.attempt_log, '[]'::jsonb) || jsonb_build_array(
+                               jsonb_build_object('attempt', j.attempts,
+                                                  'started_at', j.locked_at,
+                                                  'finished_at', now(), 'worker', j.locked_by,
+                                                  'error', left({error},
+                                                                {ATTEMPT_ERROR_CHARS})))
+                           AS log) a)"""
+
 
 # The W3C trace context an enqueue stores with its rows (JSON text, NULL: not traced; see
 # flowq.tracing). The steps a run creates later copy it from the row that creates them.
@@ -208,7 +234,8 @@ def succeed(single: bool) -> str:
     claims = rows("c", (*CLAIM_KEY, ("result", "jsonb")), single=single)
     return f"""
                 UPDATE {S}.jobs j
-                   SET status = 'succeeded', result = c.result, finished_at = now(), {UNLOCK}
+                   SET status = 'succeeded', result = c.result, finished_at = now(),
+                       started_at = j.locked_at, {UNLOCK}
                   FROM {claims}
                  WHERE {FENCE}
                 RETURNING j.id, j.lease, j.run_id, j.priority, j.cancel_requested,

@@ -24,7 +24,7 @@ class RunStatements(Statements):
             SELECT id, run_id, task, step, step_index, queue, status, priority, attempts,
                    max_attempts, args, result, last_error, idempotency_key, cancel_requested,
                    run_at, locked_at, heartbeat_at, locked_by, created_at, finished_at,
-                   map_index
+                   map_index, started_at, attempt_log
               FROM {S}.jobs WHERE run_id = :run_id
              ORDER BY step_index, map_index NULLS FIRST, id""")
 

@@ -238,7 +238,7 @@ def search_args(engine: sa.Engine, args_json: str, *, schema: str = DEFAULT_SCHE
 
     def read(conn: sa.Connection, q: Any) -> list[FoundJob]:
         return [FoundJob(r.id, r.run_id, r.task, r.step, r.queue, r.status, r.created_at)
-                for r in conn.execute(q.search_jobs_by_args,
+                for r in conn.execute(q.find_jobs_by_args,
                                       {"args": args_json, "limit": limit})]
 
     try:

@@ -121,7 +121,7 @@ class DashboardStatements(Statements):
              ORDER BY locked_at, id LIMIT :limit""")
 
     @cached_property
-    def search_jobs_by_args(self) -> TextClause:
+    def find_jobs_by_args(self) -> TextClause:
         """Find the newest job rows whose arguments contain a JSON value.
 
         Up to :limit rows whose `args` contain :args (`@>`, JSON containment), newest first.

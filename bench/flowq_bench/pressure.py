@@ -3,7 +3,7 @@
 flowq lives in the application's database, which also runs reports, backups and forgotten
 sessions: transactions that hold a snapshot open and keep vacuum from removing the row
 versions flowq's claims and completions leave behind. One worker (P=1, C=`pressure_c`) is
-offered `pressure_rate` `stamp` jobs per second by a fixed-rate producer (a batch every
+offered `pressure_rate` no-op jobs per second by a fixed-rate producer (a batch every
 `TICK` seconds in one transaction, so the producer itself keeps up at any rate), through
 four phases of `pressure_phase` seconds each:
 
@@ -13,9 +13,10 @@ four phases of `pressure_phase` seconds each:
 - `recovery`: the snapshot is gone; the worker catches up with what piled up;
 - `reader`: a loop scans a business table of `pressure_rows` rows, statement after statement.
 
-Per phase: completions against what was offered (jobs finished in the phase's window),
-pickup p50/p99 of the jobs enqueued in it (from the producer's commit to the handler's
-start, same machine clock), the backlog at its end, the WAL written per completed job
+Per phase: completions against what was offered (jobs finished in the phase's window, jobs
+enqueued in it), pickup p50/p99 of the jobs enqueued in it (from the row's `created_at` to
+its claim, `started_at`, both the database's clock: read from the job rows themselves, so the
+handler does nothing and one worker's peak is not what is measured), the backlog at its end, the WAL written per completed job
 (`pg_current_wal_insert_lsn()` at the phase's edges; the server's, so the producer's inserts
 count too), and the dead tuples of `flowq.jobs` at its end (`pg_stat_user_tables`, updated
 asynchronously: indicative). Each phase is reported beside the clean phase, the reference;
@@ -24,6 +25,7 @@ the backlog beside the jobs offered in the phase, the dead tuples beside those c
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from contextlib import contextmanager
@@ -34,12 +36,12 @@ import sqlalchemy as sa
 from sqlalchemy.orm import sessionmaker
 
 import flowq
-from flowq_bench.app import stamp
+from flowq_bench.app import noop
 from flowq_bench.drains import engine_for
 from flowq_bench.harness import Server, WorkerGroup, wait_for
 from flowq_bench.options import Options
 from flowq_bench.progress import repeats
-from flowq_bench.report import Figure, Row, percentile
+from flowq_bench.report import Figure, Row
 
 __all__ = ["pressure"]
 
@@ -59,17 +61,22 @@ _EDGE = sa.text("""SELECT pg_current_wal_insert_lsn()::text AS lsn,
     (SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'flowq.jobs'::regclass) AS dead,
     (SELECT count(*) FROM flowq.jobs WHERE status = 'pending') AS backlog""")
 _WAL = sa.text("SELECT pg_wal_lsn_diff(CAST(:b AS pg_lsn), CAST(:a AS pg_lsn))::float8")
-_FINISHED = sa.text("SELECT count(*) FROM flowq.jobs WHERE task = 'stamp' AND "
+_FINISHED = sa.text("SELECT count(*) FROM flowq.jobs WHERE task = 'noop' AND "
                     "finished_at >= to_timestamp(:a) AND finished_at < to_timestamp(:b)")
+# The jobs enqueued in a phase, and their pickups (created_at to the claim, in ms).
+_ENQUEUED = sa.text("""SELECT count(*) AS n, percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (
+        ORDER BY extract(epoch FROM started_at - created_at) * 1000) AS pickups
+    FROM flowq.jobs WHERE task = 'noop'
+     AND created_at >= to_timestamp(:a) AND created_at < to_timestamp(:b)""")
+_LEFT = sa.text("SELECT count(*) FROM flowq.jobs WHERE status IN ('pending', 'running')")
 
 
 @dataclass
 class _Producer:
-    """Offers `rate` stamp jobs per second until stopped; run id -> commit time."""
+    """Offers `rate` no-op jobs per second until stopped."""
 
     engine: sa.Engine
     rate: float
-    commits: dict[int, float] = field(default_factory=dict)
     stop: threading.Event = field(default_factory=threading.Event)
     behind: float = 0.0  # the most the producer fell behind its schedule (s)
 
@@ -80,10 +87,7 @@ class _Producer:
             owed = int((time.perf_counter() - start) * self.rate - due)
             if owed > 0:
                 with make.begin() as s:
-                    runs = s.enqueue_many(stamp, [{"n": 0}] * owed)
-                now = time.time()
-                for run_id in runs:
-                    self.commits[run_id] = now
+                    s.enqueue_many(noop, [{"n": 0}] * owed)
                 due += owed
             self.behind = max(self.behind, time.perf_counter() - start - due / self.rate)
             self.stop.wait(TICK)
@@ -153,7 +157,8 @@ class _Phase:
     name: str
     offered: int = 0
     completed: int = 0
-    pickups: list[float] = field(default_factory=list)
+    p50: float = math.nan  # pickup of the jobs enqueued in the phase (ms)
+    p99: float = math.nan
     backlog: int = 0
     wal_per_job: float = 0.0
     dead: int = 0
@@ -163,40 +168,34 @@ def _run_phases(url: str, engine: sa.Engine, o: Options) -> tuple[list[_Phase], 
     producer = _Producer(engine, o.pressure_rate)
     thread = threading.Thread(target=producer.run, daemon=True)
     edges = [_edge(engine)]
-    marks = [0]  # the last run id committed at each phase's edge (run ids only grow)
     thread.start()
     try:
         for i in repeats(len(PHASES), "pressure phase"):
-            name = PHASES[i]
-            with _BESIDE[name](url):
+            with _BESIDE[PHASES[i]](url):
                 time.sleep(o.pressure_phase)
             edges.append(_edge(engine))
-            marks.append(max(producer.commits, default=0))
     finally:
         producer.stop.set()
         thread.join(timeout=30)
-    total = len(producer.commits)
-    wait_for(lambda: _stamped(engine) >= total, DRAIN_TIMEOUT, "the pressure backlog", 0.2)
-    with engine.connect() as c:
-        started: dict[int, float] = dict(
-            c.execute(sa.text("SELECT run_id, started FROM bench_stamps")).tuples().all())
+    wait_for(lambda: _left(engine) == 0, DRAIN_TIMEOUT, "the pressure backlog", 0.2)
     phases = []
     for i, name in enumerate(PHASES):
         a, b = edges[i], edges[i + 1]
-        runs = [r for r in producer.commits if marks[i] < r <= marks[i + 1]]
+        window = {"a": a.at, "b": b.at}
         with engine.connect() as c:
-            completed = int(c.execute(_FINISHED, {"a": a.at, "b": b.at}).scalar_one())
+            completed = int(c.execute(_FINISHED, window).scalar_one())
+            enqueued = c.execute(_ENQUEUED, window).one()
             wal = float(c.execute(_WAL, {"a": a.lsn, "b": b.lsn}).scalar_one())
-        phases.append(_Phase(
-            name, offered=len(runs), completed=completed,
-            pickups=[(started[r] - producer.commits[r]) * 1000 for r in runs if r in started],
-            backlog=b.backlog, wal_per_job=wal / max(1, completed), dead=b.dead))
+        p50, p99 = enqueued.pickups or (math.nan, math.nan)
+        phases.append(_Phase(name, offered=int(enqueued.n), completed=completed,
+                             p50=float(p50), p99=float(p99), backlog=b.backlog,
+                             wal_per_job=wal / max(1, completed), dead=b.dead))
     return phases, producer.behind
 
 
-def _stamped(engine: sa.Engine) -> int:
+def _left(engine: sa.Engine) -> int:
     with engine.connect() as c:
-        return int(c.execute(sa.text("SELECT count(*) FROM bench_stamps")).scalar_one())
+        return int(c.execute(_LEFT).scalar_one())
 
 
 def pressure(server: Server, o: Options) -> list[Row]:
@@ -226,10 +225,8 @@ def pressure(server: Server, o: Options) -> list[Row]:
         rows += [
             beside_clean(p, "completions / offered", "x", p.completed / max(1, p.offered),
                          clean.completed / max(1, clean.offered), higher=True),
-            beside_clean(p, "pickup p50", "ms", percentile(p.pickups, 50),
-                         percentile(clean.pickups, 50)),
-            beside_clean(p, "pickup p99", "ms", percentile(p.pickups, 99),
-                         percentile(clean.pickups, 99)),
+            beside_clean(p, "pickup p50", "ms", p.p50, clean.p50),
+            beside_clean(p, "pickup p99", "ms", p.p99, clean.p99),
             beside_clean(p, "WAL per completed job", "B/job", p.wal_per_job,
                          clean.wal_per_job),
             # The clean phase may end with none left: these are read beside the phase's load.

@@ -173,7 +173,8 @@ SUCCESSOR: Columns = (("id", "bigint"), ("lease", "bigint"), ("task", "text"),
 # What a success spawns in a workflow (`flowq.worker.model.Spawn`): a successor's columns,
 # the signal it waits for (and how long), and its share in a join (`parents` > 0).
 SPAWN: Columns = (*SUCCESSOR, ("signal", "text"), ("wait", "float8"), ("parents", "int"),
-                    ("delta", "int"), ("source", "text"), ("input", "jsonb"))
+                    ("delta", "int"), ("source", "text"), ("input", "jsonb"),
+                    ("mapped", "text"), ("items", "int"))
 
 
 def _plural(name: str) -> str:
@@ -239,7 +240,7 @@ def succeed(single: bool) -> str:
                   FROM {claims}
                  WHERE {FENCE}
                 RETURNING j.id, j.lease, j.run_id, j.priority, j.cancel_requested,
-                          j.trace_context"""
+                          j.trace_context, j.step, j.map_index"""
 
 
 # The run holding :idempotency_key, as (id, run_id, created = false).

@@ -23,6 +23,7 @@ from flowq.names import DEFAULT_SCHEMA, validate_schema_name
 
 __all__ = [
     "ACTIVE_STATUSES",
+    "CAPABILITIES",
     "DEFAULT_SCHEMA",
     "JOBS_STORAGE_PARAMETERS",
     "JOIN_SHARDS",
@@ -159,11 +160,16 @@ workers = sa.Table(
     sa.Column("heartbeat_at", sa.DateTime(timezone=True), nullable=False,
               server_default=sa.func.now()),
     # What this worker's code understands of the shared tables (revision 0009), NULL for a
-    # worker of an earlier release: `JOIN_SHARDS_CAPABILITY` says it counts the instances of
-    # a map in `join_shards`, so a map is counted in shards only while every registered
-    # worker does (an older worker would count its instances on the join's own row).
+    # worker of an earlier release (`CAPABILITIES`): a change of how workers share a table
+    # is used only while every registered worker understands it.
     sa.Column("capabilities", ARRAY(sa.Text)),
 )
+
+# What this release's workers understand, registered with each (`workers.capabilities`):
+# `JOIN_SHARDS_CAPABILITY`, it counts the instances of a large map in `join_shards` (an older
+# worker would count them on the join's own row).
+JOIN_SHARDS_CAPABILITY: Final = "join_shards"
+CAPABILITIES: Final[tuple[str, ...]] = (JOIN_SHARDS_CAPABILITY,)
 
 
 # One counter per join step of a run: the parent units still to succeed (a parent, or each
@@ -188,7 +194,6 @@ joins = sa.Table(
 # instance that brings a shard to zero takes that unit off it, so exactly one completion
 # still sees the join reach zero. Upserted like `joins` (one lock order per batch).
 JOIN_SHARDS: Final = 32
-JOIN_SHARDS_CAPABILITY: Final = "join_shards"
 join_shards = sa.Table(
     "join_shards",
     metadata,

@@ -18,6 +18,7 @@ from flowq.db.sql.fragments import (
     Statements,
     log_attempt,
     notify_new,
+    registered_without,
     rows,
     succeed,
     take,
@@ -158,10 +159,8 @@ class ClaimStatements(Statements):
                 -- large map counts in shards only while every registered worker does.
                 SELECT s.run_id, s.step, s.parents, s.delta, s.source, s.input, x.shard,
                        s.done_step,
-                       CASE WHEN s.mapped IS NOT NULL AND NOT EXISTS (
-                                 SELECT 1 FROM {S}.workers w
-                                  WHERE w.capabilities IS NULL OR NOT
-                                        '{JOIN_SHARDS_CAPABILITY}' = ANY(w.capabilities))
+                       CASE WHEN s.mapped IS NOT NULL
+                                 AND NOT {registered_without(JOIN_SHARDS_CAPABILITY)}
                             THEN s.mapped END AS mapped,
                        s.items
                   FROM spawn s LEFT JOIN {S}.join_shards x

@@ -42,6 +42,7 @@ __all__ = [
     "log_attempt",
     "mark_keyed",
     "notify_new",
+    "registered_without",
     "rows",
     "start_run",
     "succeed",
@@ -222,6 +223,14 @@ def take(picked: str) -> str:
                    locked_at = now(), heartbeat_at = now()
               FROM {picked} WHERE j.id = {picked}.id
             RETURNING {CLAIMED}"""
+
+
+def registered_without(capability: str) -> str:
+    """Whether a worker whose code lacks `capability` (`flowq.db.schema.CAPABILITIES`; NULL:
+    an earlier release) is registered: the one test of every change of how workers share a
+    table, which is used only while none is."""
+    return f"""EXISTS (SELECT 1 FROM {S}.workers w
+                        WHERE w.capabilities IS NULL OR NOT '{capability}' = ANY(w.capabilities))"""
 
 
 # The queues a plain claim must leave alone: paused, or limited (claimed under their lock).

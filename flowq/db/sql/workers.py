@@ -6,10 +6,13 @@ from functools import cached_property
 
 from sqlalchemy.sql.elements import TextClause
 
-from flowq.db.schema import JOIN_SHARDS_CAPABILITY
+from flowq.db.schema import CAPABILITIES
 from flowq.db.sql.fragments import S, Statements
 
 __all__ = ["WorkerStatements"]
+
+# What this release's code understands of the shared tables, as an SQL array's items.
+_CAPABILITIES = ", ".join(f"'{c}'" for c in CAPABILITIES)
 
 
 class WorkerStatements(Statements):
@@ -25,7 +28,7 @@ class WorkerStatements(Statements):
             INSERT INTO {S}.workers (name, host, pid, queues, tasks, concurrency, version,
                                      capabilities)
             VALUES (:name, :host, :pid, CAST(:queues AS text[]), CAST(:tasks AS text[]),
-                    :concurrency, :version, ARRAY['{JOIN_SHARDS_CAPABILITY}'])
+                    :concurrency, :version, ARRAY[{_CAPABILITIES}])
             ON CONFLICT (name) DO UPDATE
                SET host = excluded.host, pid = excluded.pid, queues = excluded.queues,
                    tasks = excluded.tasks, concurrency = excluded.concurrency,

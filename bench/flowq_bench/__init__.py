@@ -5,7 +5,8 @@ The flowq-bench distribution (the repository's `bench/` folder), kept out of the
 
 Scenarios (see `options.SCENARIOS`): drain (flowq at C=16 and C=128 beside raw 1/tx, raw
 batched-100 and raw batched-100 on a minimal table of its own, with WAL bytes per job),
-drain-session, pipeline, dag (diamond runs with a join), map (one run mapping N items, then a join), limit (a drain under a queue's global
+drain-session, pipeline, dag (diamond runs with a join), map (one run mapping N items, then a join), map-session (a map whose instances
+write through ctx.session, beside the same rows as plain tasks), limit (a drain under a queue's global
 concurrency limit beside the same drain unlimited), rate (a rate-limited queue's achieved
 start rate and burst), enqueue, latency, scale, and the opt-in
 soak (it runs for `--duration`), memory (worker RSS over a 1M-job drain) and pressure (a
@@ -42,6 +43,7 @@ def _registry() -> dict[str, Callable[[Server, Options], list[Row]]]:
 
     return {"drain": scenarios.drain, "drain-session": scenarios.drain_session,
             "pipeline": scenarios.pipeline, "dag": scenarios.dag, "map": scenarios.map_run,
+            "map-session": scenarios.map_session,
             "limit": limits.limit, "rate": rate.rate, "enqueue": producers.enqueue,
             "latency": producers.latency, "scale": scenarios.scale, "soak": producers.soak,
             "memory": memory.memory, "pressure": pressure.pressure}

@@ -7,9 +7,9 @@ Every handler is as cheap as a handler can be, so what is measured is flowq itse
 - `steps`: a pipeline of three no-op steps (successor inserts in the completer);
 - `dag`: a diamond of no-op steps, start -> left, right -> join (a join counter in
   `flowq.joins`: the second parent to succeed creates `join`, with both results);
-- `fan`: `split` returns `flowq.each` of `n` items, `work` runs once per item (no-op), and
-  `gather` receives the list of the `n` results (a map and its join) and returns its length,
-  which the bench checks;
+- `fan`: `split` returns `flowq.each` of `n` items, `work` runs once per item (no-op, or with
+  `session=True` one row through `ctx.session`, as `ledger`), and `gather` receives the list
+  of the `n` results (a map and its join) and returns its length, which the bench checks;
 - `limited`: a no-op on queue `bench_limited`, declared with a global concurrency limit
   (`FLOWQ_BENCH_QUEUE_LIMIT`, default 50) for the `limit` scenario;
 - `rated`: a no-op on queue `bench_rate`, declared with a rate limit
@@ -124,13 +124,14 @@ fan = app.pipeline("fan", queue="bench")
 
 
 @fan.step(name="split")
-def fan_split(ctx: Context, n: int = 0) -> flowq.Each:
-    return flowq.each([{"i": i} for i in range(n)])
+def fan_split(ctx: Context, n: int = 0, session: bool = False) -> flowq.Each:
+    return flowq.each([{"i": i, "session": True} if session else {"i": i} for i in range(n)])
 
 
 @fan.step(name="work")
-def fan_work(ctx: Context, i: int = 0) -> None:
-    return None
+def fan_work(ctx: Context, i: int = 0, session: bool = False) -> None:
+    if session:  # what `ledger` does: one row, committed with the instance's success
+        ctx.session.execute(_INSERT_LEDGER, {"job_id": ctx.job_id})
 
 
 @fan.step(name="gather")

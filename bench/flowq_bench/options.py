@@ -9,7 +9,8 @@ from flowq.define.workflows import MAX_MAP_ITEMS
 
 __all__ = ["DEFAULT_SCENARIOS", "OPT_IN", "SCENARIOS", "Options"]
 
-SCENARIOS: Final = ("drain", "drain-session", "pipeline", "dag", "map", "limit", "rate",
+SCENARIOS: Final = ("drain", "drain-session", "pipeline", "dag", "map", "map-session",
+                    "limit", "rate",
                     "enqueue", "latency", "scale", "soak", "memory", "pressure")
 # soak runs for --duration (default 10 minutes) and memory drains a million jobs, so both are
 # opt-in: --scenario soak, --scenario memory. limit and rate take 1.5-2 minutes each at default

@@ -1,4 +1,4 @@
-"""The throughput scenarios: drain, drain-session, pipeline, dag, map and scale.
+"""The throughput scenarios: drain, drain-session, pipeline, dag, map, map-session and scale.
 
 drain runs flowq at each of `Options.drain_cs` (C=16 and C=128 unless -c is given) beside
 the same references, measured once: raw 1/tx and raw batched-100 on flowq.jobs, and raw
@@ -31,6 +31,7 @@ from flowq_bench.drains import (
     db_clock,
     engine_for,
     enqueue_run,
+    enqueue_runs,
     fastest_minimal,
     flowq_drain,
     flowq_drains,
@@ -41,9 +42,10 @@ from flowq_bench.drains import (
 )
 from flowq_bench.harness import BENCH_QUEUE, Server, WorkerGroup, conninfo, reset
 from flowq_bench.options import Options
+from flowq_bench.progress import repeats
 from flowq_bench.report import Figure, Row, percentile
 
-__all__ = ["dag", "drain", "drain_session", "map_run", "pipeline", "scale"]
+__all__ = ["dag", "drain", "drain_session", "map_run", "map_session", "pipeline", "scale"]
 
 PIPELINE_STEPS: Final = 3
 # Rows of the one drain per minimal-table variant that picks the fastest.
@@ -260,6 +262,47 @@ def map_run(server: Server, o: Options) -> list[Row]:
                 note=f"enqueue to join done; median phases flowq: {fmt(mine)}; raw: "
                      f"{fmt(theirs)}",
                 extra={"items": n, "phases_s": {"flowq": our_phases, "raw": raw_phases}})]
+
+
+def map_session(server: Server, o: Options) -> list[Row]:
+    """A map of N instances that each write one row through ctx.session (one commit per
+    instance, each counting towards the join), beside the same N rows written by N plain
+    `ledger` tasks, through the same worker processes: what the join's counting costs when
+    instances complete one transaction each (issue 21: 0.29x, counted on one row)."""
+    n = o.map_n
+    check = _check_steps({"split": 1, "work": n, "gather": 1})
+    pc = f"P={o.processes} C={o.session_c}"
+    maps, tasks = [], []
+    with server.fresh_database() as url:
+        engine = engine_for(url)
+        try:
+            with WorkerGroup(url, processes=o.processes, concurrency=o.session_c) as workers:
+                workers.wait_ready(engine)
+                for _ in repeats(o.repeat, f"map-session {pc}"):
+                    reset(engine)
+                    t0 = enqueue_run(engine, "fan", n=n, session=True)
+                    maps.append(n / wait_drained(engine, n + 2, t0))
+                    check(engine)
+                    _check_ledger(engine, n)
+                    reset(engine)
+                    t0 = enqueue_runs(engine, "ledger", n)
+                    tasks.append(n / wait_drained(engine, n, t0))
+                    _check_ledger(engine, n)
+        finally:
+            engine.dispose()
+    return [Row("map-session",
+                Figure(f"map of {n:,} ctx.session instances, items/s ({pc})", "items/s", maps),
+                [Figure(f"the same {n:,} rows as ledger tasks ({pc})", "jobs/s", tasks)],
+                note="target: >= 0.8x the same jobs as plain tasks; a map of 64 items or more "
+                     "counts its instances on shards of the join (flowq.join_shards)")]
+
+
+def _check_ledger(engine: sa.Engine, n: int) -> None:
+    with engine.connect() as c:
+        rows = c.execute(sa.text("SELECT count(*), count(DISTINCT job_id) FROM bench_ledger")
+                         ).one()
+    if tuple(rows) != (n, n):
+        raise RuntimeError(f"bench_ledger holds {tuple(rows)} rows (total, distinct), not {n}")
 
 
 # -- scale ------------------------------------------------------------------------------------

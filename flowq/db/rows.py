@@ -96,7 +96,8 @@ class Successor:
 class Spawned(Successor):
     """A `Successor` in a workflow: the signal it waits for (and how long), and its share in
     a join (`parents` > 0: add `delta` to the join's counter and bring `input`, the result
-    of static parent `source`)."""
+    of static parent `source`; a map of `items` instances of step `mapped` may count them in
+    shards instead, see `flowq.db.schema.join_shards`)."""
 
     signal: str | None = None
     wait: float | None = None
@@ -104,6 +105,8 @@ class Spawned(Successor):
     delta: int = 0
     source: str | None = None
     input: str | None = None
+    mapped: str | None = None
+    items: int = 0
 
 
 @dataclass(frozen=True)

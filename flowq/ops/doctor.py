@@ -11,7 +11,10 @@ Each `Check` is OK, WARN or FAIL, with what it found and, unless OK, what to do:
   leave behind, and every claim steps over them. Other roles' sessions are visible only with
   pg_read_all_stats (pg_monitor) or as a superuser.
 - `autovacuum`: autovacuum on, and the per-table settings of migration 0006 in place.
-- `listen`: a LISTEN/NOTIFY round trip on a fresh connection.
+- `primary`: whether the server takes writes, or is a standby in recovery (fine for the
+  dashboard and `flowq runs`; workers, enqueues and migrations need the primary).
+- `listen`: a LISTEN/NOTIFY round trip on a fresh connection (not on a standby, which
+  refuses LISTEN).
 - `pooler`: PgBouncer (or another pooler) between here and PostgreSQL, detected by: the
   server's port (`inet_server_port()`) differing from the URL's, the URL's port being 6432
   (PgBouncer's default), or the backend pid changing between two transactions on one
@@ -26,6 +29,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final, Literal
 
+import psycopg
 import sqlalchemy as sa
 
 from flowq.db.checks import schema_exists
@@ -84,9 +88,26 @@ def doctor(engine: sa.Engine, *, schema: str = DEFAULT_SCHEMA,
             checks.append(_autovacuum(schema, backend.autovacuum, health.reloptions))
         checks.append(_pooler(conn, q, backend, engine.url))
         checks.append(_clock(conn, schema))
+        checks.append(_primary(bool(backend.in_recovery)))
         conn.rollback()
-    checks.append(_listen(engine, schema))
+    if backend.in_recovery:
+        checks.append(Check("listen", "WARN", "not checked: a standby refuses LISTEN",
+                            "check the primary", {"round_trip_s": None}))
+    else:
+        checks.append(_listen(engine, schema))
     return checks
+
+
+def _primary(in_recovery: bool) -> Check:
+    if not in_recovery:
+        return Check("primary", "OK", "the server takes writes (not a standby)", "",
+                     {"in_recovery": False})
+    return Check("primary", "WARN", "this server is a standby in recovery (read-only): fine "
+                 "for the dashboard and `flowq runs`, but workers, enqueues and "
+                 "`flowq migrate` need the primary",
+                 "point workers at the primary: list every host in the URL with "
+                 "target_session_attrs=read-write (docs/operations.md, High availability)",
+                 {"in_recovery": True})
 
 
 def _migrate(schema: str) -> str:
@@ -252,8 +273,9 @@ def _listen(engine: sa.Engine, schema: str) -> Check:
             got = any(n.payload == payload
                       for n in raw.notifies(timeout=_LISTEN_TIMEOUT_S, stop_after=1))
             elapsed = time.monotonic() - started
-    except sa.exc.DBAPIError as exc:
-        return Check("listen", "FAIL", f"LISTEN failed: {str(exc.orig).strip()}",
+    except (sa.exc.DBAPIError, psycopg.Error) as exc:
+        reason = exc.orig if isinstance(exc, sa.exc.DBAPIError) else exc
+        return Check("listen", "FAIL", f"LISTEN failed: {str(reason).strip()}",
                      "run workers with --no-listen (they poll every --poll-interval)",
                      {"round_trip_s": None})
     finally:

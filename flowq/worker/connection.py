@@ -81,8 +81,12 @@ DB_BACKOFF_MAX: Final = 5.0
 # After an outage ends, failures for this long are its tail (a part meeting its broken
 # connection only now), told at DEBUG rather than as a new outage.
 AFTERSHOCK: Final = 2 * DB_BACKOFF_MAX
-# Server settings for connections that only run flowq's index-driven statements.
-PLANNER_OPTIONS: Final = "-c enable_seqscan=off"
+# Server settings for connections that only run flowq's index-driven statements. JIT off:
+# `enable_seqscan=off` prices any seq scan left in a plan (a small table no index serves,
+# such as `flowq.workers`) at 10^10, past `jit_above_cost`, and a server built with LLVM
+# then compiled the statement at every execution (seen on PostgreSQL 15: 1.8 s per
+# completion batch of a map's instances, against 1 ms run without JIT).
+PLANNER_OPTIONS: Final = "-c enable_seqscan=off -c jit=off"
 # The claim and completion connections also plan every execution (see the module docstring).
 HOT_PATH_OPTIONS: Final = PLANNER_OPTIONS + " -c plan_cache_mode=force_custom_plan"
 # Heartbeats, reaper and pruner: a pass that runs away (a bad plan on a table whose statistics

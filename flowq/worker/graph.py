@@ -18,7 +18,7 @@ Pure: no I/O, no clock. `flowq.worker.attempt` calls these for the worker and th
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Final
 
 from flowq.db.rows import ClaimedJob
 from flowq.define.pipeline import Pipeline
@@ -29,7 +29,12 @@ from flowq.jsonargs import JSONError, dumps_checked
 from flowq.storable import safe_str
 from flowq.worker.model import Spawn, Succeeded
 
-__all__ = ["InvalidResultError", "result_text", "spawn_roots", "succeeded"]
+__all__ = ["SHARDED_MAP_ITEMS", "InvalidResultError", "result_text", "spawn_roots", "succeeded"]
+
+# A map of this many items or more may count its instances in shards (`flowq.db.schema.
+# join_shards`): below it, the instances completing at once are too few to queue on the
+# join's one row for long, and the shard rows would cost more than they save.
+SHARDED_MAP_ITEMS: Final = 64
 
 
 class InvalidResultError(Exception):
@@ -120,6 +125,8 @@ def _mapped(pipeline: Pipeline, step: Step[Any, Any], job: ClaimedJob,
     n = len(items.items)
     spawn = [Spawn(child, pipeline.name, args=t, map_index=i)
              for i, t in enumerate(items.texts)]
-    spawn += [Spawn(g, pipeline.name, parents=len(g.parents), delta=n - 1)
+    mapped = child.name if n >= SHARDED_MAP_ITEMS else None
+    spawn += [Spawn(g, pipeline.name, parents=len(g.parents), delta=n - 1, mapped=mapped,
+                    items=n)
               for g in pipeline.children(child)]
     return tuple(spawn)

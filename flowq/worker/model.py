@@ -32,6 +32,8 @@ class Spawn:
     parent units; add `delta` to its counter (-1: one unit succeeded; n - 1: a mapped parent
     became n instances) and bring `input`, the result of static parent `parent`. The success
     that brings the counter to zero creates the step, with the static inputs as arguments.
+    A map of many items also names its mapped step (`mapped`) and their number (`items`):
+    its instances may then count in shards (`flowq.db.schema.join_shards`).
     """
 
     step: Step[Any, Any]
@@ -42,6 +44,8 @@ class Spawn:
     delta: int = 0
     parent: str | None = None
     input: str | None = None
+    mapped: str | None = None
+    items: int = 0
 
     @property
     def simple(self) -> bool:

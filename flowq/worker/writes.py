@@ -95,4 +95,5 @@ def _spawned(job: ClaimedJob, sp: Spawn) -> Spawned:
                    step_index=step.index, queue=step.queue,
                    max_attempts=step.retry.attempt_cap, args=sp.args, map_index=sp.map_index,
                    delay=step.delay, signal=step.wait_for, wait=step.wait_timeout,
-                   parents=sp.parents, delta=sp.delta, source=sp.parent, input=sp.input)
+                   parents=sp.parents, delta=sp.delta, source=sp.parent, input=sp.input,
+                   mapped=sp.mapped, items=sp.items)

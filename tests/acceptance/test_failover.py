@@ -45,6 +45,7 @@ from support import assert_no_crash_lines, rows, scalar
 import flowq
 import flowq.db
 from flowq.local.postgres import FAST_SETTINGS, LocalPostgres, embedded_bindir
+from flowq.ops.doctor import doctor
 from flowq.testing import wait_until
 
 APP = "failover_app:app"
@@ -193,6 +194,14 @@ def test_failover_mid_drain_and_mid_enqueue(pair: Pair, spawn_worker: Any,
         conn.execute(sa.text(LEDGER_DDL))
         conn.execute(sa.text(ORDERS_DDL))
     old = sa.create_engine(pair.primary.url)
+    if scenario == "crash-sync":  # `flowq doctor` pointed at the standby: a plain warning
+        on_standby = sa.create_engine(pair.standby.url)
+        try:
+            found = {c.name: c for c in doctor(on_standby)}
+        finally:
+            on_standby.dispose()
+        assert found["primary"].level == "WARN" and "standby" in found["primary"].found
+        assert found["listen"].level == "WARN", found["listen"]
     # A claim replicated without its completion (asynchronous) is reaped after --stale-after.
     args = ("-c", "8", "--heartbeat-interval", "1", "--poll-interval", "1", "--stale-after",
             "5")

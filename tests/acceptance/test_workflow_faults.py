@@ -44,6 +44,7 @@ from support import spawn_ready as spawn_workers
 import flowq
 from flowq.cli import main
 from flowq.db.runner import runner
+from flowq.db.schema import JOIN_SHARDS
 from flowq.db.store import Store
 from flowq.ops.runs import cancel_run, get_run, retry_run
 from flowq.testing import job_rows, wait_until
@@ -245,11 +246,12 @@ def test_sigkill_mid_diamonds_every_join_once(ledger: sa.Engine, db_url: str,
 
 # -- 2. a map of 10,000 items -----------------------------------------------------------------
 
-def assert_map_exact(engine: sa.Engine, run_id: int, count: int, *, sleep: float = 0.0
-                     ) -> list[Row]:
+def assert_map_exact(engine: sa.Engine, run_id: int, count: int, *, sleep: float = 0.0,
+                     session: bool = False) -> list[Row]:
     """The run of `wf_fan` over `count` items succeeded: `split` and `total` once each (once
-    in the ledger), one `work` instance per item, and `total` received the instances'
-    results in item order. Returns the instances, by item."""
+    in the ledger), one `work` instance per item (each once in the ledger, with the attempt
+    that succeeded, when the instances write through ctx.session), and `total` received the
+    instances' results in item order. Returns the instances, by item."""
     values = [wfa.item_value(i) for i in range(count)]
     expected = {"count": count, "sum": sum(values),
                 "weighted": sum(k * v for k, v in enumerate(values)), "in_order": True,
@@ -267,12 +269,15 @@ def assert_map_exact(engine: sa.Engine, run_id: int, count: int, *, sleep: float
     assert [r.map_index for r in instances] == list(range(count))
     assert all(r.status == "succeeded" for r in instances)
     assert [r.result for r in instances] == values
-    item = {"sleep": sleep} if sleep else {}
+    item = {**({"sleep": sleep} if sleep else {}), **({"session": True} if session else {})}
     assert all(r.args == {"i": r.map_index, **item} for r in instances)
     # The steps that write the ledger did once; the join counter went to zero once.
     entries = ledger_by_step(engine, [run_id])
     assert sorted((step, len(e)) for (_, step), e in entries.items()) == \
-        [("split", 1), ("total", 1)]
+        [("split", 1), ("total", 1)] + ([("work", count)] if session else [])
+    if session:
+        done = {(e.job_id, e.attempt, e.payload["i"]) for e in entries[run_id, "work"]}
+        assert done == {(r.id, r.attempts, r.map_index) for r in instances}
     assert entries[run_id, "total"][0].payload == expected
     assert query(engine, "SELECT step, remaining, parents FROM flowq.joins WHERE run_id = :r",
                  r=run_id) == [("total", 0, 1)]
@@ -305,12 +310,15 @@ def test_map_of_ten_thousand_items_joins_in_item_order(ledger: sa.Engine, db_url
     stop_workers(*workers)
 
 
-@pytest.mark.parametrize("victim_holds", ["the mapping step", "instances"])
+@pytest.mark.parametrize("victim_holds", ["the mapping step", "instances",
+                                          "session instances"])
 def test_sigkill_mid_map_creates_and_counts_each_instance_once(
         ledger: sa.Engine, db_url: str, spawn_worker: Spawn, victim_holds: str) -> None:
     """A worker is killed holding either `split` inside its open transaction (its ledger
     row written, its 3,000 instances not yet created), or map instances a third of the way
-    or more through the map; a replacement starts. What the victim held runs again, the
+    or more through the map (plain ones, whose completions the completer batches, or ones
+    that write through ctx.session, each committed with its own count on its shard of the
+    join, `flowq.join_shards`); a replacement starts. What the victim held runs again, the
     instances are created once, and `total` is created once, after every instance counted
     exactly once."""
     seed = random.randrange(1 << 30)
@@ -319,8 +327,10 @@ def test_sigkill_mid_map_creates_and_counts_each_instance_once(
     workers = spawn_ready(spawn_worker, ledger, db_url, 2, "--concurrency", "8",
                           "--no-job-log", *FAST)
     hold = 30.0 if victim_holds == "the mapping step" else 0.0  # its first attempt only
+    session = victim_holds == "session instances"
     with ledger.begin() as conn:
-        run_id = flowq.enqueue(conn, wfa.fan, n=count, sleep=0.01, hold=hold).id
+        run_id = flowq.enqueue(conn, wfa.fan, n=count, sleep=0.01, hold=hold,
+                               session=session).id
 
     if victim_holds == "the mapping step":
         def holding() -> Any:
@@ -350,7 +360,9 @@ def test_sigkill_mid_map_creates_and_counts_each_instance_once(
     workers.append(spawn_worker(APP, db_url, "--concurrency", "8", "--no-job-log", *FAST))
 
     wait_finished(ledger, [run_id], leaf="total", timeout=180)
-    assert_map_exact(ledger, run_id, count, sleep=0.01)
+    assert_map_exact(ledger, run_id, count, sleep=0.01, session=session)
+    assert scalar(ledger, "SELECT count(*) FROM flowq.join_shards WHERE run_id = :r "
+                          "AND remaining = 0", r=run_id) == JOIN_SHARDS
     assert killed, f"nothing was held by the killed worker (seed {seed})"
     rows = {r.id: r for r in job_rows(ledger, where="run_id = :r", r=run_id)}
     for job_id in killed:

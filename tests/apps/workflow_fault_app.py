@@ -152,18 +152,22 @@ fan = app.pipeline("wf_fan")
 
 
 @fan.step(retry=PATIENT)
-def split(ctx: Context, n: int, sleep: float = 0.0, hold: float = 0.0) -> flowq.Each:
+def split(ctx: Context, n: int, sleep: float = 0.0, hold: float = 0.0,
+          session: bool = False) -> flowq.Each:
     ledger(ctx, {"n": n})
     if ctx.attempt == 1:
         time.sleep(hold)  # with the step's transaction open
-    return flowq.each([{"i": i, "sleep": sleep} if sleep else {"i": i} for i in range(n)])
+    extra = {**({"sleep": sleep} if sleep else {}), **({"session": True} if session else {})}
+    return flowq.each([{"i": i, **extra} for i in range(n)])
 
 
 @fan.step(retry=PATIENT)
-def work(ctx: Context, i: int, sleep: float = 0.0) -> int:
+def work(ctx: Context, i: int, sleep: float = 0.0, session: bool = False) -> int:
     if i == FLAKY_ITEM and ctx.attempt == 1:
         raise RuntimeError(f"item {i} fails its first attempt")
     time.sleep(sleep)
+    if session:  # committed with the instance's success, one transaction per instance
+        ledger(ctx, {"i": i})
     return item_value(i)
 
 

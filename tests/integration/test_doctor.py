@@ -25,7 +25,7 @@ from flowq.ops.doctor import Check, doctor
 from flowq.testing import wait_until
 
 NO_ENV = {"FLOWQ_DATABASE_URL": None, "DATABASE_URL": None}
-NAMES = ["schema", "table", "xmin", "autovacuum", "pooler", "clock", "listen"]
+NAMES = ["schema", "table", "xmin", "autovacuum", "pooler", "clock", "primary", "listen"]
 
 
 def cli(*args: str) -> Result:
@@ -71,6 +71,7 @@ def test_json_keys_are_stable(db_url: str) -> None:
         "autovacuum": {"autovacuum", "reloptions", "expected"},
         "pooler": {"signs", "server_port", "url_port"},
         "clock": {"skew_s", "uncertainty_s"},
+        "primary": {"in_recovery"},
         "listen": {"round_trip_s"},
     }
 
@@ -149,7 +150,7 @@ def test_a_database_without_the_schema(empty_db_url: str) -> None:
     checks = {c["name"]: c for c in json.loads(result.output)["checks"]}
     assert checks["schema"]["level"] == "FAIL"
     assert "no flowq schema 'flowq'" in checks["schema"]["found"]
-    assert set(checks) == {"schema", "xmin", "pooler", "clock", "listen"}
+    assert set(checks) == {"schema", "xmin", "pooler", "clock", "primary", "listen"}
     assert checks["listen"]["level"] == "OK"
 
 

@@ -288,8 +288,8 @@ class LimitsMachine(RuleBasedStateMachine):
     def reset(self) -> None:
         self.settled = False
         with self.engine.begin() as conn:  # one database for all examples
-            conn.execute(sa.text("TRUNCATE flowq.jobs, flowq.joins, flowq.signals, "
-                                 "flowq.uniques, flowq.queues"))
+            conn.execute(sa.text("TRUNCATE flowq.jobs, flowq.joins, flowq.join_shards, "
+                                 "flowq.signals, flowq.uniques, flowq.queues"))
         # What a worker of APP writes when it starts: the limits, and the keyed tasks' queue.
         Registry(self.engine, Q, worker="lm", queues=APP.queues, tasks=[], concurrency=1
                  ).declare_queues(APP.declared_queues, APP.keyed_queues)

@@ -616,11 +616,11 @@ def test_connection_settings_of_each_role(app: flowq.FlowQ, db_url: str) -> None
     w = Worker(app, db_url, WorkerConfig())
     try:
         settings = "SELECT current_setting('enable_seqscan'), current_setting('plan_cache_mode'), " \
-                   "current_setting('statement_timeout')"
+                   "current_setting('statement_timeout'), current_setting('jit')"
         assert w.claim_conn.execute(sa.text(settings), {}) == [
-            ("off", "force_custom_plan", "0")]
+            ("off", "force_custom_plan", "0", "off")]
         with w.engines["maintain"].connect() as conn:
-            assert tuple(conn.execute(sa.text(settings)).one()) == ("off", "auto", "30s")
+            assert tuple(conn.execute(sa.text(settings)).one()) == ("off", "auto", "30s", "off")
     finally:
         w.claim_conn.close()
         for engine in w.engines.values():

@@ -131,12 +131,14 @@ class AdminStatements(Statements):
 
     @cached_property
     def select_backend(self) -> TextClause:
-        """Read this session's backend pid, server port and autovacuum setting.
+        """Read this session's backend pid, server port, autovacuum setting and role.
 
-        This session's backend pid and server port, and whether autovacuum is on."""
+        This session's backend pid and server port, whether autovacuum is on, and whether
+        the server is a standby in recovery (read-only)."""
         return self.sql("""
             SELECT pg_backend_pid() AS pid, inet_server_port() AS port,
-                   current_setting('autovacuum') AS autovacuum""")
+                   current_setting('autovacuum') AS autovacuum,
+                   pg_is_in_recovery() AS in_recovery""")
 
     @cached_property
     def send_probe(self) -> TextClause:

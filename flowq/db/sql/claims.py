@@ -6,6 +6,7 @@ from functools import cached_property
 
 from sqlalchemy.sql.elements import TextClause
 
+from flowq.db.schema import JOIN_SHARDS, JOIN_SHARDS_CAPABILITY
 from flowq.db.sql.fragments import (
     CLAIM_KEY,
     CONTROLLED,
@@ -17,6 +18,7 @@ from flowq.db.sql.fragments import (
     Statements,
     log_attempt,
     notify_new,
+    registered_without,
     rows,
     succeed,
     take,
@@ -147,15 +149,61 @@ class ClaimStatements(Statements):
         waits = "r.signal IS NOT NULL AND m.sent_at IS NULL"
         return self.sql(f"""
             WITH done AS ({succeed(single)}), spawn AS (
-                SELECT d.run_id, d.priority, d.trace_context, n.*
+                SELECT d.run_id, d.priority, d.trace_context, d.step AS done_step,
+                       d.map_index AS instance, n.*
                   FROM done d JOIN {spawns} ON n.id = d.id AND n.lease = d.lease
                  WHERE NOT d.cancel_requested
+            ), shares AS (
+                -- Each share in a join: an instance of a map counted in shards takes its
+                -- shard (whose row the map's success created, so the snapshot sees it); a
+                -- large map counts in shards only while every registered worker does.
+                SELECT s.run_id, s.step, s.parents, s.delta, s.source, s.input, x.shard,
+                       s.done_step,
+                       CASE WHEN s.mapped IS NOT NULL
+                                 AND NOT {registered_without(JOIN_SHARDS_CAPABILITY)}
+                            THEN s.mapped END AS mapped,
+                       s.items
+                  FROM spawn s LEFT JOIN {S}.join_shards x
+                    ON s.instance IS NOT NULL AND x.run_id = s.run_id AND x.step = s.step
+                   AND x.parent = s.done_step AND x.shard = s.instance % {JOIN_SHARDS}
+                 WHERE s.parents > 0
+            ), split AS (
+                -- A map counted in shards: instance i counts on shard i % {JOIN_SHARDS}.
+                INSERT INTO {S}.join_shards (run_id, step, parent, shard, remaining)
+                SELECT s.run_id, s.step, s.mapped, g.shard,
+                       (s.items - g.shard + {JOIN_SHARDS} - 1) / {JOIN_SHARDS}
+                  FROM shares s
+                 CROSS JOIN generate_series(0, least(s.items, {JOIN_SHARDS}) - 1) AS g(shard)
+                 WHERE s.mapped IS NOT NULL
+            ), sharded AS (
+                INSERT INTO {S}.join_shards AS x (run_id, step, parent, shard, remaining)
+                SELECT run_id, step, done_step, shard, sum(delta)
+                  FROM shares WHERE shard IS NOT NULL
+                 GROUP BY run_id, step, done_step, shard
+                 ORDER BY run_id, step, done_step, shard  -- one lock order, as for `counted`
+                ON CONFLICT (run_id, step, parent, shard) DO UPDATE
+                   SET remaining = x.remaining + excluded.remaining
+                RETURNING run_id, step, remaining
+            ), units AS (
+                -- What the join's own row counts: every other share (a map counted in
+                -- shards as one unit per shard), and one unit per shard brought to zero.
+                SELECT run_id, step, parents,
+                       CASE WHEN mapped IS NOT NULL THEN least(items, {JOIN_SHARDS}) - 1
+                            ELSE delta END AS delta,
+                       source, input
+                  FROM shares WHERE shard IS NULL
+                UNION ALL
+                SELECT h.run_id, h.step, p.parents, -1, NULL, NULL
+                  FROM sharded h
+                  JOIN (SELECT DISTINCT run_id, step, parents FROM shares
+                         WHERE shard IS NOT NULL) p ON p.run_id = h.run_id AND p.step = h.step
+                 WHERE h.remaining = 0
             ), counted AS (
                 INSERT INTO {S}.joins (run_id, step, parents, remaining, inputs)
                 SELECT run_id, step, max(parents), max(parents) + sum(delta),
                        COALESCE(jsonb_object_agg(source, input)
                                 FILTER (WHERE source IS NOT NULL), '{{}}'::jsonb)
-                  FROM spawn WHERE parents > 0
+                  FROM units
                  GROUP BY run_id, step
                  ORDER BY run_id, step  -- one lock order for every batch: fewer deadlocks
                 ON CONFLICT (run_id, step) DO UPDATE

@@ -42,6 +42,7 @@ __all__ = [
     "log_attempt",
     "mark_keyed",
     "notify_new",
+    "registered_without",
     "rows",
     "start_run",
     "succeed",
@@ -173,7 +174,8 @@ SUCCESSOR: Columns = (("id", "bigint"), ("lease", "bigint"), ("task", "text"),
 # What a success spawns in a workflow (`flowq.worker.model.Spawn`): a successor's columns,
 # the signal it waits for (and how long), and its share in a join (`parents` > 0).
 SPAWN: Columns = (*SUCCESSOR, ("signal", "text"), ("wait", "float8"), ("parents", "int"),
-                    ("delta", "int"), ("source", "text"), ("input", "jsonb"))
+                    ("delta", "int"), ("source", "text"), ("input", "jsonb"),
+                    ("mapped", "text"), ("items", "int"))
 
 
 def _plural(name: str) -> str:
@@ -223,6 +225,14 @@ def take(picked: str) -> str:
             RETURNING {CLAIMED}"""
 
 
+def registered_without(capability: str) -> str:
+    """Whether a worker whose code lacks `capability` (`flowq.db.schema.CAPABILITIES`; NULL:
+    an earlier release) is registered: the one test of every change of how workers share a
+    table, which is used only while none is."""
+    return f"""EXISTS (SELECT 1 FROM {S}.workers w
+                        WHERE w.capabilities IS NULL OR NOT '{capability}' = ANY(w.capabilities))"""
+
+
 # The queues a plain claim must leave alone: paused, or limited (claimed under their lock).
 CONTROLLED = f"""SELECT 1 AS one, q.name, q.paused FROM {S}.queues q
     WHERE (q.paused OR q.keyed OR q.concurrency IS NOT NULL OR q.rate_limit IS NOT NULL)"""
@@ -239,7 +249,7 @@ def succeed(single: bool) -> str:
                   FROM {claims}
                  WHERE {FENCE}
                 RETURNING j.id, j.lease, j.run_id, j.priority, j.cancel_requested,
-                          j.trace_context"""
+                          j.trace_context, j.step, j.map_index"""
 
 
 # The run holding :idempotency_key, as (id, run_id, created = false).

@@ -204,6 +204,7 @@ class JobStatements(Statements):
             , gone AS (DELETE FROM {S}.jobs WHERE run_id IN (SELECT run_id FROM old)
                        RETURNING run_id)
             , joins AS (DELETE FROM {S}.joins WHERE run_id IN (SELECT run_id FROM old))
+            , shards AS (DELETE FROM {S}.join_shards WHERE run_id IN (SELECT run_id FROM old))
             , signals AS (DELETE FROM {S}.signals WHERE run_id IN (SELECT run_id FROM old))
             , held_keys AS (DELETE FROM {S}.uniques WHERE run_id IN (SELECT run_id FROM old))
             SELECT count(*) FROM gone""")

@@ -6,9 +6,13 @@ from functools import cached_property
 
 from sqlalchemy.sql.elements import TextClause
 
+from flowq.db.schema import CAPABILITIES
 from flowq.db.sql.fragments import S, Statements
 
 __all__ = ["WorkerStatements"]
+
+# What this release's code understands of the shared tables, as an SQL array's items.
+_CAPABILITIES = ", ".join(f"'{c}'" for c in CAPABILITIES)
 
 
 class WorkerStatements(Statements):
@@ -18,15 +22,18 @@ class WorkerStatements(Statements):
     def register_worker(self) -> TextClause:
         """Register a worker in the registry (or refresh it).
 
-        Register worker :name (or refresh it, if it exists: a restart under the same name)."""
+        Register worker :name (or refresh it, if it exists: a restart under the same name),
+        with what this release's code understands of the shared tables (`capabilities`)."""
         return self.sql(f"""
-            INSERT INTO {S}.workers (name, host, pid, queues, tasks, concurrency, version)
+            INSERT INTO {S}.workers (name, host, pid, queues, tasks, concurrency, version,
+                                     capabilities)
             VALUES (:name, :host, :pid, CAST(:queues AS text[]), CAST(:tasks AS text[]),
-                    :concurrency, :version)
+                    :concurrency, :version, ARRAY[{_CAPABILITIES}])
             ON CONFLICT (name) DO UPDATE
                SET host = excluded.host, pid = excluded.pid, queues = excluded.queues,
                    tasks = excluded.tasks, concurrency = excluded.concurrency,
-                   version = excluded.version, started_at = now(), heartbeat_at = now()""")
+                   version = excluded.version, capabilities = excluded.capabilities,
+                   started_at = now(), heartbeat_at = now()""")
 
     @cached_property
     def beat_worker(self) -> TextClause:

@@ -33,6 +33,7 @@ __all__ = [
     "lease_seq",
     "metadata",
     "notify_channel",
+    "permits",
     "queues",
     "run_id_seq",
     "schedules",
@@ -232,6 +233,24 @@ schedules = sa.Table(
     sa.Column("last_run_id", sa.BigInteger),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False,
               server_default=sa.func.now()),
+)
+
+
+# A concurrency-limited queue's permits (revision 0009, see flowq.db.sql.queues): each row is
+# what one worker holds of a queue's `concurrency`. A worker leases them in batches under the
+# queue's row lock, claims under them locking only its own row (`FOR SHARE`), and returns
+# them when idle and at shutdown; a worker that stopped beating loses them at the next lease.
+# `concurrency` is the limit they were leased under: a changed declaration voids them.
+permits = sa.Table(
+    "permits",
+    metadata,
+    sa.Column("queue", sa.Text, primary_key=True),
+    sa.Column("worker", sa.Text, primary_key=True),
+    sa.Column("held", sa.Integer, nullable=False),
+    sa.Column("concurrency", sa.Integer, nullable=False),
+    sa.Column("leased_at", sa.DateTime(timezone=True), nullable=False,
+              server_default=sa.func.now()),
+    sa.CheckConstraint("held >= 0", name="permits_held_check"),
 )
 
 

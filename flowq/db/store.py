@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 from sqlalchemy.sql.elements import TextClause
 
@@ -44,7 +44,7 @@ from flowq.db.sql import Queries, queries
 from flowq.db.sql.fragments import CLAIM_KEY, SPAWN, SUCCESSOR, bind_rows
 from flowq.names import DEFAULT_SCHEMA
 
-__all__ = ["LimitedClaim", "Store"]
+__all__ = ["LimitedClaim", "PermittedClaim", "QueueControl", "Store"]
 
 # How many candidate rows a limited claim scans per job it wants (at least MIN_SCAN): keys at
 # their limit are skipped in the scan, so it must look past them.
@@ -59,6 +59,25 @@ class LimitedClaim:
 
     jobs: list[ClaimedJob]
     held_back: bool
+
+
+@dataclass(frozen=True)
+class PermittedClaim:
+    """What a claim under a worker's permits got: the jobs, whether due jobs remain, the
+    permits it holds (0: none, or voided), its running jobs of the queue after the claim,
+    its share of the queue's concurrency, and whether its permits were valid (`ok` false:
+    the queue is no longer claimed under permits, or its limit changed)."""
+
+    jobs: list[ClaimedJob]
+    more: bool
+    held: int
+    running: int
+    share: int
+    ok: bool
+
+
+# How a worker claims a queue that `flowq.queues` controls (see `Store.controls`).
+QueueControl: TypeAlias = Literal["paused", "permits", "limited"]
 
 
 class Store:
@@ -90,8 +109,15 @@ class Store:
 
     def controlled_queues(self, queues: Sequence[str]) -> dict[str, bool]:
         """Which of `queues` are paused (True) or limited (False)."""
+        return {name: c == "paused" for name, c in self.controls(queues).items()}
+
+    def controls(self, queues: Sequence[str]) -> dict[str, QueueControl]:
+        """How each of `queues` that `flowq.queues` controls is claimed: not at all
+        (paused), under permits (a concurrency limit alone), or the limited way."""
         rows = self.run(self.q.select_controlled_queues, {"queues": list(queues)})
-        return dict(zip(column(rows, "name"), column(rows, "paused"), strict=True))
+        return {name: "paused" if paused else "permits" if permits else "limited"
+                for name, paused, permits in zip(column(rows, "name"), column(rows, "paused"),
+                                                 column(rows, "permits"), strict=True)}
 
     def claim_limited_statements(self, queue: str, limit: int, worker: str
                                  ) -> list[tuple[TextClause, Mapping[str, Any]]]:
@@ -118,6 +144,45 @@ class Store:
         for statement, params in self.claim_limited_statements(queue, limit, worker):
             rows = self.run(statement, params)
         return self.read_limited(rows)
+
+    # -- permits (a queue limited by its concurrency alone) -------------------------------------
+
+    def lease_permits_statements(self, queue: str, want: int, worker: str
+                                 ) -> list[tuple[TextClause, Mapping[str, Any]]]:
+        """The two statements of a lease, to send in one transaction (in that order, each in
+        its own snapshot): lock the queue's row (reclaiming the permits of workers gone from
+        the registry), then lease `worker` permits for what it runs plus `want` more.
+        `read_lease` reads the rows of the second."""
+        return [(self.q.lock_queue, {"queue": queue}),
+                (self.q.lease_permits, {"queue": queue, "worker": worker, "want": want})]
+
+    @staticmethod
+    def read_lease(rows: Rows) -> tuple[int, bool]:
+        """(the permits held after a lease, whether the queue is claimed under permits)."""
+        held, ok = rows[0] if rows else (0, False)
+        return int(held), bool(ok)
+
+    def claim_permitted(self, queue: str, limit: int, worker: str) -> PermittedClaim:
+        """Claim up to `limit` due jobs of `queue` under `worker`'s own permits (one statement,
+        no lock on the queue's row)."""
+        rows = self.run(self.q.claim_permitted_jobs,
+                        {"queue": queue, "limit": limit, "worker": worker})
+        first = dict(zip(rows.columns, rows[0], strict=True))
+        claimed = Rows(rows.columns, (r for r in rows if r[rows.columns.index("id")] is not None))
+        return PermittedClaim(read(ClaimedJob, claimed), bool(first["more"]),
+                              int(first["held"]), int(first["running"]), int(first["share"]),
+                              bool(first["ok"]))
+
+    def return_permits(self, queue: str, worker: str, keep: int = 0) -> int:
+        """Give back `worker`'s permits of `queue` beyond max(`keep`, its running jobs);
+        returns what it holds after."""
+        rows = self.run(self.q.return_permits, {"queue": queue, "worker": worker, "keep": keep})
+        return int(rows[0][0])
+
+    def return_all_permits(self, worker: str) -> int:
+        """Give back every permit of `worker` beyond its running jobs (a clean stop, after the
+        release); returns how many queues' permits it no longer holds at all."""
+        return int(self.run(self.q.return_all_permits, {"worker": worker})[0][0])
 
     # -- fenced writes -----------------------------------------------------------------------
 

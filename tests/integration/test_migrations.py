@@ -34,7 +34,7 @@ from flowq.errors import ConfigurationError, MigrationBlockedError, SchemaMissin
 from flowq.names import DEFAULT_SCHEMA
 from flowq.testing import wait_until
 
-HEAD = "0008"
+HEAD = "0009"
 
 
 @pytest.fixture

@@ -1,14 +1,53 @@
-"""`flowq.queues`: queues as configuration (pauses, limits) and the limited claim."""
+"""`flowq.queues` and `flowq.permits`: queues as configuration (pauses, limits), the limited
+claim, and the permits a concurrency-limited queue is claimed under.
+
+Two ways to claim within a queue's limits, both exact across workers:
+- the limited claim (`lock_queue`, then `claim_limited_jobs`): locks the queue's row and counts
+  what runs, every claim; for rate limits (a token spent per claim) and per-key limits.
+- permits (`PERMITTED`: a `concurrency` and nothing else): a worker leases a batch of permits
+  under the queue's row lock (`lock_queue`, then `lease_permits`), then claims under the ones
+  it holds (`claim_permitted_jobs`) locking only its own `flowq.permits` row, and hands back
+  what it does not use (`return_permits`, `return_all_permits`).
+
+The invariant both keep, under the queue's lock whenever they grant: the sum over workers of
+`greatest(permits held, running jobs)` (`USAGE`) is at most `concurrency`. A claim under
+permits keeps a worker's running jobs within what it holds, so the running jobs of a queue
+never exceed its limit; a worker's running jobs count even without permits (an older
+release, a dead worker whose permits were reclaimed but whose jobs are not reaped yet).
+"""
 
 from __future__ import annotations
 
 from functools import cached_property
+from typing import Final
 
 from sqlalchemy.sql.elements import TextClause
 
 from flowq.db.sql.fragments import CONTROLLED, S, Statements, take
 
-__all__ = ["QueueStatements"]
+__all__ = ["PERMITTED", "USAGE", "QueueStatements"]
+
+# Whether queue row `q` is claimed under permits: a concurrency limit and nothing else (a rate
+# spends a token per claim and a key counts per key: those take the limited claim). The one
+# home of that rule: the worker's choice of path, the lease and the claim all read it.
+PERMITTED: Final = ("(q.concurrency IS NOT NULL AND q.rate_limit IS NULL AND NOT q.keyed "
+                    "AND NOT q.paused)")
+
+# What each worker uses of queue :queue's concurrency, (worker, n): the permits it holds or
+# its running jobs, whichever is more. Running jobs count whoever claimed them (an older
+# release holds no permits; a reclaimed worker's jobs run until reaped), permits count
+# before they are used. Reads the running rows of the queue and its permits.
+USAGE: Final = f"""
+    SELECT COALESCE(r.worker, p.worker) AS worker,
+           greatest(COALESCE(r.n, 0), COALESCE(p.held, 0)) AS n
+      FROM (SELECT locked_by AS worker, count(*) AS n FROM {S}.jobs
+             WHERE status = 'running' AND queue = :queue GROUP BY locked_by) r
+      FULL JOIN (SELECT worker, held FROM {S}.permits WHERE queue = :queue) p
+        ON p.worker = r.worker"""
+
+# Worker :worker's running jobs of queue :queue.
+_MINE = f"""SELECT count(*) AS n FROM {S}.jobs
+             WHERE status = 'running' AND queue = :queue AND locked_by = :worker"""
 
 
 class QueueStatements(Statements):
@@ -18,19 +57,32 @@ class QueueStatements(Statements):
     def select_controlled_queues(self) -> TextClause:
         """List which of some queues are paused or limited.
 
-        Which of :queues are paused or limited: (name, paused). The worker re-reads it every
-        poll interval: a paused queue is skipped, a limited one claimed through
-        `claim_limited_jobs`."""
+        Which of :queues are paused or limited: (name, paused, permits). The worker re-reads
+        it every poll interval: a paused queue is skipped, one with `permits` claimed under
+        them (`claim_permitted_jobs`), another limited one through `claim_limited_jobs`."""
         return self.sql(f"""
-            SELECT q.name, q.paused FROM ({CONTROLLED} AND q.name = ANY(:queues)) q""")
+            SELECT c.name, c.paused, {PERMITTED} AS permits
+              FROM ({CONTROLLED} AND q.name = ANY(:queues)) c
+              JOIN {S}.queues q ON q.name = c.name""")
 
     @cached_property
     def lock_queue(self) -> TextClause:
         """Lock a queue's row for the transaction (limited claims take turns).
 
-        Lock queue :queue's row for the transaction: limited claims of one queue take turns,
-        each counting in a snapshot taken after the previous one committed."""
-        return self.sql(f"SELECT name FROM {S}.queues WHERE name = :queue FOR UPDATE")
+        Lock queue :queue's row for the transaction: limited claims and leases of one queue
+        take turns, each counting in a snapshot taken after the previous one committed. Also
+        reclaims the queue's permits held by workers no longer in `flowq.workers` (a clean
+        stop left, a dead one expired): the DELETE waits for a claim under them that is in
+        flight, so the count that follows, in a snapshot of its own, sees what it claimed."""
+        return self.sql(f"""
+            WITH locked AS (
+                SELECT name FROM {S}.queues WHERE name = :queue FOR UPDATE
+            ), reclaimed AS (
+                DELETE FROM {S}.permits p
+                 WHERE p.queue = :queue
+                   AND NOT EXISTS (SELECT 1 FROM {S}.workers w WHERE w.name = p.worker)
+            )
+            SELECT name FROM locked""")
 
     @cached_property
     def claim_limited_jobs(self) -> TextClause:
@@ -38,7 +90,7 @@ class QueueStatements(Statements):
 
         Claim up to :limit due jobs of :queue within its limits, after `lock_queue` in the
         same transaction (so that what is counted as running is current): none if paused;
-        at most `concurrency` running; at most the rate limit's tokens (refilled at `limit`
+        at most `concurrency` running (permits held count as running: `USAGE`); at most the rate limit's tokens (refilled at `limit`
         per period, up to `limit`), spending one per claim; and per concurrency key at most
         its `key_limit` running, keys already at their limit skipped in the scan (up to
         :scan candidates) so that other keys are not held up behind them. Returns the claimed
@@ -57,8 +109,8 @@ class QueueStatements(Statements):
                              * rate_limit / rate_period) END AS tokens
                   FROM {S}.queues WHERE name = :queue
             ), running AS (
-                SELECT count(*) AS n FROM {S}.jobs
-                 WHERE status = 'running' AND queue = :queue
+                -- running jobs, and the permits held beyond them (they may start any time)
+                SELECT COALESCE(sum(u.n), 0)::bigint AS n FROM ({USAGE}) u
             ), busy AS (
                 SELECT concurrency_key AS key, count(*) AS n FROM {S}.jobs
                  WHERE status = 'running' AND queue = :queue AND concurrency_key IS NOT NULL
@@ -105,6 +157,137 @@ class QueueStatements(Statements):
                         WHERE w.status = 'pending' AND w.queue = :queue AND w.run_at <= now()
                           AND w.id NOT IN (SELECT id FROM claimed)) AS more
               FROM (SELECT 1) one LEFT JOIN claimed c ON true""")
+
+    @cached_property
+    def lease_permits(self) -> TextClause:
+        """Lease a worker permits of a concurrency-limited queue (after `lock_queue`).
+
+        After `lock_queue` in the same transaction: set :worker's permits of :queue to what it
+        runs plus :want more, at most its share (`concurrency` over the workers holding or
+        asking for permits of the queue, itself included, rounded up) and at most what the
+        others' `USAGE` leaves; its row stays, with none, as a request (it counts in the
+        share, so that holders above it give back). None unless the queue is `PERMITTED`
+        (`ok` false: the caller re-reads the queue). Returns (held, ok)."""
+        return self.sql(f"""
+            WITH cfg AS (
+                SELECT q.concurrency, {PERMITTED} AS ok FROM {S}.queues q
+                 WHERE q.name = :queue
+            ), others AS (
+                SELECT COALESCE(sum(u.n), 0)::bigint AS n FROM ({USAGE}) u
+                 WHERE u.worker IS DISTINCT FROM CAST(:worker AS text)
+            ), asking AS (
+                SELECT count(*) + 1 AS n FROM {S}.permits
+                 WHERE queue = :queue AND worker <> CAST(:worker AS text)
+            ), granted AS (
+                SELECT cfg.concurrency, greatest(0, least(
+                           ceil(cfg.concurrency::float8 / (SELECT n FROM asking))::bigint,
+                           ({_MINE}) + CAST(:want AS int),
+                           cfg.concurrency - (SELECT n FROM others)))::int AS held
+                  FROM cfg WHERE cfg.ok
+            ), leased AS (
+                INSERT INTO {S}.permits AS p (queue, worker, held, concurrency)
+                SELECT :queue, :worker, g.held, g.concurrency FROM granted g
+                ON CONFLICT (queue, worker) DO UPDATE
+                   SET held = excluded.held, concurrency = excluded.concurrency,
+                       leased_at = now()
+                RETURNING p.held
+            )
+            SELECT COALESCE((SELECT held FROM leased), 0) AS held,
+                   COALESCE((SELECT ok FROM cfg), false) AS ok""")
+
+    @cached_property
+    def claim_permitted_jobs(self) -> TextClause:
+        """Claim due jobs of a concurrency-limited queue under the worker's own permits.
+
+        Claim up to :limit due jobs of :queue for :worker within the permits it holds, less its
+        running jobs, and within its share (`lease_permits`), taking no lock but on its own
+        `flowq.permits` row (FOR SHARE: a reclaim's DELETE waits for this claim, and a claim
+        after the reclaim finds no permits). Nothing if the queue is not `PERMITTED` any more
+        or its `concurrency` changed since the lease (`ok` false: the worker re-reads the
+        queue, gives the permits back and leases afresh). Returns the claimed rows, each
+        with `more` (due jobs remain), `held`, `running` (its running jobs, the claimed ones
+        included), `share` and `ok` last; a single row of NULLs and those when none."""
+        return self.sql(f"""
+            WITH cfg AS (
+                SELECT q.concurrency, {PERMITTED} AS ok FROM {S}.queues q
+                 WHERE q.name = :queue
+            ), permit AS (
+                SELECT p.held, p.concurrency FROM {S}.permits p
+                 WHERE p.queue = :queue AND p.worker = :worker
+                   FOR SHARE
+            ), valid AS (
+                SELECT permit.held FROM permit, cfg
+                 WHERE cfg.ok AND cfg.concurrency = permit.concurrency
+            ), mine AS ({_MINE}
+            ), share AS (
+                SELECT ceil(cfg.concurrency::float8 / greatest(1, (
+                           SELECT count(*) FROM {S}.permits WHERE queue = :queue)))::int AS n
+                  FROM cfg
+            ), allowed AS (
+                -- COALESCE: without valid permits, none (a LIMIT of NULL is no limit)
+                SELECT greatest(0, least(CAST(:limit AS int),
+                                         COALESCE(least((SELECT held FROM valid),
+                                                        (SELECT n FROM share)), 0)
+                                         - (SELECT n FROM mine))) AS n
+            ), picked AS (
+                SELECT j.id FROM {S}.jobs j
+                 WHERE j.status = 'pending' AND j.queue = :queue AND j.run_at <= now()
+                 ORDER BY j.priority, j.run_at, j.id
+                 LIMIT (SELECT n FROM allowed)
+                 FOR UPDATE SKIP LOCKED
+            ), claimed AS (
+                {take("picked")}
+            )
+            SELECT c.*, EXISTS (
+                       SELECT 1 FROM {S}.jobs w
+                        WHERE w.status = 'pending' AND w.queue = :queue AND w.run_at <= now()
+                          AND w.id NOT IN (SELECT id FROM claimed)) AS more,
+                   COALESCE((SELECT held FROM valid), 0) AS held,
+                   (SELECT n FROM mine) + (SELECT count(*) FROM claimed) AS running,
+                   COALESCE((SELECT n FROM share), 0) AS share,
+                   EXISTS (SELECT 1 FROM valid) AS ok
+              FROM (SELECT 1) one LEFT JOIN claimed c ON true""")
+
+    @cached_property
+    def return_permits(self) -> TextClause:
+        """Give back a worker's permits of a queue beyond what it runs (and :keep).
+
+        Lower :worker's permits of :queue to the greater of :keep and its running jobs (never
+        raising them); delete its row when that is none. Returns what it holds after."""
+        return self.sql(f"""
+            WITH target AS (
+                SELECT greatest(CAST(:keep AS int), ({_MINE}))::int AS n
+            ), gone AS (
+                DELETE FROM {S}.permits
+                 WHERE queue = :queue AND worker = :worker AND (SELECT n FROM target) = 0
+            ), kept AS (
+                UPDATE {S}.permits SET held = least(held, (SELECT n FROM target))
+                 WHERE queue = :queue AND worker = :worker AND (SELECT n FROM target) > 0
+                RETURNING held
+            )
+            SELECT COALESCE((SELECT held FROM kept), 0) AS held""")
+
+    @cached_property
+    def return_all_permits(self) -> TextClause:
+        """Give back every permit a worker holds beyond its running jobs (at shutdown).
+
+        Lower each of :worker's permits to its running jobs of that queue, deleting the rows
+        of queues where it runs none (after a clean stop's release: all of them). Returns
+        how many rows were deleted. Reads the worker's running rows."""
+        return self.sql(f"""
+            WITH mine AS (
+                SELECT queue, count(*) AS n FROM {S}.jobs
+                 WHERE status = 'running' AND locked_by = :worker GROUP BY queue
+            ), gone AS (
+                DELETE FROM {S}.permits p
+                 WHERE p.worker = :worker
+                   AND NOT EXISTS (SELECT 1 FROM mine m WHERE m.queue = p.queue)
+                RETURNING p.queue
+            ), kept AS (
+                UPDATE {S}.permits p SET held = least(p.held, m.n)
+                  FROM mine m WHERE p.worker = :worker AND p.queue = m.queue
+            )
+            SELECT count(*) FROM gone""")
 
     @cached_property
     def declare_queues(self) -> TextClause:

@@ -200,7 +200,8 @@ class QueueStatements(Statements):
         """Claim due jobs of a concurrency-limited queue under the worker's own permits.
 
         Claim up to :limit due jobs of :queue for :worker within the permits it holds, less its
-        running jobs, and within its share (`lease_permits`), taking no lock but on its own
+        running jobs, and within its share (`lease_permits`; counted over the holders in
+        `flowq.workers`), taking no lock but on its own
         `flowq.permits` row (FOR SHARE: a reclaim's DELETE waits for this claim, and a claim
         after the reclaim finds no permits). Nothing if the queue is not `PERMITTED` any more
         or its `concurrency` changed since the lease (`ok` false: the worker re-reads the
@@ -220,14 +221,20 @@ class QueueStatements(Statements):
                  WHERE cfg.ok AND cfg.concurrency = permit.concurrency
             ), mine AS ({_MINE}
             ), share AS (
+                -- over the registered holders: once a dead one's entry expired, the others'
+                -- share grows, and their next lease reclaims its permits
                 SELECT ceil(cfg.concurrency::float8 / greatest(1, (
-                           SELECT count(*) FROM {S}.permits WHERE queue = :queue)))::int AS n
+                           SELECT count(*) FROM {S}.permits p
+                            WHERE p.queue = :queue AND EXISTS (
+                                  SELECT 1 FROM {S}.workers w WHERE w.name = p.worker))
+                       ))::int AS n
                   FROM cfg
             ), allowed AS (
-                -- COALESCE: without valid permits, none (a LIMIT of NULL is no limit)
+                -- Without valid permits, none: COALESCE first, for least() skips a NULL
+                -- (least(NULL, share) is the share) and a LIMIT of NULL is no limit.
                 SELECT greatest(0, least(CAST(:limit AS int),
-                                         COALESCE(least((SELECT held FROM valid),
-                                                        (SELECT n FROM share)), 0)
+                                         least(COALESCE((SELECT held FROM valid), 0),
+                                               (SELECT n FROM share))
                                          - (SELECT n FROM mine))) AS n
             ), picked AS (
                 SELECT j.id FROM {S}.jobs j

@@ -18,7 +18,7 @@ What the verbs keep from the statements they send:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
@@ -64,13 +64,15 @@ class LimitedClaim:
 @dataclass(frozen=True)
 class PermittedClaim:
     """What a claim under a worker's permits got: the jobs, whether due jobs remain, the
-    permits it holds (0: none, or voided), its running jobs of the queue after the claim,
+    permits it holds (0: none, or voided), which of its earlier claims still run, its
+    running jobs of the queue after the claim,
     its share of the queue's concurrency, and whether its permits were valid (`ok` false:
     the queue is no longer claimed under permits, or its limit changed)."""
 
     jobs: list[ClaimedJob]
     more: bool
     held: int
+    mine: list[int]  # which of the ids given still run, ours
     running: int
     share: int
     ok: bool
@@ -162,16 +164,24 @@ class Store:
         held, ok = rows[0] if rows else (0, False)
         return int(held), bool(ok)
 
-    def claim_permitted(self, queue: str, limit: int, worker: str) -> PermittedClaim:
+    def claim_permitted(self, queue: str, limit: int, worker: str,
+                        mine: Collection[int]) -> PermittedClaim:
         """Claim up to `limit` due jobs of `queue` under `worker`'s own permits (one statement,
-        no lock on the queue's row)."""
+        no lock on the queue's row). `mine`: the ids of every job of `queue` that `worker`
+        claimed and has not seen end (its running jobs are counted among them)."""
         rows = self.run(self.q.claim_permitted_jobs,
-                        {"queue": queue, "limit": limit, "worker": worker})
+                        {"queue": queue, "limit": limit, "worker": worker, "ids": list(mine)})
         first = dict(zip(rows.columns, rows[0], strict=True))
         claimed = Rows(rows.columns, (r for r in rows if r[rows.columns.index("id")] is not None))
         return PermittedClaim(read(ClaimedJob, claimed), bool(first["more"]),
-                              int(first["held"]), int(first["running"]), int(first["share"]),
-                              bool(first["ok"]))
+                              int(first["held"]), list(first["mine"]), int(first["running"]),
+                              int(first["share"]), bool(first["ok"]))
+
+    def running_ids(self, queue: str, worker: str) -> set[int]:
+        """The ids of `worker`'s running jobs of `queue` (what `claim_permitted` is first
+        given)."""
+        return {int(i) for i in column(self.run(self.q.select_running_ids,
+                                                {"queue": queue, "worker": worker}), "id")}
 
     def return_permits(self, queue: str, worker: str, keep: int = 0) -> int:
         """Give back `worker`'s permits of `queue` beyond max(`keep`, its running jobs);

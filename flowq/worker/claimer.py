@@ -18,10 +18,10 @@ claimed rows (`ClaimedJob`, read by column name) are `flowq.db.store.Store`'s.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
-from flowq.db.rows import ClaimedJob
+from flowq.db.rows import Claim, ClaimedJob
 from flowq.db.sql import Queries
 from flowq.db.store import QueueControl, Store
 from flowq.storable import describe, first_line
@@ -46,12 +46,16 @@ class Claimer:
     """Claims up to the free slots, across `queues` in rotation, for worker `name`."""
 
     def __init__(self, conn: DedicatedConnection, queries: Queries, queues: Sequence[str],
-                 name: str, submit: Callable[[ClaimedJob], None]) -> None:
+                 name: str, submit: Callable[[ClaimedJob], None], *,
+                 held: Callable[[], Collection[Claim]] | None = None) -> None:
         self.conn = conn
         self.store = Store(conn.execute, queries.schema)
         self.queues = list(queues)
         self.name = name
         self.submit = submit
+        # The claims this worker still holds (running, or outcomes not written yet): only a
+        # hint that a claim under permits would find none free, so it is not sent.
+        self.held = held
         self.claimed = 0
         self._rotation = 0
         # How the queues flowq.queues controls are claimed, as last read from it: paused
@@ -59,6 +63,12 @@ class Claimer:
         # queue row's lock.
         self.controls: dict[str, QueueControl] = {}
         self.permits: dict[str, Permits] = {}
+        # Per queue claimed under permits, the ids of every job we claimed of it and have
+        # not seen end (a claim under permits counts our running jobs among them): pruned
+        # only by what the database says, never by what the executor thinks it holds (an
+        # outcome the completer dropped leaves its row running). Seeded from the database
+        # when a queue is first claimed this way.
+        self.mine: dict[str, set[int]] = {}
         self.leases = 0  # lease transactions made (tests and the bench read it)
         # Set by a claim when a limit held due jobs back: capacity frees up as other
         # workers' jobs end, which no notification announces, so the worker looks again soon.
@@ -123,8 +133,17 @@ class Claimer:
         # Claim first while we hold any: what our jobs that ended freed is counted there.
         if (p is None or p.held == 0) and not self._lease(queue, want):
             return jobs
+        mine = self.mine.get(queue)
+        if mine is None:
+            mine = self.mine[queue] = self.store.running_ids(queue, self.name)
+        elif p is not None and len(mine) >= min(p.held, p.share) and self._all_held(mine):
+            # Every permit is in use by a job we still hold: a claim would take none (woken
+            # by a freed slot before its outcome is written). Look again soon.
+            self.held_back = True
+            return jobs
         for again in (True, False):  # at most one lease after a claim: bounded
-            got = self.store.claim_permitted(queue, want - len(jobs), self.name)
+            got = self.store.claim_permitted(queue, want - len(jobs), self.name, mine)
+            mine = self.mine[queue] = {*got.mine, *(j.id for j in got.jobs)}
             jobs += got.jobs
             p = self.permits[queue] = Permits(got.held, got.running, got.share)
             if not got.ok:  # reclaimed (we looked dead), voided (limit changed), or no longer
@@ -144,6 +163,11 @@ class Claimer:
             return jobs
         return jobs
 
+    def _all_held(self, ids: set[int]) -> bool:
+        if self.held is None:
+            return False
+        return ids <= {job_id for job_id, _ in self.held()}
+
     def _claim(self, queue: str, want: int, limited_want: int) -> list[ClaimedJob]:
         control = self.controls.get(queue)
         if control == "paused":
@@ -158,6 +182,7 @@ class Claimer:
         # Limited: take the queue's lock, then claim in a snapshot taken after it, so what
         # the other workers' claims started is counted. The `more` column says whether the
         # limits held due jobs back; a row of NULLs stands for "none claimed".
+        self.mine.pop(queue, None)  # claims of this path are not tracked: seed them again
         limited = self.store.read_limited(self.conn.transaction(
             self.store.claim_limited_statements(queue, want, self.name)))
         if limited.held_back:

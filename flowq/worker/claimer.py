@@ -130,6 +130,8 @@ class Claimer:
         more when the claim found due jobs beyond them and our share allows more."""
         jobs: list[ClaimedJob] = []
         p = self.permits.get(queue)
+        if p is not None:
+            p.used = True  # we want its jobs: what we hold is not idle (see `refresh`)
         # Claim first while we hold any: what our jobs that ended freed is counted there.
         if (p is None or p.held == 0) and not self._lease(queue, want):
             return jobs

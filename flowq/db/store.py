@@ -183,16 +183,16 @@ class Store:
         return {int(i) for i in column(self.run(self.q.select_running_ids,
                                                 {"queue": queue, "worker": worker}), "id")}
 
-    def return_permits(self, queue: str, worker: str, keep: int = 0) -> int:
+    def release_permits(self, queue: str, worker: str, keep: int = 0) -> int:
         """Give back `worker`'s permits of `queue` beyond max(`keep`, its running jobs);
         returns what it holds after."""
-        rows = self.run(self.q.return_permits, {"queue": queue, "worker": worker, "keep": keep})
+        rows = self.run(self.q.release_permits, {"queue": queue, "worker": worker, "keep": keep})
         return int(rows[0][0])
 
-    def return_all_permits(self, worker: str) -> int:
+    def release_worker_permits(self, worker: str) -> int:
         """Give back every permit of `worker` beyond its running jobs (a clean stop, after the
         release); returns how many queues' permits it no longer holds at all."""
-        return int(self.run(self.q.return_all_permits, {"worker": worker})[0][0])
+        return int(self.run(self.q.release_worker_permits, {"worker": worker})[0][0])
 
     # -- fenced writes -----------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ transaction under the queue's row lock) when it has none to spare and due jobs w
 claims under the ones it holds, one statement that locks only this worker's permits row;
 it gives back what it does not use when the queue has no due job left, when its share
 shrinks (another worker asks), when it made no claim of the queue for a poll interval, and
-at shutdown (`return_permits`). Any other limited queue (a rate, per-key limits) is claimed
+at shutdown (`release_permits`). Any other limited queue (a rate, per-key limits) is claimed
 with `claim_limited_jobs` in a short transaction that first locks the queue's row. Each row
 is handed to the executor as soon as its statement returns, so an error in a later queue's
 claim drops nothing: the rows already claimed are already running. Autocommit on a dedicated
@@ -90,12 +90,12 @@ class Claimer:
             else:
                 p.used = False
 
-    def return_permits(self) -> None:
+    def release_permits(self) -> None:
         """Give back every permit beyond this worker's running jobs (a clean stop, after its
         unfinished jobs were released). If the database says no, the permits come back at
         the next lease after this worker leaves the registry."""
         try:
-            gone = self.store.return_all_permits(self.name)
+            gone = self.store.release_worker_permits(self.name)
         except DB_ERRORS as exc:
             log_event(WARNING, "could not give back queue permits; they come back once this "
                       "worker is out of the registry", error=first_line(exc))
@@ -105,7 +105,7 @@ class Claimer:
             log_event(INFO, "gave back queue permits at shutdown", queues=gone)
 
     def _give_back(self, queue: str, keep: int) -> None:
-        held = self.store.return_permits(queue, self.name, keep)
+        held = self.store.release_permits(queue, self.name, keep)
         if held:
             self.permits[queue].held = held
         else:

@@ -424,7 +424,7 @@ class Worker:
         if unfinished:
             self.producer.release(unfinished)
         self.completer.stop(timeout=5.0)
-        self.claimer.return_permits()  # after the outcomes and the release: none runs now
+        self.claimer.release_permits()  # after the outcomes and the release: none runs now
         self.executor.stop()
         self.registry.stop()  # no beat after the entry is gone: it would enter it again
         self.registry.leave()

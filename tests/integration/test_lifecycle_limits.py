@@ -351,7 +351,7 @@ class LimitsMachine(RuleBasedStateMachine):
                 permitted = store.claim_permitted(queue, limit, worker, mine)
                 got = permitted.jobs
                 if not permitted.more:
-                    store.return_permits(queue, worker)
+                    store.release_permits(queue, worker)
         else:
             with self.store() as (_, store):
                 if plain or queue not in controls:

@@ -176,10 +176,10 @@ def test_permits_are_given_back_when_idle_and_at_shutdown(engine: sa.Engine,
     w1.refresh()  # a poll without a claim of the queue: w1 keeps what runs
     assert held(engine) == {"w1": 2}
     assert w3.run_once(8) == 0 and not w3.held_back  # nothing due
-    w1.return_permits()  # at shutdown, after the release: its jobs are pending again
+    w1.release_permits()  # at shutdown, after the release: its jobs are pending again
     assert held(engine) == {"w1": 2}  # they still run here: they keep theirs
     finish(engine, got1)
-    w1.return_permits()
+    w1.release_permits()
     assert held(engine) == {}
 
 

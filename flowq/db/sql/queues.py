@@ -7,7 +7,7 @@ Two ways to claim within a queue's limits, both exact across workers:
 - permits (`PERMITTED`: a `concurrency` and nothing else): a worker leases a batch of permits
   under the queue's row lock (`lock_queue`, then `lease_permits`), then claims under the ones
   it holds (`claim_permitted_jobs`) locking only its own `flowq.permits` row, and hands back
-  what it does not use (`return_permits`, `return_all_permits`).
+  what it does not use (`release_permits`, `release_worker_permits`).
 
 The invariant both keep, under the queue's lock whenever they grant: the sum over workers of
 `greatest(permits held, running jobs)` (`USAGE`) is at most `concurrency`. A claim under
@@ -276,7 +276,7 @@ class QueueStatements(Statements):
              WHERE status = 'running' AND queue = :queue AND locked_by = :worker""")
 
     @cached_property
-    def return_permits(self) -> TextClause:
+    def release_permits(self) -> TextClause:
         """Give back a worker's permits of a queue beyond what it runs (and :keep).
 
         Lower :worker's permits of :queue to the greater of :keep and its running jobs (never
@@ -295,7 +295,7 @@ class QueueStatements(Statements):
             SELECT COALESCE((SELECT held FROM kept), 0) AS held""")
 
     @cached_property
-    def return_all_permits(self) -> TextClause:
+    def release_worker_permits(self) -> TextClause:
         """Give back every permit a worker holds beyond its running jobs (at shutdown).
 
         Lower each of :worker's permits to its running jobs of that queue, deleting the rows

@@ -159,10 +159,11 @@ class Store:
                 (self.q.lease_permits, {"queue": queue, "worker": worker, "want": want})]
 
     @staticmethod
-    def read_lease(rows: Rows) -> tuple[int, bool]:
-        """(the permits held after a lease, whether the queue is claimed under permits)."""
-        held, ok = rows[0] if rows else (0, False)
-        return int(held), bool(ok)
+    def read_lease(rows: Rows) -> tuple[int, bool, bool]:
+        """(the permits held after a lease, whether the queue is claimed under permits,
+        whether any of its jobs is due)."""
+        held, ok, due = rows[0] if rows else (0, False, False)
+        return int(held), bool(ok), bool(due)
 
     def claim_permitted(self, queue: str, limit: int, worker: str,
                         mine: Collection[int]) -> PermittedClaim:

@@ -113,13 +113,17 @@ class Claimer:
 
     def _lease(self, queue: str, want: int) -> bool:
         """Lease permits for what we run plus `want`; False when the queue is no longer
-        claimed under permits (its controls are re-read)."""
+        claimed under permits (its controls are re-read) or we hold none after it (then a
+        due job sets `held_back`: the others hold the limit, look again soon)."""
         self.leases += 1
-        held, ok = self.store.read_lease(self.conn.transaction(
+        held, ok, due = self.store.read_lease(self.conn.transaction(
             self.store.lease_permits_statements(queue, want, self.name)))
         if not ok:
             self.permits.pop(queue, None)
             self.controls = self.store.controls(self.queues)
+            return False
+        if not held:  # none to claim under: nothing due, or the others hold the limit
+            self.held_back = self.held_back or due
             return False
         p = self.permits.setdefault(queue, Permits(held, 0, held))
         p.held = held

@@ -167,11 +167,17 @@ class QueueStatements(Statements):
         asking for permits of the queue, itself included, rounded up) and at most what the
         others' `USAGE` leaves; its row stays, with none, as a request (it counts in the
         share, so that holders above it give back). None unless the queue is `PERMITTED`
-        (`ok` false: the caller re-reads the queue). Returns (held, ok)."""
+        (`ok` false: the caller re-reads the queue), and nothing changes while no job of it
+        is due (an idle queue polled often is not leased and given back each poll).
+        Returns (held, ok, due)."""
         return self.sql(f"""
             WITH cfg AS (
                 SELECT q.concurrency, {PERMITTED} AS ok FROM {S}.queues q
                  WHERE q.name = :queue
+            ), due AS (
+                SELECT EXISTS (SELECT 1 FROM {S}.jobs j
+                                WHERE j.status = 'pending' AND j.queue = :queue
+                                  AND j.run_at <= now()) AS found
             ), others AS (
                 SELECT COALESCE(sum(u.n), 0)::bigint AS n FROM ({USAGE}) u
                  WHERE u.worker IS DISTINCT FROM CAST(:worker AS text)
@@ -183,7 +189,7 @@ class QueueStatements(Statements):
                            ceil(cfg.concurrency::float8 / (SELECT n FROM asking))::bigint,
                            ({_MINE}) + CAST(:want AS int),
                            cfg.concurrency - (SELECT n FROM others)))::int AS held
-                  FROM cfg WHERE cfg.ok
+                  FROM cfg WHERE cfg.ok AND (SELECT found FROM due)
             ), leased AS (
                 INSERT INTO {S}.permits AS p (queue, worker, held, concurrency)
                 SELECT :queue, :worker, g.held, g.concurrency FROM granted g
@@ -192,8 +198,11 @@ class QueueStatements(Statements):
                        leased_at = now()
                 RETURNING p.held
             )
-            SELECT COALESCE((SELECT held FROM leased), 0) AS held,
-                   COALESCE((SELECT ok FROM cfg), false) AS ok""")
+            SELECT COALESCE((SELECT held FROM leased), (
+                       SELECT held FROM {S}.permits
+                        WHERE queue = :queue AND worker = CAST(:worker AS text)), 0) AS held,
+                   COALESCE((SELECT ok FROM cfg), false) AS ok,
+                   (SELECT found FROM due) AS due""")
 
     @cached_property
     def claim_permitted_jobs(self) -> TextClause:

@@ -137,7 +137,10 @@ class Claimer:
         if p is not None:
             p.used = True  # we want its jobs: what we hold is not idle (see `refresh`)
         # Claim first while we hold any: what our jobs that ended freed is counted there.
-        if (p is None or p.held == 0) and not self._lease(queue, want):
+        # Holding none, lease first if we asked before (jobs were due); never having asked
+        # (or given all back), claim first: it takes none, and says without the queue's
+        # lock whether any job is due (an idle queue polled often is never locked).
+        if p is not None and p.held == 0 and not self._lease(queue, want):
             return jobs
         mine = self.mine.get(queue)
         if mine is None:
@@ -152,9 +155,9 @@ class Claimer:
             mine = self.mine[queue] = {*got.mine, *(j.id for j in got.jobs)}
             jobs += got.jobs
             p = self.permits[queue] = Permits(got.held, got.running, got.share)
-            if not got.ok:  # reclaimed (we looked dead), voided (limit changed), or no longer
+            if not got.ok:  # none yet, reclaimed (we looked dead), voided (limit changed)...
                 self.permits.pop(queue, None)
-                if not (again and self._lease(queue, want - len(jobs))):
+                if not (again and got.more and self._lease(queue, want - len(jobs))):
                     return jobs
                 continue
             if got.more:

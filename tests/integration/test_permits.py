@@ -256,3 +256,33 @@ def test_a_clean_stop_gives_its_permits_back(ledger: sa.Engine, db_url: str,
     assert worker.wait(60) == 0
     assert held(ledger, "capped") == {}
     assert "gave back queue permits at shutdown" in worker.log()
+
+
+@pytest.mark.slow
+def test_a_stopped_worker_comes_back_to_no_permits(ledger: sa.Engine, db_url: str,
+                                                   spawn_worker: Any) -> None:
+    """A worker SIGSTOPped while it runs jobs under permits: the reaper requeues its jobs, its
+    entry expires, a lease gives its permits to the other; SIGCONT, it finds none and claims
+    nothing until it leases again, and its late completions are refused by the fence. The
+    ledger (written through ctx.session, committed with the success) never sees more than
+    the limit at once."""
+    with ledger.begin() as conn:
+        flowq.enqueue_many(conn, qa.capped, [{"sleep": 0.5}] * 3 + [{"sleep": 0.02}] * 100)
+    zombie = spawn_worker("queues_app:app", db_url, "-c", "4", "--queues", "capped", *FAST)
+    wait_until(lambda: held_by_pid(ledger, zombie.pid) and running(ledger, "capped") == 3,
+               timeout=60, message="the first worker running 3 jobs under its permits")
+    zombie.signal(signal.SIGSTOP)
+    try:
+        other = spawn_worker("queues_app:app", db_url, "-c", "4", "--queues", "capped", *FAST)
+        wait_until(lambda: not held_by_pid(ledger, zombie.pid), timeout=60,
+                   message="the stopped worker's permits reclaimed")
+        assert _ledger_peak(ledger) <= 3
+    finally:
+        zombie.signal(signal.SIGCONT)
+    wait_until(lambda: _done(ledger) == 103, timeout=120, message="103 capped jobs done")
+    assert _ledger_peak(ledger) <= 3
+    for w in (zombie, other):
+        w.signal(signal.SIGTERM)
+    for w in (zombie, other):
+        assert w.wait(60) == 0
+    assert held(ledger, "capped") == {}

@@ -165,8 +165,8 @@ class Claimer:
                 if (again and len(jobs) < want and got.running >= got.held
                         and got.held < got.share and self._lease(queue, want - len(jobs))):
                     continue
-            elif got.held > got.running:  # no due job left: keep only what runs
-                self._give_back(queue, 0)
+            elif got.held > got.running or not got.held:  # no due job left: keep what
+                self._give_back(queue, 0)  # runs (a request for none goes: the share grows)
             if got.held > got.share and got.held > got.running:  # another worker asks
                 self._give_back(queue, got.share)
             return jobs

@@ -117,6 +117,21 @@ def test_a_second_worker_gets_its_share_as_the_first_sheds(engine: sa.Engine,
         assert running(engine) == 4
 
 
+def test_a_request_for_permits_goes_when_the_queue_has_no_due_job(engine: sa.Engine,
+                                                                    claimers: Any) -> None:
+    """A worker that asked and got none leaves a request row (it halves the others' share);
+    once nothing is due it takes the request back, and the share is whole again."""
+    (w1, got1), (w2, _) = claimers["w1"], claimers["w2"]
+    assert w1.run_once(8) == 4 and w2.run_once(8) == 0
+    assert held(engine) == {"w1": 4, "w2": 0}
+    with engine.begin() as c:
+        c.execute(sa.text("DELETE FROM flowq.jobs WHERE status = 'pending'"))
+    assert w2.run_once(8) == 0 and not w2.held_back
+    assert held(engine) == {"w1": 4}
+    finish(engine, got1)
+    assert w1.run_once(8) == 0 and held(engine) == {}
+
+
 def test_a_dead_workers_permits_are_reclaimed_its_running_jobs_still_count(
         engine: sa.Engine, claimers: Any) -> None:
     """A worker out of the registry (expired: SIGKILLed, or a zombie) loses its permits at the

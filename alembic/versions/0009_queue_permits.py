@@ -2,10 +2,11 @@
 
 A queue with only a `concurrency` limit is claimed under permits that a worker leases in
 batches (one short transaction under the queue's row lock) instead of locking the queue's
-row on every claim; see `flowq.db.sql.queues`. The table is new: older workers never read it
-and keep claiming the limited way, counting running jobs under the queue's lock (which also
-counts the permits the new workers hold, so mixing releases stays within the limit, see
-docs/queues.md).
+row on every claim; see `flowq.db.sql.permits`. The table is new: older workers never read it
+and keep claiming the limited way, counting running jobs under the queue's lock. They do not
+count the permits newer workers hold: while both releases serve a limited queue, it can run
+more than its limit by the permits not yet used (docs/queues.md says to stop the older
+workers of limited queues first).
 
 Expand-only: one new, empty table and its primary key; nothing existing is touched.
 

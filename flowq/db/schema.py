@@ -28,6 +28,7 @@ __all__ = [
     "JOBS_STORAGE_PARAMETERS",
     "JOIN_SHARDS",
     "JOIN_SHARDS_CAPABILITY",
+    "PERMITS_CAPABILITY",
     "STATUSES",
     "TERMINAL_STATUSES",
     "Status",
@@ -37,6 +38,7 @@ __all__ = [
     "lease_seq",
     "metadata",
     "notify_channel",
+    "permits",
     "queues",
     "run_id_seq",
     "schedules",
@@ -166,10 +168,13 @@ workers = sa.Table(
 )
 
 # What this release's workers understand, registered with each (`workers.capabilities`):
-# `JOIN_SHARDS_CAPABILITY`, it counts the instances of a large map in `join_shards` (an older
-# worker would count them on the join's own row).
+# - `JOIN_SHARDS_CAPABILITY`: it counts the instances of a large map in `join_shards` (an
+#   older worker would count them on the join's own row);
+# - `PERMITS_CAPABILITY`: it counts the permits held in `permits` when it claims a limited
+#   queue (an older worker counts running jobs only).
 JOIN_SHARDS_CAPABILITY: Final = "join_shards"
-CAPABILITIES: Final[tuple[str, ...]] = (JOIN_SHARDS_CAPABILITY,)
+PERMITS_CAPABILITY: Final = "permits"
+CAPABILITIES: Final[tuple[str, ...]] = (JOIN_SHARDS_CAPABILITY, PERMITS_CAPABILITY)
 
 
 # One counter per join step of a run: the parent units still to succeed (a parent, or each
@@ -264,6 +269,24 @@ schedules = sa.Table(
     sa.Column("last_run_id", sa.BigInteger),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False,
               server_default=sa.func.now()),
+)
+
+
+# A concurrency-limited queue's permits (revision 0010, see flowq.db.sql.queues): each row is
+# what one worker holds of a queue's `concurrency`. A worker leases them in batches under the
+# queue's row lock, claims under them locking only its own row (`FOR SHARE`), and returns
+# them when idle and at shutdown; a worker that stopped beating loses them at the next lease.
+# `concurrency` is the limit they were leased under: a changed declaration voids them.
+permits = sa.Table(
+    "permits",
+    metadata,
+    sa.Column("queue", sa.Text, primary_key=True),
+    sa.Column("worker", sa.Text, primary_key=True),
+    sa.Column("held", sa.Integer, nullable=False),
+    sa.Column("concurrency", sa.Integer, nullable=False),
+    sa.Column("leased_at", sa.DateTime(timezone=True), nullable=False,
+              server_default=sa.func.now()),
+    sa.CheckConstraint("held >= 0", name="permits_held_check"),
 )
 
 

@@ -18,9 +18,9 @@ What the verbs keep from the statements they send:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 from sqlalchemy.sql.elements import TextClause
 
@@ -44,7 +44,7 @@ from flowq.db.sql import Queries, queries
 from flowq.db.sql.fragments import CLAIM_KEY, SPAWN, SUCCESSOR, bind_rows
 from flowq.names import DEFAULT_SCHEMA
 
-__all__ = ["LimitedClaim", "Store"]
+__all__ = ["LimitedClaim", "PermittedClaim", "QueueControl", "Store"]
 
 # How many candidate rows a limited claim scans per job it wants (at least MIN_SCAN): keys at
 # their limit are skipped in the scan, so it must look past them.
@@ -59,6 +59,27 @@ class LimitedClaim:
 
     jobs: list[ClaimedJob]
     held_back: bool
+
+
+@dataclass(frozen=True)
+class PermittedClaim:
+    """What a claim under a worker's permits got: the jobs, whether due jobs remain, the
+    permits it holds (0: none, or voided), which of its earlier claims still run, its
+    running jobs of the queue after the claim,
+    its share of the queue's concurrency, and whether its permits were valid (`ok` false:
+    the queue is no longer claimed under permits, or its limit changed)."""
+
+    jobs: list[ClaimedJob]
+    more: bool
+    held: int
+    mine: list[int]  # which of the ids given still run, ours
+    running: int
+    share: int
+    ok: bool
+
+
+# How a worker claims a queue that `flowq.queues` controls (see `Store.controls`).
+QueueControl: TypeAlias = Literal["paused", "permits", "limited"]
 
 
 class Store:
@@ -90,8 +111,15 @@ class Store:
 
     def controlled_queues(self, queues: Sequence[str]) -> dict[str, bool]:
         """Which of `queues` are paused (True) or limited (False)."""
+        return {name: c == "paused" for name, c in self.controls(queues).items()}
+
+    def controls(self, queues: Sequence[str]) -> dict[str, QueueControl]:
+        """How each of `queues` that `flowq.queues` controls is claimed: not at all
+        (paused), under permits (a concurrency limit alone), or the limited way."""
         rows = self.run(self.q.select_controlled_queues, {"queues": list(queues)})
-        return dict(zip(column(rows, "name"), column(rows, "paused"), strict=True))
+        return {name: "paused" if paused else "permits" if permits else "limited"
+                for name, paused, permits in zip(column(rows, "name"), column(rows, "paused"),
+                                                 column(rows, "permits"), strict=True)}
 
     def claim_limited_statements(self, queue: str, limit: int, worker: str
                                  ) -> list[tuple[TextClause, Mapping[str, Any]]]:
@@ -118,6 +146,54 @@ class Store:
         for statement, params in self.claim_limited_statements(queue, limit, worker):
             rows = self.run(statement, params)
         return self.read_limited(rows)
+
+    # -- permits (a queue limited by its concurrency alone) -------------------------------------
+
+    def lease_permits_statements(self, queue: str, want: int, worker: str
+                                 ) -> list[tuple[TextClause, Mapping[str, Any]]]:
+        """The two statements of a lease, to send in one transaction (in that order, each in
+        its own snapshot): lock the queue's row (reclaiming the permits of workers gone from
+        the registry), then lease `worker` permits for what it runs plus `want` more.
+        `read_lease` reads the rows of the second."""
+        return [(self.q.lock_queue, {"queue": queue}),
+                (self.q.lease_permits, {"queue": queue, "worker": worker, "want": want})]
+
+    @staticmethod
+    def read_lease(rows: Rows) -> tuple[int, bool, bool]:
+        """(the permits held after a lease, whether the queue is claimed under permits,
+        whether any of its jobs is due)."""
+        held, ok, due = rows[0] if rows else (0, False, False)
+        return int(held), bool(ok), bool(due)
+
+    def claim_permitted(self, queue: str, limit: int, worker: str,
+                        mine: Collection[int]) -> PermittedClaim:
+        """Claim up to `limit` due jobs of `queue` under `worker`'s own permits (one statement,
+        no lock on the queue's row). `mine`: the ids of every job of `queue` that `worker`
+        claimed and has not seen end (its running jobs are counted among them)."""
+        rows = self.run(self.q.claim_permitted_jobs,
+                        {"queue": queue, "limit": limit, "worker": worker, "ids": list(mine)})
+        first = dict(zip(rows.columns, rows[0], strict=True))
+        claimed = Rows(rows.columns, (r for r in rows if r[rows.columns.index("id")] is not None))
+        return PermittedClaim(read(ClaimedJob, claimed), bool(first["more"]),
+                              int(first["held"]), list(first["mine"]), int(first["running"]),
+                              int(first["share"]), bool(first["ok"]))
+
+    def running_ids(self, queue: str, worker: str) -> set[int]:
+        """The ids of `worker`'s running jobs of `queue` (what `claim_permitted` is first
+        given)."""
+        return {int(i) for i in column(self.run(self.q.select_running_ids,
+                                                {"queue": queue, "worker": worker}), "id")}
+
+    def release_permits(self, queue: str, worker: str, keep: int = 0) -> int:
+        """Give back `worker`'s permits of `queue` beyond max(`keep`, its running jobs);
+        returns what it holds after."""
+        rows = self.run(self.q.release_permits, {"queue": queue, "worker": worker, "keep": keep})
+        return int(rows[0][0])
+
+    def release_worker_permits(self, worker: str) -> int:
+        """Give back every permit of `worker` beyond its running jobs (a clean stop, after the
+        release); returns how many queues' permits it no longer holds at all."""
+        return int(self.run(self.q.release_worker_permits, {"worker": worker})[0][0])
 
     # -- fenced writes -----------------------------------------------------------------------
 

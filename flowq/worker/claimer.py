@@ -2,63 +2,196 @@
 
 One `claim_jobs` statement per queue, the queues visited in rotation (the pending index leads
 with the queue, so `queue = ANY(...)` could not use its order across queues), each asking for
-what is still free. A paused queue is skipped; a limited one (`flowq.queues`) is claimed with
-`claim_limited_jobs` in a short transaction that first locks the queue's row. Each row is
-handed to the executor as soon as its statement returns, so an error in a later queue's claim
-drops nothing: the rows already claimed are already running. Autocommit on a dedicated
+what is still free. A paused queue is skipped. A queue limited by its `concurrency` alone is
+claimed under permits (`flowq.db.sql.queues`): the claimer leases a batch of them (a short
+transaction under the queue's row lock) when it has none to spare and due jobs wait, then
+claims under the ones it holds, one statement that locks only this worker's permits row;
+it gives back what it does not use when the queue has no due job left, when its share
+shrinks (another worker asks), when it made no claim of the queue for a poll interval, and
+at shutdown (`release_permits`). Any other limited queue (a rate, per-key limits) is claimed
+with `claim_limited_jobs` in a short transaction that first locks the queue's row. Each row
+is handed to the executor as soon as its statement returns, so an error in a later queue's
+claim drops nothing: the rows already claimed are already running. Autocommit on a dedicated
 connection: each claim is one atomic statement. The statements, their parameters and the
 claimed rows (`ClaimedJob`, read by column name) are `flowq.db.store.Store`'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 
-from flowq.db.rows import ClaimedJob
+from flowq.db.rows import Claim, ClaimedJob
 from flowq.db.sql import Queries
-from flowq.db.store import Store
+from flowq.db.store import QueueControl, Store
 from flowq.storable import describe, first_line
-from flowq.worker.connection import DedicatedConnection
-from flowq.worker.logs import ERROR, log_event
+from flowq.worker.connection import DB_ERRORS, DedicatedConnection
+from flowq.worker.logs import ERROR, INFO, WARNING, log_event
 
 __all__ = ["Claimer"]
+
+
+@dataclass
+class Permits:
+    """What this worker last learnt of its permits of one queue (the database decides every
+    claim; this only says when to lease or give back)."""
+
+    held: int
+    running: int
+    share: int
+    used: bool = True  # claimed from since the last refresh
 
 
 class Claimer:
     """Claims up to the free slots, across `queues` in rotation, for worker `name`."""
 
     def __init__(self, conn: DedicatedConnection, queries: Queries, queues: Sequence[str],
-                 name: str, submit: Callable[[ClaimedJob], None]) -> None:
+                 name: str, submit: Callable[[ClaimedJob], None], *,
+                 held: Callable[[], Collection[Claim]] | None = None) -> None:
         self.conn = conn
         self.store = Store(conn.execute, queries.schema)
         self.queues = list(queues)
         self.name = name
         self.submit = submit
+        # The claims this worker still holds (running, or outcomes not written yet): only a
+        # hint that a claim under permits would find none free, so it is not sent.
+        self.held = held
         self.claimed = 0
         self._rotation = 0
-        # Queues that are paused (True) or limited (False), as last read from flowq.queues:
-        # paused ones are skipped, limited ones claimed under their row's lock.
-        self.controlled: dict[str, bool] = {}
+        # How the queues flowq.queues controls are claimed, as last read from it: paused
+        # ones are skipped, "permits" ones claimed under permits, "limited" ones under the
+        # queue row's lock.
+        self.controls: dict[str, QueueControl] = {}
+        self.permits: dict[str, Permits] = {}
+        # Per queue claimed under permits, the ids of every job we claimed of it and have
+        # not seen end (a claim under permits counts our running jobs among them): pruned
+        # only by what the database says, never by what the executor thinks it holds (an
+        # outcome the completer dropped leaves its row running). Seeded from the database
+        # when a queue is first claimed this way.
+        self.mine: dict[str, set[int]] = {}
+        self.leases = 0  # lease transactions made (tests and the bench read it)
         # Set by a claim when a limit held due jobs back: capacity frees up as other
         # workers' jobs end, which no notification announces, so the worker looks again soon.
         self.held_back = False
 
+    @property
+    def controlled(self) -> dict[str, bool]:
+        """Which of our queues are paused (True) or limited (False), as last read."""
+        return {name: c == "paused" for name, c in self.controls.items()}
+
     def refresh(self) -> None:
-        """Re-read which of our queues are paused or limited (every poll interval)."""
-        self.controlled = self.store.controlled_queues(self.queues)
+        """Re-read which of our queues are paused or limited (every poll interval); give
+        back the permits of queues not claimed from since the last refresh (this worker's
+        handlers were busy elsewhere: its unused permits would hold the others back)."""
+        self.controls = self.store.controls(self.queues)
+        for queue, p in list(self.permits.items()):
+            if not p.used or self.controls.get(queue) != "permits":
+                self._give_back(queue, 0)
+            else:
+                p.used = False
+
+    def release_permits(self) -> None:
+        """Give back every permit beyond this worker's running jobs (a clean stop, after its
+        unfinished jobs were released). If the database says no, the permits come back at
+        the next lease after this worker leaves the registry."""
+        try:
+            gone = self.store.release_worker_permits(self.name)
+        except DB_ERRORS as exc:
+            log_event(WARNING, "could not give back queue permits; they come back once this "
+                      "worker is out of the registry", error=first_line(exc))
+            return
+        self.permits.clear()
+        if gone:
+            log_event(INFO, "gave back queue permits at shutdown", queues=gone)
+
+    def _give_back(self, queue: str, keep: int) -> None:
+        held = self.store.release_permits(queue, self.name, keep)
+        if held:
+            self.permits[queue].held = held
+        else:
+            self.permits.pop(queue, None)
+
+    def _lease(self, queue: str, want: int) -> bool:
+        """Lease permits for what we run plus `want`; False when the queue is no longer
+        claimed under permits (its controls are re-read) or we hold none after it (then a
+        due job sets `held_back`: the others hold the limit, look again soon)."""
+        self.leases += 1
+        held, ok, due = self.store.read_lease(self.conn.transaction(
+            self.store.lease_permits_statements(queue, want, self.name)))
+        if not ok:
+            self.permits.pop(queue, None)
+            self.controls = self.store.controls(self.queues)
+            return False
+        if not held:  # none to claim under: nothing due, or the others hold the limit
+            self.held_back = self.held_back or due
+            return False
+        p = self.permits.setdefault(queue, Permits(held, 0, held))
+        p.held = held
+        return True
+
+    def _claim_permitted(self, queue: str, want: int) -> list[ClaimedJob]:
+        """Claim under our permits of `queue`, leasing first when none is spare, and once
+        more when the claim found due jobs beyond them and our share allows more."""
+        jobs: list[ClaimedJob] = []
+        p = self.permits.get(queue)
+        if p is not None:
+            p.used = True  # we want its jobs: what we hold is not idle (see `refresh`)
+        # Claim first while we hold any: what our jobs that ended freed is counted there.
+        # Holding none, lease first if we asked before (jobs were due); never having asked
+        # (or given all back), claim first: it takes none, and says without the queue's
+        # lock whether any job is due (an idle queue polled often is never locked).
+        if p is not None and p.held == 0 and not self._lease(queue, want):
+            return jobs
+        mine = self.mine.get(queue)
+        if mine is None:
+            mine = self.mine[queue] = self.store.running_ids(queue, self.name)
+        elif p is not None and len(mine) >= min(p.held, p.share) and self._all_held(mine):
+            # Every permit is in use by a job we still hold: a claim would take none (woken
+            # by a freed slot before its outcome is written). Look again soon.
+            self.held_back = True
+            return jobs
+        for again in (True, False):  # at most one lease after a claim: bounded
+            got = self.store.claim_permitted(queue, want - len(jobs), self.name, mine)
+            mine = self.mine[queue] = {*got.mine, *(j.id for j in got.jobs)}
+            jobs += got.jobs
+            p = self.permits[queue] = Permits(got.held, got.running, got.share)
+            if not got.ok:  # none yet, reclaimed (we looked dead), voided (limit changed)...
+                self.permits.pop(queue, None)
+                if not (again and got.more and self._lease(queue, want - len(jobs))):
+                    return jobs
+                continue
+            if got.more:
+                self.held_back = True
+                if (again and len(jobs) < want and got.running >= got.held
+                        and got.held < got.share and self._lease(queue, want - len(jobs))):
+                    continue
+            elif got.held > got.running or not got.held:  # no due job left: keep what
+                self._give_back(queue, 0)  # runs (a request for none goes: the share grows)
+            if got.held > got.share and got.held > got.running:  # another worker asks
+                self._give_back(queue, got.share)
+            return jobs
+        return jobs
+
+    def _all_held(self, ids: set[int]) -> bool:
+        if self.held is None:
+            return False
+        return ids <= {job_id for job_id, _ in self.held()}
 
     def _claim(self, queue: str, want: int, limited_want: int) -> list[ClaimedJob]:
-        paused = self.controlled.get(queue)
-        if paused:
+        control = self.controls.get(queue)
+        if control == "paused":
             return []
-        if paused is None:
+        if control is None:
             return self.store.claim(queue, want, self.name)
         want = min(want, limited_want)
         if want <= 0:
             return []
+        if control == "permits":
+            return self._claim_permitted(queue, want)
         # Limited: take the queue's lock, then claim in a snapshot taken after it, so what
         # the other workers' claims started is counted. The `more` column says whether the
         # limits held due jobs back; a row of NULLs stands for "none claimed".
+        self.mine.pop(queue, None)  # claims of this path are not tracked: seed them again
         limited = self.store.read_limited(self.conn.transaction(
             self.store.claim_limited_statements(queue, want, self.name)))
         if limited.held_back:

@@ -154,7 +154,7 @@ class Worker:
             # handler does.
             end_backend=None if pgb else self._end_backend)
         self.claimer = Claimer(self.claim_conn, self.q, self.queues, c.name,
-                               self.executor.submit)
+                               self.executor.submit, held=self._held_claims)
         self.producer = Producer(c, self.claimer, self.executor, self.completer, self.q,
                                  wake=self._wake,
                                  stopping=self._stopping, interrupted=self._interrupted,
@@ -424,6 +424,7 @@ class Worker:
         if unfinished:
             self.producer.release(unfinished)
         self.completer.stop(timeout=5.0)
+        self.claimer.release_permits()  # after the outcomes and the release: none runs now
         self.executor.stop()
         self.registry.stop()  # no beat after the entry is gone: it would enter it again
         self.registry.leave()

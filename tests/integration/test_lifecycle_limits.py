@@ -11,7 +11,9 @@ the budget of each stays its own.
 
 Every action goes through flowq's own code, as the worker sends it: the claim path the
 claimer picks (`Store.controlled_queues`, then `Store.claim` or `Store.claim_limited` in a
-transaction), or `Store.claim` sent to any queue (a worker that has not yet seen a limit);
+transaction, or for a queue limited by its concurrency alone, now and then a lease of permits
+and `Store.claim_permitted` under them, worker w3 out of the registry so that leases take its
+permits back), or `Store.claim` sent to any queue (a worker that has not yet seen a limit);
 `flowq.worker.attempt.Attempt`, prepared at claim time as the executor does, run or failed
 and judged; `flowq.worker.writes` (`write_successes` for a batch of successes, the
 completer's statement, `write_outcome` for the rest); `Store.release`; `Reaper.run_once`;
@@ -289,7 +291,13 @@ class LimitsMachine(RuleBasedStateMachine):
         self.settled = False
         with self.engine.begin() as conn:  # one database for all examples
             conn.execute(sa.text("TRUNCATE flowq.jobs, flowq.joins, flowq.join_shards, "
-                                 "flowq.signals, flowq.uniques, flowq.queues"))
+                                 "flowq.signals, flowq.uniques, flowq.queues, flowq.permits, "
+                                 "flowq.workers"))
+        # w1 and w2 are in the registry; w3 is not (as a worker whose entry expired): every
+        # lease of a queue takes its permits back, while its running jobs still count.
+        for worker in WORKERS[:2]:
+            Registry(self.engine, Q, worker=worker, queues=APP.queues, tasks=[],
+                     concurrency=1).register()
         # What a worker of APP writes when it starts: the limits, and the keyed tasks' queue.
         Registry(self.engine, Q, worker="lm", queues=APP.queues, tasks=[], concurrency=1
                  ).declare_queues(APP.declared_queues, APP.keyed_queues)
@@ -322,23 +330,41 @@ class LimitsMachine(RuleBasedStateMachine):
         assert done.created and done.id not in self.runs
         self.runs[done.id] = RunModel(done.id, task, unique_key)
 
-    def claim(self, worker: str, queue: str, limit: int, *, plain: bool) -> None:
+    def claim(self, worker: str, queue: str, limit: int, *, plain: bool,
+              lease: bool = True) -> None:
         """Claim as the claimer does (the queue's controls decide the path), or `plain`: the
-        unlimited statement, as a worker that has not yet seen the queue's limits sends it."""
+        unlimited statement, as a worker that has not yet seen the queue's limits sends it.
+        A queue claimed under permits is claimed under the ones the worker holds, after a
+        lease if `lease`; permits are given back when no due job is left."""
         self.settled = False
         with self.store() as (_, store):
             controls = store.controlled_queues([queue])
             assert controls.get(queue, False) == (queue in self.paused)
-            if plain or queue not in controls:
-                got = store.claim(queue, limit, worker)
-                if queue in controls:  # (2) a controlled queue is never claimed the plain way
-                    assert got == [], f"plain claim of controlled {queue} took {got}"
-            else:
-                # A paused queue is skipped by the claimer; claimed anyway, as by a worker
-                # that has not re-read the table since the pause, it gives nothing.
-                got = store.claim_limited(queue, limit, worker).jobs
-                if queue in self.paused:
-                    assert got == [], f"claim of paused {queue} took {got}"
+            permits = store.controls([queue]).get(queue) == "permits"
+        if permits and not plain:
+            if lease:
+                with self.store() as (_, store):
+                    for statement, params in store.lease_permits_statements(queue, limit,
+                                                                            worker):
+                        store.run(statement, params)
+            with self.store() as (_, store):
+                mine = [h.job.id for h in self.held[worker] if h.job.queue == queue]
+                permitted = store.claim_permitted(queue, limit, worker, mine)
+                got = permitted.jobs
+                if not permitted.more:
+                    store.release_permits(queue, worker)
+        else:
+            with self.store() as (_, store):
+                if plain or queue not in controls:
+                    got = store.claim(queue, limit, worker)
+                    if queue in controls:  # (2) a controlled queue is never claimed plainly
+                        assert got == [], f"plain claim of controlled {queue} took {got}"
+                else:
+                    # A paused queue is skipped by the claimer; claimed anyway, as by a
+                    # worker that has not re-read the table since the pause, it gives nothing.
+                    got = store.claim_limited(queue, limit, worker).jobs
+                    if queue in self.paused:
+                        assert got == [], f"claim of paused {queue} took {got}"
         if queue == "lm_r":
             self.rated_claims += len(got)
         for job in sorted(got, key=lambda j: j.id):
@@ -492,8 +518,9 @@ class LimitsMachine(RuleBasedStateMachine):
             self.enqueue(task, n=n, queue=queue, unique_key=unique_key)
 
     @rule(data=st.data(), worker=st.sampled_from(WORKERS), limit=st.integers(0, 4),
-          plain=st.sampled_from([False, False, False, True]))
-    def work(self, data: st.DataObject, worker: str, limit: int, plain: bool) -> None:
+          plain=st.sampled_from([False, False, False, True]), lease=st.booleans())
+    def work(self, data: st.DataObject, worker: str, limit: int, plain: bool,
+             lease: bool) -> None:
         """A worker claims (mostly from a queue with due work: an empty claim teaches
         little), and each claim it held before succeeds, fails, is released or goes on
         running. Claims of reaped jobs it still holds write too: late, duplicated
@@ -507,7 +534,7 @@ class LimitsMachine(RuleBasedStateMachine):
             due = self.due_queues()
             queues = due if due and data.draw(st.integers(0, 3), label="busy") else QUEUES
             self.claim(worker, data.draw(st.sampled_from(queues), label="queue"), limit,
-                       plain=plain)
+                       plain=plain, lease=lease)
         for fate in ("succeed", "fail"):
             ended = [h for h, f in chosen if f == fate]
             if ended:
@@ -658,6 +685,8 @@ class LimitsMachine(RuleBasedStateMachine):
 
         for queue in sorted(self.paused):
             self.pause(queue)  # resumed
+        with self.engine.begin() as conn:  # out of the registry: their permits come back
+            conn.execute(sa.text("DELETE FROM flowq.workers"))
         for _ in range(DRAIN_ROUNDS):
             if not stuck():
                 break

@@ -6,7 +6,7 @@ one instance per process (each statement compiles once, on first use):
 
 - `claims`: the claim and every write after it (heartbeat, complete, retry, end, release,
   reap), fenced on (id, lease); `jobs`: enqueue and the reads of job rows outside a claim;
-- `queues`, `signals`, `workers`, `uniques`, `schedules`: the table of that name;
+- `queues`, `permits`, `signals`, `workers`, `uniques`, `schedules`: the table of that name;
 - `runs`: the rows of one run (inspection, cancel, retry, filters, redrive);
 - `admin`: the database itself (schema check, locks, clocks, health);
 - `dashboard`: the dashboard's bounded reads (activity over time, running jobs, search).
@@ -28,6 +28,7 @@ from flowq.db.sql.admin import AdminStatements
 from flowq.db.sql.claims import ClaimStatements
 from flowq.db.sql.dashboard import DashboardStatements
 from flowq.db.sql.jobs import JobStatements
+from flowq.db.sql.permits import PermitStatements
 from flowq.db.sql.queues import QueueStatements
 from flowq.db.sql.runs import RunStatements
 from flowq.db.sql.schedules import ScheduleStatements
@@ -38,9 +39,9 @@ from flowq.db.sql.workers import WorkerStatements
 __all__ = ["Queries", "queries"]
 
 
-class Queries(ClaimStatements, JobStatements, QueueStatements, SignalStatements,
-              WorkerStatements, RunStatements, UniqueStatements, ScheduleStatements,
-              AdminStatements, DashboardStatements):
+class Queries(ClaimStatements, JobStatements, QueueStatements, PermitStatements,
+              SignalStatements, WorkerStatements, RunStatements, UniqueStatements,
+              ScheduleStatements, AdminStatements, DashboardStatements):
     """The statements for one flowq schema, every table's."""
 
 

@@ -1,4 +1,11 @@
-"""`flowq.queues`: queues as configuration (pauses, limits) and the limited claim."""
+"""`flowq.queues`: queues as configuration (pauses, limits) and the limited claim.
+
+A queue with a rate limit or keyed jobs is claimed the limited way (`lock_queue`, then
+`claim_limited_jobs`): the claim locks the queue's row and counts what runs, every claim. A
+queue limited by its `concurrency` alone is claimed under permits instead
+(`flowq.db.sql.permits`), leased under the same lock; both count what the other grants
+(`permits.USAGE`), so a queue may move between the two paths and its limit holds.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +14,9 @@ from functools import cached_property
 from sqlalchemy.sql.elements import TextClause
 
 from flowq.db.sql.fragments import CONTROLLED, S, Statements, take
+from flowq.db.sql.permits import PERMITTED, USAGE
 
 __all__ = ["QueueStatements"]
-
 
 class QueueStatements(Statements):
     """The statements of `flowq.queues`, for one schema."""
@@ -18,19 +25,32 @@ class QueueStatements(Statements):
     def select_controlled_queues(self) -> TextClause:
         """List which of some queues are paused or limited.
 
-        Which of :queues are paused or limited: (name, paused). The worker re-reads it every
-        poll interval: a paused queue is skipped, a limited one claimed through
-        `claim_limited_jobs`."""
+        Which of :queues are paused or limited: (name, paused, permits). The worker re-reads
+        it every poll interval: a paused queue is skipped, one with `permits` claimed under
+        them (`claim_permitted_jobs`), another limited one through `claim_limited_jobs`."""
         return self.sql(f"""
-            SELECT q.name, q.paused FROM ({CONTROLLED} AND q.name = ANY(:queues)) q""")
+            SELECT c.name, c.paused, {PERMITTED} AS permits
+              FROM ({CONTROLLED} AND q.name = ANY(:queues)) c
+              JOIN {S}.queues q ON q.name = c.name""")
 
     @cached_property
     def lock_queue(self) -> TextClause:
         """Lock a queue's row for the transaction (limited claims take turns).
 
-        Lock queue :queue's row for the transaction: limited claims of one queue take turns,
-        each counting in a snapshot taken after the previous one committed."""
-        return self.sql(f"SELECT name FROM {S}.queues WHERE name = :queue FOR UPDATE")
+        Lock queue :queue's row for the transaction: limited claims and leases of one queue
+        take turns, each counting in a snapshot taken after the previous one committed. Also
+        reclaims the queue's permits held by workers no longer in `flowq.workers` (a clean
+        stop left, a dead one expired): the DELETE waits for a claim under them that is in
+        flight, so the count that follows, in a snapshot of its own, sees what it claimed."""
+        return self.sql(f"""
+            WITH locked AS (
+                SELECT name FROM {S}.queues WHERE name = :queue FOR UPDATE
+            ), reclaimed AS (
+                DELETE FROM {S}.permits p
+                 WHERE p.queue = :queue
+                   AND NOT EXISTS (SELECT 1 FROM {S}.workers w WHERE w.name = p.worker)
+            )
+            SELECT name FROM locked""")
 
     @cached_property
     def claim_limited_jobs(self) -> TextClause:
@@ -38,8 +58,9 @@ class QueueStatements(Statements):
 
         Claim up to :limit due jobs of :queue within its limits, after `lock_queue` in the
         same transaction (so that what is counted as running is current): none if paused;
-        at most `concurrency` running; at most the rate limit's tokens (refilled at `limit`
-        per period, up to `limit`), spending one per claim; and per concurrency key at most
+        at most `concurrency` running (permits held count as running: `USAGE`); at most
+        the rate limit's tokens (refilled at `limit` per period, up to `limit`), spending
+        one per claim; and per concurrency key at most
         its `key_limit` running, keys already at their limit skipped in the scan (up to
         :scan candidates) so that other keys are not held up behind them. Returns the claimed
         rows, each with `more` last (a single row of NULLs and `more` when none was claimed):
@@ -57,8 +78,8 @@ class QueueStatements(Statements):
                              * rate_limit / rate_period) END AS tokens
                   FROM {S}.queues WHERE name = :queue
             ), running AS (
-                SELECT count(*) AS n FROM {S}.jobs
-                 WHERE status = 'running' AND queue = :queue
+                -- running jobs, and the permits held beyond them (they may start any time)
+                SELECT COALESCE(sum(u.n), 0)::bigint AS n FROM ({USAGE}) u
             ), busy AS (
                 SELECT concurrency_key AS key, count(*) AS n FROM {S}.jobs
                  WHERE status = 'running' AND queue = :queue AND concurrency_key IS NOT NULL

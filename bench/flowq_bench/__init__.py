@@ -27,14 +27,19 @@ command's options).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from flowq_bench.harness import Server, open_server
 from flowq_bench.options import DEFAULT_SCENARIOS, SCENARIOS, Options
-from flowq_bench.progress import Progress, reporting
-from flowq_bench.report import Row, render_table, to_json
+
+if TYPE_CHECKING:
+    from flowq_bench.harness import Server
+    from flowq_bench.report import Row
 
 __all__ = ["DEFAULT_SCENARIOS", "SCENARIOS", "Options", "run_bench"]
+
+
+# Everything but the options is imported when a run starts, so that `flowq bench --help`
+# (which imports this package for its command) loads neither SQLAlchemy nor psycopg.
 
 
 def _registry() -> dict[str, Callable[[Server, Options], list[Row]]]:
@@ -56,6 +61,9 @@ def run_bench(url: str | None, names: Sequence[str], options: Options,
     as they start (text with its line ends: `flowq_bench.progress`; `tty`: a bar redrawn in
     place)."""
     from flowq import tracing
+    from flowq_bench.harness import open_server
+    from flowq_bench.progress import Progress, reporting
+    from flowq_bench.report import render_table, to_json
 
     registry = _registry()
     rows: list[Row] = []

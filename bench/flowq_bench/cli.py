@@ -14,7 +14,6 @@ import sys
 
 import click
 
-from flowq.db import normalize_url
 from flowq_bench import DEFAULT_SCENARIOS, SCENARIOS, Options, run_bench
 
 __all__ = ["bench"]
@@ -68,6 +67,8 @@ def bench(database_url: str | None, scenarios: tuple[str, ...], n_jobs: int | No
         raise click.UsageError(f"unknown scenario {unknown[0]!r}; choose from "
                                f"{', '.join(SCENARIOS)}")
     if database_url is not None:
+        from flowq.db import normalize_url  # here: --help must not load SQLAlchemy
+
         normalize_url(database_url)
     options = Options.quick() if quick else Options()
     for knob, value in (("jobs", n_jobs), ("processes", processes),

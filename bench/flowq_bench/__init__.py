@@ -8,8 +8,9 @@ batched-100 and raw batched-100 on a minimal table of its own, with WAL bytes pe
 drain-session, pipeline, dag (diamond runs with a join), map (one run mapping N items, then a join), limit (a drain under a queue's global
 concurrency limit beside the same drain unlimited), rate (a rate-limited queue's achieved
 start rate and burst), enqueue, latency, scale, and the opt-in
-soak (it runs for `--duration`), memory (worker RSS over a 1M-job drain) and pressure (a
-steady load beside an open snapshot and a scanning reader, phase by phase).
+soak (it runs for `--duration`), memory (worker RSS over a 1M-job drain), pressure (a
+steady load beside an open snapshot and a scanning reader, phase by phase) and overload (one
+worker offered 0.5x to 4x its peak, in its own process and in the producer's).
 Each runs in a fresh database on one server: the one at `--database-url`, or a fresh
 embedded PostgreSQL with durable defaults (fsync on); FLOWQ_DATABASE_URL and DATABASE_URL are
 never read. The bench drops only the databases it created (see `harness`).
@@ -19,7 +20,8 @@ in the same run, because absolute numbers drift from machine to machine and rati
 
 Modules: `options` (sizes and defaults), `harness` (server, databases, worker processes),
 `baselines` (raw loops), `drains` (timing a drain), `scenarios`, `limits`, `rate`, `producers`,
-`memory` and `pressure` (the scenarios), `report` (table and JSON), `app` (the bench's handlers),
+`memory`, `pressure` and `overload` (the scenarios), `load` (fixed-rate load in phases, read
+back from the job rows: pressure's and overload's), `report` (table and JSON), `app` (the bench's handlers),
 `worker` (soak worker), `progress` (each scenario and repeat as it starts), `cli` (the
 command's options).
 """
@@ -43,13 +45,14 @@ __all__ = ["DEFAULT_SCENARIOS", "SCENARIOS", "Options", "run_bench"]
 
 
 def _registry() -> dict[str, Callable[[Server, Options], list[Row]]]:
-    from flowq_bench import limits, memory, pressure, producers, rate, scenarios
+    from flowq_bench import limits, memory, overload, pressure, producers, rate, scenarios
 
     return {"drain": scenarios.drain, "drain-session": scenarios.drain_session,
             "pipeline": scenarios.pipeline, "dag": scenarios.dag, "map": scenarios.map_run,
             "limit": limits.limit, "rate": rate.rate, "enqueue": producers.enqueue,
             "latency": producers.latency, "scale": scenarios.scale, "soak": producers.soak,
-            "memory": memory.memory, "pressure": pressure.pressure}
+            "memory": memory.memory, "pressure": pressure.pressure,
+            "overload": overload.overload}
 
 
 def run_bench(url: str | None, names: Sequence[str], options: Options,

@@ -1,7 +1,7 @@
 """`flowq bench --quick` end to end against the test server, so the command never rots.
 
 Real `flowq worker` processes and raw loops run every scenario but the soak (the default
-ones and the opt-in limit, rate and memory) at tiny sizes, in ONE invocation that the tests
+ones and the opt-in limit, rate, memory, pressure and overload) at tiny sizes, in ONE invocation that the tests
 below share (`quick_run`): each scenario runs in a database of its own either way, and one
 run instead of one per test is what makes this file take about a minute and a half rather
 than seven. The tests check the shape of the JSON and the table (every scenario, every
@@ -245,3 +245,37 @@ def test_pressure_reports_each_phase_beside_the_clean_one(quick_run: QuickRun) -
     assert all(r["flowq"]["values"][0] > 0 for r in rows
                if r["flowq"]["name"].startswith("completions / offered"))
     assert "jobs/s offered to P=1" in rows[0]["note"]
+
+
+def test_overload_offers_multiples_of_the_peak_in_both_placements(quick_run: QuickRun) -> None:
+    """The overload scenario at tiny size: one worker's peak, then 0.5x to 4x of it offered
+    to the worker in its own process and in the bench's, each phase read from the job rows.
+    Shapes and counts only: what the worker kept up with is the bench's to report."""
+    rows = quick_run.doc["scenarios"]["overload"]
+    names = [r["flowq"]["name"] for r in rows]
+    assert len(set(names)) == len(names), names
+    assert names[0] == "peak drain, worker in the producer's process"
+    for where in ("own", "in-process"):
+        for m in ("0.5x", "1x", "2x", "4x"):
+            for label in ("offered/s", "completed/s", "backlog at the end"):
+                assert f"{label}, {m}, {where}" in names, names
+        for m in ("1x", "2x", "4x"):
+            assert f"pickup p50, {m}, {where}" in names and f"pickup p99, {m}, {where}" in names
+        assert f"completed/s at 2x vs at 1x, {where}" in names
+    extra = rows[0]["extra"]
+    assert "P=1 C=8" in rows[0]["note"]  # --quick's concurrency
+    assert [len(v) for v in extra["peaks"].values()] == [1, 1]  # --quick: one drain each
+    asked = {}
+    for place, phases in extra["phases"].items():
+        assert [p["name"] for p in phases] == ["0.5x", "1x", "2x", "4x"], place
+        asked[place] = [p["rate"] for p in phases]
+        base = asked[place][0]
+        assert asked[place] == pytest.approx([base, 2 * base, 4 * base, 8 * base]), place
+        for p in phases:
+            assert p["offered"] > 0 and p["seconds"] > 0, p
+            assert p["completed"] >= 0 and 0 <= p["backlog"] <= p["offered"], p
+            assert math.isfinite(p["p50"]) and p["p50"] <= p["p99"], p
+        # Each phase starts from an empty queue, so no window completes more than was offered
+        # in the windows so far (the drains between phases fall outside every window).
+        assert sum(p["completed"] for p in phases) <= sum(p["offered"] for p in phases)
+    assert asked["own process"] == asked["producer's process"]  # the same loads for both

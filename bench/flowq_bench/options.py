@@ -22,7 +22,7 @@ SCENARIOS: Final = ("drain", "drain-session", "pipeline", "dag", "map", "limit",
 # size (three drains or windows of each kind, one kind being a 15 s cap or a 10 s window, and
 # their worker start-ups), so they are opt-in too.
 # pressure runs four phases of --pressure-phase (30 s) and then drains what piled up;
-# overload eight phases of --overload-phase (20 s) and the backlogs they leave (~5 minutes).
+# overload eight phases of --overload-phase (20 s) and the backlogs they leave (5-10 min).
 OPT_IN: Final = ("limit", "rate", "soak", "memory", "pressure", "overload")
 DEFAULT_SCENARIOS: Final = tuple(s for s in SCENARIOS if s not in OPT_IN)
 

@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -41,8 +41,8 @@ import sqlalchemy as sa
 import flowq
 from flowq.db import normalize_url, to_conninfo
 
-__all__ = ["BENCH_QUEUE", "Server", "WorkerGroup", "WorkerThread", "conninfo", "open_server", "own_database",
-           "reset", "reset_table", "wait_for"]
+__all__ = ["BENCH_QUEUE", "Server", "WorkerGroup", "WorkerThread", "conninfo", "open_server",
+           "own_database", "reset", "reset_table", "wait_for"]
 
 BENCH_APP: Final = "flowq_bench.app:app"
 BENCH_QUEUE: Final = "bench"  # the queue of every scenario's tasks but limit's and rate's
@@ -207,7 +207,7 @@ _LISTENING: Final = sa.text(
     "AND application_name LIKE 'flowq listen %'")
 
 
-def _wait_listening(engine: sa.Engine, n: int, alive: Any) -> None:
+def _wait_listening(engine: sa.Engine, n: int, alive: Callable[[], None]) -> None:
     """Until `n` workers hold their LISTEN connection (each has started its claim loop);
     `alive()` raises if the workers are gone."""
     def ready() -> bool:

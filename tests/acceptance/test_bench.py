@@ -32,6 +32,8 @@ from flowq_bench.baselines import MINIMAL_VARIANTS
 # Every scenario but the soak (it runs for --duration), opt-in ones included, in this order.
 RUN_SCENARIOS = [s for s in SCENARIOS if s != "soak"]
 JOBS = 60  # --jobs: drains of 60 jobs, 15 diamond runs, a map of 60 items, memory of 60 jobs
+# The phases' lengths, given on the command line (so the options reach the scenarios).
+PRESSURE_PHASE, OVERLOAD_PHASE = 1.5, 0.75
 RUN_TIMEOUT = 500  # seconds; the run takes about 90 on 2 busy cores
 
 pytestmark = pytest.mark.timeout(RUN_TIMEOUT + 100)  # the first test waits for the run
@@ -50,6 +52,7 @@ def quick_run(server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Quic
     scenarios = [arg for name in RUN_SCENARIOS for arg in ("--scenario", name)]
     done = subprocess.run(
         [sys.executable, "-m", "flowq", "bench", "--quick", "--jobs", str(JOBS), *scenarios,
+         "--pressure-phase", str(PRESSURE_PHASE), "--overload-phase", str(OVERLOAD_PHASE),
          "--json-file", str(out), "--database-url", server_url],
         capture_output=True, text=True, timeout=RUN_TIMEOUT, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -245,6 +248,7 @@ def test_pressure_reports_each_phase_beside_the_clean_one(quick_run: QuickRun) -
     assert all(r["flowq"]["values"][0] > 0 for r in rows
                if r["flowq"]["name"].startswith("completions / offered"))
     assert "jobs/s offered to P=1" in rows[0]["note"]
+    assert f"{PRESSURE_PHASE:g} s per phase" in rows[0]["note"]  # --pressure-phase
 
 
 def test_overload_offers_multiples_of_the_peak_in_both_placements(quick_run: QuickRun) -> None:
@@ -264,6 +268,7 @@ def test_overload_offers_multiples_of_the_peak_in_both_placements(quick_run: Qui
         assert f"completed/s at 2x vs at 1x, {where}" in names
     extra = rows[0]["extra"]
     assert "P=1 C=8" in rows[0]["note"]  # --quick's concurrency
+    assert f"each offered load for {OVERLOAD_PHASE:g} s" in rows[0]["note"]  # --overload-phase
     assert [len(v) for v in extra["peaks"].values()] == [1, 1]  # --quick: one drain each
     asked = {}
     for place, phases in extra["phases"].items():

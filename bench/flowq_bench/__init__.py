@@ -9,8 +9,9 @@ drain-session, pipeline, dag (diamond runs with a join), map (one run mapping N 
 write through ctx.session, beside the same rows as plain tasks), limit (a drain under a queue's global
 concurrency limit beside the same drain unlimited), rate (a rate-limited queue's achieved
 start rate and burst), enqueue, latency, scale, and the opt-in
-soak (it runs for `--duration`), memory (worker RSS over a 1M-job drain) and pressure (a
-steady load beside an open snapshot and a scanning reader, phase by phase).
+soak (it runs for `--duration`), memory (worker RSS over a 1M-job drain), pressure (a
+steady load beside an open snapshot and a scanning reader, phase by phase) and overload (one
+worker offered 0.5x to 4x its peak, in its own process and in the producer's).
 Each runs in a fresh database on one server: the one at `--database-url`, or a fresh
 embedded PostgreSQL with durable defaults (fsync on); FLOWQ_DATABASE_URL and DATABASE_URL are
 never read. The bench drops only the databases it created (see `harness`).
@@ -20,7 +21,8 @@ in the same run, because absolute numbers drift from machine to machine and rati
 
 Modules: `options` (sizes and defaults), `harness` (server, databases, worker processes),
 `baselines` (raw loops), `drains` (timing a drain), `scenarios`, `limits`, `rate`, `producers`,
-`memory` and `pressure` (the scenarios), `report` (table and JSON), `app` (the bench's handlers),
+`memory`, `pressure` and `overload` (the scenarios), `load` (fixed-rate load in phases, read
+back from the job rows: pressure's and overload's), `report` (table and JSON), `app` (the bench's handlers),
 `worker` (soak worker), `progress` (each scenario and repeat as it starts), `cli` (the
 command's options).
 """
@@ -28,25 +30,31 @@ command's options).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from flowq_bench.harness import Server, open_server
 from flowq_bench.options import DEFAULT_SCENARIOS, SCENARIOS, Options
-from flowq_bench.progress import Progress, reporting
-from flowq_bench.report import Row, render_table, to_json
+
+if TYPE_CHECKING:
+    from flowq_bench.harness import Server
+    from flowq_bench.report import Row
 
 __all__ = ["DEFAULT_SCENARIOS", "SCENARIOS", "Options", "run_bench"]
 
 
+# Everything but the options is imported when a run starts, so that `flowq bench --help`
+# (which imports this package for its command) loads neither SQLAlchemy nor psycopg.
+
+
 def _registry() -> dict[str, Callable[[Server, Options], list[Row]]]:
-    from flowq_bench import limits, memory, pressure, producers, rate, scenarios
+    from flowq_bench import limits, memory, overload, pressure, producers, rate, scenarios
 
     return {"drain": scenarios.drain, "drain-session": scenarios.drain_session,
             "pipeline": scenarios.pipeline, "dag": scenarios.dag, "map": scenarios.map_run,
             "map-session": scenarios.map_session,
             "limit": limits.limit, "rate": rate.rate, "enqueue": producers.enqueue,
             "latency": producers.latency, "scale": scenarios.scale, "soak": producers.soak,
-            "memory": memory.memory, "pressure": pressure.pressure}
+            "memory": memory.memory, "pressure": pressure.pressure,
+            "overload": overload.overload}
 
 
 def run_bench(url: str | None, names: Sequence[str], options: Options,
@@ -58,6 +66,9 @@ def run_bench(url: str | None, names: Sequence[str], options: Options,
     as they start (text with its line ends: `flowq_bench.progress`; `tty`: a bar redrawn in
     place)."""
     from flowq import tracing
+    from flowq_bench.harness import open_server
+    from flowq_bench.progress import Progress, reporting
+    from flowq_bench.report import render_table, to_json
 
     registry = _registry()
     rows: list[Row] = []

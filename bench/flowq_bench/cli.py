@@ -11,13 +11,40 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
-from flowq.db import normalize_url
 from flowq_bench import DEFAULT_SCENARIOS, SCENARIOS, Options, run_bench
+from flowq_bench.options import BOUNDS, bounded
 
 __all__ = ["bench"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+class Bounded(click.ParamType[float]):
+    """A number within `options.BOUNDS[option]`; anything else is a usage error in one
+    sentence (`options.bounded` decides)."""
+
+    def __init__(self, option: str) -> None:
+        self.option = option
+        self.name = BOUNDS[option].unit
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        try:
+            return bounded(self.option, str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def _number(option: str, dest: str, help: str, default: str) -> Callable[[_F], _F]:
+    """A `Bounded` option whose help ends with its bounds and its default."""
+    return click.option(option, dest, type=Bounded(option), default=None,
+                        metavar=BOUNDS[option].unit.split()[0].upper(),
+                        help=f"{help}: {BOUNDS[option].describe()} [default: {default}].")
 
 
 @click.command()
@@ -32,7 +59,9 @@ __all__ = ["bench"]
               "(the drain on a queue with concurrency=50 beside the same drain unlimited, "
               "and the most jobs seen running at once), rate (a queue with Rate(200, per=1s) "
               "drained for 10 s: achieved start rate and burst), enqueue, latency, scale, "
-              "soak, memory. Default: all but limit, rate, soak and memory.")
+              "soak, memory, pressure (a steady load beside an open snapshot, then a scanning "
+              "reader), overload (one worker offered 0.5x to 4x its peak). Default: all but "
+              "limit, rate, soak, memory, pressure and overload.")
 @click.option("--jobs", "n_jobs", type=click.IntRange(1), default=None,
               help="Jobs per drain (pipeline: steps; memory: the whole drain) "
               "[default: 50000, memory 1000000; --quick: 300].")
@@ -47,16 +76,27 @@ __all__ = ["bench"]
               help="scale: finished rows retained beside the pending ones [default: 1,000,000].")
 @click.option("--repeat", type=click.IntRange(1), default=None,
               help="Runs per figure; the table shows median and min-max [default: 3].")
-@click.option("--duration", type=click.FloatRange(1.0), default=None,
-              help="Seconds the soak runs [default: 600].")
+@_number("--duration", "duration", "How long the soak runs", "600")
+@_number("--pressure-phase", "pressure_phase",
+         "pressure: how long each of its four phases lasts, the open snapshot's included",
+         "30; --quick: 2")
+@_number("--pressure-rate", "pressure_rate",
+         "pressure: no-op jobs offered to its one worker", "2,000; --quick: 200")
+@_number("--pressure-rows", "pressure_rows",
+         "pressure: the business table the reader scans", "300,000; --quick: 20,000")
+@_number("--overload-phase", "overload_phase",
+         "overload: how long each offered load lasts, for each worker placement",
+         "20; --quick: 1")
 @click.option("--quick", is_flag=True, help="Tiny sizes and one run: checks it works.")
 @click.option("--json", "json_out", is_flag=True, help="Print JSON instead of the table.")
 @click.option("--json-file", type=click.Path(dir_okay=False), default=None,
               help="Also write the JSON to this file.")
 def bench(database_url: str | None, scenarios: tuple[str, ...], n_jobs: int | None,
           processes: int | None, concurrency: int | None, drain_c: str | None,
-          retained: int | None, repeat: int | None, duration: float | None, quick: bool, json_out: bool,
-          json_file: str | None) -> None:
+          retained: int | None, repeat: int | None, duration: float | None,
+          pressure_phase: float | None, pressure_rate: float | None,
+          pressure_rows: int | None, overload_phase: float | None, quick: bool,
+          json_out: bool, json_file: str | None) -> None:
     """Benchmark flowq against raw-SQL references on --database-url or an embedded server.
 
     Every figure is measured beside its reference in the same run, on the same database;
@@ -68,12 +108,17 @@ def bench(database_url: str | None, scenarios: tuple[str, ...], n_jobs: int | No
         raise click.UsageError(f"unknown scenario {unknown[0]!r}; choose from "
                                f"{', '.join(SCENARIOS)}")
     if database_url is not None:
+        from flowq.db import normalize_url  # here: --help must not load SQLAlchemy
+
         normalize_url(database_url)
     options = Options.quick() if quick else Options()
     for knob, value in (("jobs", n_jobs), ("processes", processes),
                         ("concurrency", concurrency), ("repeat", repeat),
-                        ("retained", retained),
-                        ("duration", duration)):
+                        ("retained", retained), ("duration", duration),
+                        ("pressure_phase", pressure_phase),
+                        ("pressure_rate", pressure_rate),
+                        ("pressure_rows", pressure_rows),
+                        ("overload_phase", overload_phase)):
         if value is not None:
             setattr(options, knob, value)
     if drain_c is not None:

@@ -11,6 +11,9 @@
   started and ready (their LISTEN connections seen in pg_stat_activity) before timing starts.
   They serve `--queues bench` unless told otherwise (the bench app also declares the limited
   queues of the `limit` and `rate` scenarios, which the other scenarios must not visit).
+- `WorkerThread`: the same worker embedded in the bench's own process (`Worker.running()`,
+  on threads, configured as `WorkerGroup`'s command line configures `flowq worker`), for a
+  worker that shares its process with a producer (`overload`).
 
 The bench drops and truncates only what it created: the template only once its CREATE
 succeeded, a scenario's database only after creating it, and `reset` refuses any database
@@ -28,7 +31,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -38,8 +41,8 @@ import sqlalchemy as sa
 import flowq
 from flowq.db import normalize_url, to_conninfo
 
-__all__ = ["BENCH_QUEUE", "Server", "WorkerGroup", "conninfo", "open_server", "own_database",
-           "reset", "reset_table", "wait_for"]
+__all__ = ["BENCH_QUEUE", "Server", "WorkerGroup", "WorkerThread", "conninfo", "open_server",
+           "own_database", "reset", "reset_table", "wait_for"]
 
 BENCH_APP: Final = "flowq_bench.app:app"
 BENCH_QUEUE: Final = "bench"  # the queue of every scenario's tasks but limit's and rate's
@@ -200,6 +203,22 @@ def reset_table(engine: sa.Engine, table: str) -> None:
         c.execute(sa.text(f"VACUUM ANALYZE {table}"))
 
 
+_LISTENING: Final = sa.text(
+    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+    "AND application_name LIKE 'flowq listen %'")
+
+
+def _wait_listening(engine: sa.Engine, n: int, alive: Callable[[], None]) -> None:
+    """Until `n` workers hold their LISTEN connection (each has started its claim loop);
+    `alive()` raises if the workers are gone."""
+    def ready() -> bool:
+        alive()
+        with engine.connect() as c:
+            return int(c.execute(_LISTENING).scalar() or 0) >= n
+
+    wait_for(ready, READY_TIMEOUT, "the workers to start", interval=0.05)
+
+
 class WorkerGroup:
     """`flowq worker flowq_bench.app:app` with P processes of concurrency C, as a user runs it."""
 
@@ -230,17 +249,12 @@ class WorkerGroup:
 
     def wait_ready(self, engine: sa.Engine) -> None:
         """Until every process holds its LISTEN connection (it has started its claim loop)."""
-        q = sa.text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND application_name LIKE 'flowq listen %'")
-
-        def ready() -> bool:
+        def alive() -> None:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"worker exited with {self.proc.returncode}: "
                                    f"{self.log.read_text(errors='replace')[-2000:]}")
-            with engine.connect() as c:
-                return int(c.execute(q).scalar() or 0) >= self.processes
 
-        wait_for(ready, READY_TIMEOUT, "the workers to start", interval=0.05)
+        _wait_listening(engine, self.processes, alive)
 
     def pids(self) -> list[int]:
         """The worker processes (the supervisor's children when P > 1)."""
@@ -270,3 +284,39 @@ class WorkerGroup:
             return
         with contextlib.suppress(OSError):
             self.log.unlink()
+
+
+class WorkerThread:
+    """`flowq worker flowq_bench.app:app --concurrency C --queues bench --no-job-log` run on
+    threads of this process instead (`Worker.running()`): a worker beside a producer in one
+    process, as an app that embeds its worker runs it. Leaving the block stops it as
+    SIGTERM stops `flowq worker` (running handlers finish within the grace period) and
+    raises what the worker raised."""
+
+    def __init__(self, url: str, *, concurrency: int,
+                 queues: tuple[str, ...] = (BENCH_QUEUE,)) -> None:
+        from flowq.worker import Worker, WorkerConfig
+        from flowq_bench.app import app
+
+        self.config = WorkerConfig(queues=list(queues), concurrency=concurrency,
+                                   job_log=False)
+        self.worker = Worker(app, url, self.config)
+        self._running: contextlib.AbstractContextManager[Any] | None = None
+
+    def __enter__(self) -> WorkerThread:
+        self._running = self.worker.running()
+        self._running.__enter__()
+        return self
+
+    def wait_ready(self, engine: sa.Engine) -> None:
+        """Until its LISTEN connection is open (its claim loop has started)."""
+        def alive() -> None:
+            if self._running is None:
+                raise RuntimeError("the worker thread was not started")
+
+        _wait_listening(engine, 1, alive)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._running is not None:
+            running, self._running = self._running, None
+            running.__exit__(*exc)

@@ -1,4 +1,10 @@
-"""What `flowq bench` was asked to do: sizes, process counts, repeats; defaults and --quick."""
+"""What `flowq bench` was asked to do: sizes, process counts, repeats; defaults and --quick.
+
+Also the bounds of the options given on the command line as numbers of seconds, rates and
+rows (`BOUNDS`), and `bounded`, which holds a value a user typed to them: NaN, infinities,
+zero, negatives, denormals such as 1e-320 and sizes no run could finish are refused with one
+sentence, before anything starts.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +13,63 @@ from typing import Any, Final
 
 from flowq.define.workflows import MAX_MAP_ITEMS
 
-__all__ = ["DEFAULT_SCENARIOS", "OPT_IN", "SCENARIOS", "Options"]
+__all__ = ["BOUNDS", "DEFAULT_SCENARIOS", "OPT_IN", "SCENARIOS", "Bound", "Options", "bounded"]
 
 SCENARIOS: Final = ("drain", "drain-session", "pipeline", "dag", "map", "map-session",
-                    "limit", "rate",
-                    "enqueue", "latency", "scale", "soak", "memory", "pressure")
+                    "limit", "rate", "enqueue", "latency", "scale", "soak", "memory",
+                    "pressure", "overload")
 # soak runs for --duration (default 10 minutes) and memory drains a million jobs, so both are
 # opt-in: --scenario soak, --scenario memory. limit and rate take 1.5-2 minutes each at default
 # size (three drains or windows of each kind, one kind being a 15 s cap or a 10 s window, and
 # their worker start-ups), so they are opt-in too.
-# pressure runs four phases of --pressure-phase (30 s) and then drains what piled up.
-OPT_IN: Final = ("limit", "rate", "soak", "memory", "pressure")
+# pressure runs four phases of --pressure-phase (30 s) and then drains what piled up;
+# overload eight phases of --overload-phase (20 s) and the backlogs they leave (5-10 min).
+OPT_IN: Final = ("limit", "rate", "soak", "memory", "pressure", "overload")
 DEFAULT_SCENARIOS: Final = tuple(s for s in SCENARIOS if s not in OPT_IN)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """What a command-line number may be: `unit` from `low` to `high`, both included."""
+
+    unit: str
+    low: float
+    high: float
+    integer: bool = False
+
+    def describe(self) -> str:
+        def num(x: float) -> str:
+            return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
+
+        return f"{self.unit} from {num(self.low)} to {num(self.high)}"
+
+
+# Phases of at least half a second (the producer enqueues every 20 ms and each phase's edges
+# are read from the database), of at most an hour (the issue's open snapshot is held for 2
+# and 10 minutes); rates one worker could be offered; business tables that fit on a laptop
+# (10,000,000 rows are about 1.3 GB).
+BOUNDS: Final = {
+    "--pressure-phase": Bound("seconds", 0.5, 3_600.0),
+    "--pressure-rate": Bound("jobs per second", 1.0, 100_000.0),
+    "--pressure-rows": Bound("rows", 1, 10_000_000, integer=True),
+    "--overload-phase": Bound("seconds", 0.5, 3_600.0),
+    "--duration": Bound("seconds", 1.0, 86_400.0),
+}
+
+
+def bounded(option: str, text: str) -> float:
+    """`text`, typed to `option`, as a number within `BOUNDS[option]` (an int for rows); a
+    ValueError saying in one sentence what the option takes otherwise."""
+    bound = BOUNDS[option]
+    wanted = f"expected {'a whole number of ' if bound.integer else ''}{bound.describe()}"
+    try:
+        value = float(text.strip().replace("_", ""))
+    except (ValueError, AttributeError):
+        raise ValueError(f"{wanted}, got {text!r}.") from None
+    # NaN compares false with everything: test that the value is inside, never outside.
+    if not (bound.low <= value <= bound.high) or (bound.integer and not value.is_integer()):
+        raise ValueError(f"{wanted}, got {text!r}.")
+    return int(value) if bound.integer else value
 
 
 @dataclass
@@ -64,6 +115,13 @@ class Options:
     pressure_c: int = 16          # ... of this concurrency,
     pressure_phase: float = 30.0  # ... for this many seconds per phase,
     pressure_rows: int = 300_000  # ... beside a business table of this many rows
+    # overload: one worker's peak drain of this many no-op jobs (P=1, C=16: -c overrides),
+    overload_peak_jobs: int = 20_000
+    overload_concurrency: int = 16
+    # ... then these multiples of that peak offered by a fixed-rate producer, for this
+    # many seconds each, with the worker in its own process and in the producer's.
+    overload_multiples: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
+    overload_phase: float = 20.0
     # `jobs` and `concurrency` as built: memory and drain-session follow them once changed
     # (--jobs, -c), and otherwise use their own defaults above.
     _initial: tuple[int, int] = field(default=(0, 0), init=False, repr=False, compare=False)
@@ -90,6 +148,12 @@ class Options:
         return (self.concurrency if self.concurrency != self._initial[1]
                 else self.session_concurrency)
 
+    @property
+    def overload_c(self) -> int:
+        """overload's concurrency: `-c` if it was given, else `overload_concurrency`."""
+        return (self.concurrency if self.concurrency != self._initial[1]
+                else self.overload_concurrency)
+
     def set_drain_concurrency(self, cs: tuple[int, ...]) -> None:
         """`--drain-c`: the drain runs flowq at each of `cs`, whatever `-c` says."""
         self.drain_concurrency = cs
@@ -113,11 +177,13 @@ class Options:
                    sample_every=1.0, session_concurrency=8, memory_jobs=2_000,
                    memory_chunk=500, memory_sample_every=0.2, map_items=300,
                    queue_limit=4, limit_timeout=5.0, rate_limit=50, rate_window=3.0,
-                   pressure_rate=200.0, pressure_c=8, pressure_phase=2.0, pressure_rows=20_000)
+                   pressure_rate=200.0, pressure_c=8, pressure_phase=2.0, pressure_rows=20_000,
+                   overload_peak_jobs=300, overload_concurrency=8, overload_phase=1.0)
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         del d["_initial"]
         del d["_drain_explicit"]
         return {**d, "memory_n": self.memory_n, "session_c": self.session_c,
-                "map_n": self.map_n, "drain_cs": list(self.drain_cs)}
+                "map_n": self.map_n, "drain_cs": list(self.drain_cs),
+                "overload_c": self.overload_c}

@@ -1,7 +1,7 @@
 """`flowq bench --quick` end to end against the test server, so the command never rots.
 
 Real `flowq worker` processes and raw loops run every scenario but the soak (the default
-ones and the opt-in limit, rate and memory) at tiny sizes, in ONE invocation that the tests
+ones and the opt-in limit, rate, memory, pressure and overload) at tiny sizes, in ONE invocation that the tests
 below share (`quick_run`): each scenario runs in a database of its own either way, and one
 run instead of one per test is what makes this file take about a minute and a half rather
 than seven. The tests check the shape of the JSON and the table (every scenario, every
@@ -32,6 +32,8 @@ from flowq_bench.baselines import MINIMAL_VARIANTS
 # Every scenario but the soak (it runs for --duration), opt-in ones included, in this order.
 RUN_SCENARIOS = [s for s in SCENARIOS if s != "soak"]
 JOBS = 60  # --jobs: drains of 60 jobs, 15 diamond runs, a map of 60 items, memory of 60 jobs
+# The phases' lengths, given on the command line (so the options reach the scenarios).
+PRESSURE_PHASE, OVERLOAD_PHASE = 1.5, 0.75
 RUN_TIMEOUT = 500  # seconds; the run takes about 90 on 2 busy cores
 
 pytestmark = pytest.mark.timeout(RUN_TIMEOUT + 100)  # the first test waits for the run
@@ -50,6 +52,7 @@ def quick_run(server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Quic
     scenarios = [arg for name in RUN_SCENARIOS for arg in ("--scenario", name)]
     done = subprocess.run(
         [sys.executable, "-m", "flowq", "bench", "--quick", "--jobs", str(JOBS), *scenarios,
+         "--pressure-phase", str(PRESSURE_PHASE), "--overload-phase", str(OVERLOAD_PHASE),
          "--json-file", str(out), "--database-url", server_url],
         capture_output=True, text=True, timeout=RUN_TIMEOUT, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -245,3 +248,39 @@ def test_pressure_reports_each_phase_beside_the_clean_one(quick_run: QuickRun) -
     assert all(r["flowq"]["values"][0] > 0 for r in rows
                if r["flowq"]["name"].startswith("completions / offered"))
     assert "jobs/s offered to P=1" in rows[0]["note"]
+    assert f"{PRESSURE_PHASE:g} s per phase" in rows[0]["note"]  # --pressure-phase
+
+
+def test_overload_offers_multiples_of_the_peak_in_both_placements(quick_run: QuickRun) -> None:
+    """The overload scenario at tiny size: one worker's peak, then 0.5x to 4x of it offered
+    to the worker in its own process and in the bench's, each phase read from the job rows.
+    Shapes and counts only: what the worker kept up with is the bench's to report."""
+    rows = quick_run.doc["scenarios"]["overload"]
+    names = [r["flowq"]["name"] for r in rows]
+    assert len(set(names)) == len(names), names
+    assert names[0] == "peak drain, worker in the producer's process"
+    for where in ("own", "in-process"):
+        for m in ("0.5x", "1x", "2x", "4x"):
+            for label in ("offered/s", "completed/s", "backlog at the end"):
+                assert f"{label}, {m}, {where}" in names, names
+        for m in ("1x", "2x", "4x"):
+            assert f"pickup p50, {m}, {where}" in names and f"pickup p99, {m}, {where}" in names
+        assert f"completed/s at 2x vs at 1x, {where}" in names
+    extra = rows[0]["extra"]
+    assert "P=1 C=8" in rows[0]["note"]  # --quick's concurrency
+    assert f"each offered load for {OVERLOAD_PHASE:g} s" in rows[0]["note"]  # --overload-phase
+    assert [len(v) for v in extra["peaks"].values()] == [1, 1]  # --quick: one drain each
+    asked = {}
+    for place, phases in extra["phases"].items():
+        assert [p["name"] for p in phases] == ["0.5x", "1x", "2x", "4x"], place
+        asked[place] = [p["rate"] for p in phases]
+        base = asked[place][0]
+        assert asked[place] == pytest.approx([base, 2 * base, 4 * base, 8 * base]), place
+        for p in phases:
+            assert p["offered"] > 0 and p["seconds"] > 0, p
+            assert p["completed"] >= 0 and 0 <= p["backlog"] <= p["offered"], p
+            assert math.isfinite(p["p50"]) and p["p50"] <= p["p99"], p
+        # Each phase starts from an empty queue, so no window completes more than was offered
+        # in the windows so far (the drains between phases fall outside every window).
+        assert sum(p["completed"] for p in phases) <= sum(p["offered"] for p in phases)
+    assert asked["own process"] == asked["producer's process"]  # the same loads for both

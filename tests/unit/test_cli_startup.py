@@ -64,12 +64,6 @@ def modules_after(*args: str) -> set[str]:
     return set(json.loads(done.stdout.splitlines()[-1]))
 
 
-# Commands whose --help may import SQLAlchemy: `flowq bench` renders the command of the
-# flowq-bench distribution, whose package imports its harness (it is a benchmark: not a
-# command people type to see what it does).
-HELP_MAY_IMPORT_SQLALCHEMY = frozenset({"bench"})
-
-
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_command_help_imports_no_database_library(name: str) -> None:
     """A command's --help loads that command's module, but nothing heavy: each command
@@ -78,9 +72,7 @@ def test_command_help_imports_no_database_library(name: str) -> None:
     modules = modules_after(name, "--help")
     assert COMMANDS[name][0].partition(":")[0] in modules  # the command was really loaded
     assert not sorted(m for m in modules if m.partition(".")[0] == "alembic")
-    allowed = {"sqlalchemy", "psycopg", "tenacity", "cronsim"} if (
-        name in HELP_MAY_IMPORT_SQLALCHEMY) else set()
-    heavy = sorted({m.partition(".")[0] for m in modules} & (set(HEAVY) - allowed))
+    heavy = sorted({m.partition(".")[0] for m in modules} & set(HEAVY))
     assert not heavy, heavy
 
 

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from flowq.enqueueing.sync import Session, SessionMixin, enqueue, enqueue_many, signal
     from flowq.errors import (
         CancelRun,
+        CheckpointError,
         ConfigurationError,
         DatabaseUnavailableError,
         EmbeddedPostgresError,
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
         SchemaMissingError,
         SignalError,
         SignalTimeout,
+        Snooze,
         UnknownTaskError,
         WorkflowError,
     )
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CancelRun",
+    "CheckpointError",
     "ConfigurationError",
     "Context",
     "DatabaseUnavailableError",
@@ -72,6 +75,7 @@ __all__ = [
     "SignalError",
     "SignalTimeout",
     "Signalled",
+    "Snooze",
     "Step",
     "Task",
     "UnknownTaskError",
@@ -104,7 +108,7 @@ _EXPORTS: Final[dict[str, tuple[str, ...]]] = {
         "CancelRun", "ConfigurationError", "DatabaseUnavailableError", "EmbeddedPostgresError",
         "FlowqError", "InvalidArgumentsError", "InvalidQueueError", "RetryStep",
         "RunNotFoundError", "RunStateError", "SchemaMissingError", "SignalError",
-        "SignalTimeout", "UnknownTaskError", "WorkflowError",
+        "SignalTimeout", "UnknownTaskError", "WorkflowError", "CheckpointError", "Snooze",
     ),
     "flowq.db.migrations": ("migrate",),
     "flowq.worker": ("Worker", "WorkerConfig"),
@@ -116,6 +120,7 @@ _EXPORTS: Final[dict[str, tuple[str, ...]]] = {
 _MODULES: Final[dict[str, str]] = {
     "aio": "flowq.enqueueing.aio",
     "doctor": "flowq.ops.doctor",
+    "durable": "flowq.durable",
     "queues": "flowq.ops.queues",
     "runs": "flowq.ops.runs",
     "schedules": "flowq.ops.schedules",

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, event
 
 from flowq.enqueueing.sync import Session
 from flowq.errors import CancelRun, FlowqError
+
+if TYPE_CHECKING:
+    from flowq.durable import Ledger
 
 __all__ = ["Context", "StepSession", "commit_step_session"]
 
@@ -75,7 +78,8 @@ class Context:
                  scheduled_at: datetime | None = None,
                  cancelled: Callable[[], bool] | None = None,
                  enqueued_at: datetime | None = None,
-                 started_at: datetime | None = None) -> None:
+                 started_at: datetime | None = None,
+                 ledger: Ledger | None = None) -> None:
         self.job_id, self.run_id, self.task, self.step = job_id, run_id, task, step
         self.attempt, self.queue, self.map_index = attempt, queue, map_index
         self._session_factory = session_factory
@@ -85,6 +89,7 @@ class Context:
         now = datetime.now(timezone.utc)
         self._enqueued_at = enqueued_at or now
         self._started_at = started_at or now
+        self._ledger = ledger
 
     @property
     def cancelled(self) -> bool:
@@ -148,6 +153,39 @@ class Context:
         """`ctx.session` if the handler opened it, else None (without opening it): what the
         worker commits with the step's success, or rolls back."""
         return self._session
+
+    # -- durable execution (flowq.durable) ---------------------------------------------------
+
+    @property
+    def ledger(self) -> Ledger:
+        """This attempt's checkpoints (`flowq.durable.Ledger`): the worker's reads and records
+        them fenced on the claim; a context built without one keeps them in memory."""
+        if self._ledger is None:
+            from flowq.durable import Ledger
+
+            self._ledger = Ledger(run_id=self.run_id, step=self.step, map_index=self.map_index,
+                                  session_factory=self._session_factory)
+        return self._ledger
+
+    def checkpoint(self, name: str, fn: Callable[..., Any], /, *args: Any,
+                   **kwargs: Any) -> Any:
+        """`fn(*args, **kwargs)` once per run, step, map instance and `name`: when the handler
+        runs again (a retry, a crash, after a sleep), a recorded checkpoint returns its stored
+        result (JSON) without calling `fn`. A `fn` taking a keyword `session` gets a Session
+        whose writes commit in one transaction with the record, under this attempt's claim:
+        a worker that lost its claim commits neither. Names are unique within an attempt."""
+        return self.ledger.checkpoint(name, fn, args, kwargs)
+
+    def sleep(self, seconds: float | timedelta) -> None:
+        """Sleep durably: the handler's call ends here and the job gives its slot back, due
+        again after `seconds` without spending an attempt; the handler then runs again, its
+        checkpoints replay, and this call returns. Up to its sleeps a handler must be
+        deterministic (see docs/durable.md)."""
+        self.ledger.sleep(seconds)
+
+    def sleep_until(self, when: datetime) -> None:
+        """`sleep` until `when`, an aware datetime (one in the past returns at once)."""
+        self.ledger.sleep_until(when)
 
     def __getstate__(self) -> dict[str, Any]:  # pragma: no cover - contexts are not pickled
         raise TypeError("a flowq Context cannot be pickled")

@@ -15,14 +15,15 @@ FlowqError                      root: catch this to catch everything flowq raise
 ├── RunStateError               the run's state does not allow that (retry a run that is not dead)
 └── WorkflowError               a workflow used wrongly at run time: `each()` of something
     │                           that is not a list of dicts, a mapped step with two parents
-    └── SignalError             a signal nobody waits for, sent twice, or whose payload is not JSON
+    ├── SignalError             a signal nobody waits for, sent twice, or whose payload is not JSON
+    └── CheckpointError         a checkpoint name or result flowq cannot keep, or a name reused
 ```
 
 `SignalTimeout` is what a step waiting for a signal fails with when its `wait_timeout` passes:
 its retry policy decides (by default it is not retried: the step ends `dead`).
 
 Control flow raised *by handlers* is not an error and lives outside the tree:
-`RetryStep` and `CancelRun` derive from `BaseException` so that a handler's broad
+`RetryStep`, `CancelRun` and `Snooze` derive from `BaseException` so that a handler's broad
 `except Exception:` cannot swallow them by accident.
 """
 
@@ -32,6 +33,7 @@ from datetime import datetime, timedelta
 
 __all__ = [
     "CancelRun",
+    "CheckpointError",
     "ConfigurationError",
     "DatabaseUnavailableError",
     "EmbeddedPostgresError",
@@ -45,6 +47,7 @@ __all__ = [
     "SchemaMissingError",
     "SignalError",
     "SignalTimeout",
+    "Snooze",
     "UnknownTaskError",
     "WorkflowError",
 ]
@@ -108,6 +111,12 @@ class SignalError(WorkflowError):
     already sent with another payload, or its payload is not JSON."""
 
 
+class CheckpointError(WorkflowError):
+    """A checkpoint was used wrongly: its name is not 1-200 characters of text (or starts
+    with the reserved `flowq.`), it was already used in this attempt, or its result is not
+    JSON (not retried: the step would fail the same way again)."""
+
+
 class SignalTimeout(FlowqError):
     """The step's signal did not arrive within its wait_timeout."""
 
@@ -130,4 +139,19 @@ class CancelRun(BaseException):
 
     def __init__(self, reason: str = "") -> None:
         super().__init__(reason or "cancelled by handler")
+        self.reason = reason
+
+
+class Snooze(BaseException):
+    """Raised by a handler to run this step again after `seconds`, without spending an attempt.
+
+    For a polling step ("not ready yet, look again in a minute"). `seconds` is a number or a
+    timedelta, checked like every delay flowq takes (finite, at most a year and a day). Each
+    step may snooze at most `flowq.durable.MAX_SNOOZES` times over its life; the snooze
+    past that cap ends the step `dead`, so a step cannot poll forever unseen.
+    """
+
+    def __init__(self, seconds: float | timedelta = 0.0, reason: str = "") -> None:
+        super().__init__(reason or "snoozed by the handler")
+        self.seconds = seconds
         self.reason = reason

@@ -206,7 +206,7 @@ async def awaited_in(span: Span, awaitable: Awaitable[T]) -> T:
 
 def end_attempt(span: Span, outcome: Outcome | None, error: BaseException | None = None) -> None:
     """End an attempt's span with its outcome (None: it never ran)."""
-    from flowq.worker.model import Cancelled, Failed, Retried, Succeeded
+    from flowq.worker.model import Cancelled, Failed, Retried, Succeeded, Suspended
 
     assert _api is not None
     if span.is_recording():
@@ -226,4 +226,6 @@ def end_attempt(span: Span, outcome: Outcome | None, error: BaseException | None
             span.set_attribute("flowq.retry_in_s", outcome.delay)
         elif isinstance(outcome, Cancelled):
             span.set_attribute("flowq.outcome", "cancelled")
+        elif isinstance(outcome, Suspended):
+            span.set_attribute("flowq.outcome", "suspended")
     span.end()

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from flowq.db.runner import Rows
 
 __all__ = ["Beat", "Claim", "ClaimedJob", "Completed", "Completion", "Reaped", "Retry",
-           "Spawned", "Successor", "column", "read", "read_one"]
+           "Spawned", "StoredCheckpoint", "Successor", "column", "read", "read_one"]
 
 T = TypeVar("T")
 
@@ -132,6 +132,16 @@ class Retry:
 
     status: str
     run_at: datetime
+
+
+@dataclass(frozen=True)
+class StoredCheckpoint:
+    """A recorded checkpoint of a step (`flowq.checkpoints`): its name, its position in the
+    attempt that recorded it, its result (JSON text)."""
+
+    name: str
+    position: int
+    result: str
 
 
 @dataclass(frozen=True)

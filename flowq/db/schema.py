@@ -28,10 +28,12 @@ __all__ = [
     "JOBS_STORAGE_PARAMETERS",
     "JOIN_SHARDS",
     "JOIN_SHARDS_CAPABILITY",
+    "NO_MAP_INDEX",
     "PERMITS_CAPABILITY",
     "STATUSES",
     "TERMINAL_STATUSES",
     "Status",
+    "checkpoints",
     "jobs",
     "join_shards",
     "joins",
@@ -287,6 +289,26 @@ permits = sa.Table(
     sa.Column("leased_at", sa.DateTime(timezone=True), nullable=False,
               server_default=sa.func.now()),
     sa.CheckConstraint("held >= 0", name="permits_held_check"),
+)
+
+
+# What a step recorded inside its handler (revision 0011, see flowq.durable): one row per
+# (run, step, map instance, name), the result of a `ctx.checkpoint`, a durable sleep's
+# deadline, a step's snooze count. `map_index` is `NO_MAP_INDEX` outside a mapped step (a
+# primary key column cannot be NULL); the reads give NULL back. Written fenced on the claim,
+# in the transaction of the checkpoint's own session; pruned with the run.
+NO_MAP_INDEX: Final = -1
+checkpoints = sa.Table(
+    "checkpoints",
+    metadata,
+    sa.Column("run_id", sa.BigInteger, primary_key=True),
+    sa.Column("step", sa.Text, primary_key=True),
+    sa.Column("map_index", sa.Integer, primary_key=True),
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("position", sa.Integer, nullable=False),
+    sa.Column("result", JSONB, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False,
+              server_default=sa.func.now()),
 )
 
 

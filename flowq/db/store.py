@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal, TypeAlias
 
 from sqlalchemy.sql.elements import TextClause
@@ -33,6 +34,7 @@ from flowq.db.rows import (
     Reaped,
     Retry,
     Spawned,
+    StoredCheckpoint,
     Successor,
     column,
     read,
@@ -235,6 +237,43 @@ class Store:
         job_id, lease = claim
         return read_one(Retry, self.run(self.q.retry_job, {
             "id": job_id, "lease": lease, "delay": delay, "error": error}))
+
+    # -- checkpoints (flowq.durable) ------------------------------------------------------------
+
+    def checkpoints(self, run_id: int, step: str, map_index: int | None
+                    ) -> tuple[list[StoredCheckpoint], datetime]:
+        """The recorded checkpoints of one step (a map instance's own), by position, and the
+        database's clock."""
+        rows = self.run(self.q.select_checkpoints, {
+            "run_id": run_id, "step": step, "map_index": map_index})
+        now = rows[0][rows.columns.index("now")]
+        name = rows.columns.index("name")
+        found = Rows(rows.columns, [r for r in rows if r[name] is not None])
+        return read(StoredCheckpoint, found), now
+
+    def record_checkpoint(self, claim: Claim, run_id: int, step: str, map_index: int | None,
+                          name: str, position: int, *, result: str | None = None,
+                          sleep: float | None = None, until: datetime | None = None
+                          ) -> str | None:
+        """Record checkpoint `name` of a running claim, fenced, in the runner's transaction
+        (its row stays locked until that ends): `result` (JSON text), or for a sleep
+        (`sleep` seconds from now, or `until`) its deadline; the stored JSON, or None if the
+        claim is no longer ours."""
+        job_id, lease = claim
+        rows = self.run(self.q.record_checkpoint, {
+            "id": job_id, "lease": lease, "run_id": run_id, "step": step,
+            "map_index": map_index, "name": name, "position": position, "result": result,
+            "sleep": sleep, "until": until})
+        return str(rows[0][rows.columns.index("result")]) if rows else None
+
+    def suspend(self, claim: Claim, step: str, *, until: datetime | None, delay: float,
+                snoozes: int | None) -> Retry | None:
+        """Send a claim back to pending until `until` (else `delay` seconds from now) giving
+        its attempt back, storing the step's snooze count if given; None if no longer ours."""
+        job_id, lease = claim
+        return read_one(Retry, self.run(self.q.suspend_job, {
+            "id": job_id, "lease": lease, "step": step, "until": until, "delay": delay,
+            "snoozes": snoozes}))
 
     def end(self, claim: Claim, status: Literal["dead", "cancelled"], error: str
             ) -> str | None:

@@ -56,7 +56,7 @@ from flowq.define.app import FlowQ
 from flowq.enqueueing.prepare import Enqueued
 from flowq.names import validate_queue
 from flowq.worker.attempt import Attempt, Call, run_attempt
-from flowq.worker.model import Failed, Outcome, Retried, Succeeded
+from flowq.worker.model import Failed, Outcome, Retried, Succeeded, Suspended
 from flowq.worker.writes import complete_in_session, write_outcome, write_successes
 
 if TYPE_CHECKING:
@@ -158,22 +158,20 @@ def _runner(conn: sa.Connection) -> Runner:
 def _run(conn: sa.Connection, app: FlowQ, job: ClaimedJob,
          skip_waits: bool) -> tuple[str, Outcome]:
     """Run one claimed attempt and write its outcome; (the row's new status, the outcome)."""
-    sessions: list[StepSession] = []
-
     def session_factory() -> StepSession:
         # Joined to the test's transaction: its commit releases a SAVEPOINT, its rollback
         # returns to it, and only the test's own rollback or commit ends the transaction.
-        session = StepSession(bind=conn, join_transaction_mode="create_savepoint")
-        sessions.append(session)
-        return session
+        return StepSession(bind=conn, join_transaction_mode="create_savepoint")
 
     run = _runner(conn)  # reads and writes, in the test's transaction
-    attempt = Attempt(app, job, read=run, session_factory=session_factory)
+    attempt = Attempt(app, job, read=run, session_factory=session_factory,
+                      skip_sleeps=skip_waits)
     # In this thread, without timeouts; an async handler is awaited here rather than on an
     # executor's loop. An interrupted test run is not the handler's failure.
     outcome = run_attempt(attempt, call=_call, reraise=KeyboardInterrupt)
     store = Store(run, app.schema)
-    session = sessions[0] if sessions else None
+    # The handler's `ctx.session` (checkpoints open and close sessions of their own).
+    session = attempt.ctx.opened_session if attempt.ctx is not None else None
     try:
         if isinstance(outcome, Succeeded):
             try:
@@ -224,6 +222,8 @@ def _skipping_wait(outcome: Outcome) -> Outcome:
         return dataclasses.replace(outcome, retry_in=0.0)
     if isinstance(outcome, Retried):
         return dataclasses.replace(outcome, delay=0.0)
+    if isinstance(outcome, Suspended):  # a snooze (a sleep's deadline was recorded as now)
+        return dataclasses.replace(outcome, until=None, delay=0.0)
     return outcome
 
 

@@ -42,18 +42,20 @@ from flowq.db.sql import queries
 from flowq.define.app import FlowQ
 from flowq.define.pipeline import Pipeline
 from flowq.define.retry import Retry
-from flowq.define.step import Step
+from flowq.define.step import Step, as_seconds
+from flowq.durable import MAX_SNOOZES, Ledger, Suspend
 from flowq.errors import (
     CancelRun,
     InvalidArgumentsError,
     RetryStep,
     SignalTimeout,
+    Snooze,
     UnknownTaskError,
     WorkflowError,
 )
 from flowq.storable import clamp_delay, delay_of, describe, first_line, storable_text
 from flowq.worker.graph import InvalidResultError, spawn_roots, succeeded
-from flowq.worker.model import Cancelled, Failed, Outcome, Retried
+from flowq.worker.model import Cancelled, Failed, Outcome, Retried, Suspended
 
 __all__ = ["SUMMARY_CHARS", "Attempt", "Call", "Reader", "arun_attempt", "resolve",
            "run_attempt"]
@@ -102,8 +104,10 @@ class Attempt:
     as `ctx.cancelled`. `error` is the exception that failed it, once judged (for tracing)."""
 
     def __init__(self, app: FlowQ, job: ClaimedJob, *, read: Reader | None = None,
-                 session_factory: Callable[[], StepSession] | None = None) -> None:
+                 session_factory: Callable[[], StepSession] | None = None,
+                 skip_sleeps: bool = False) -> None:
         self.app = app
+        self.skip_sleeps = skip_sleeps  # the test kit's skip_waits: a sleep is due at once
         self.job = job
         self.resolved = resolve(app, job)
         self.read = read
@@ -163,10 +167,14 @@ class Attempt:
             return self.failure(exc, 0.0)
         started_at = None if job.claimed_at is None else job.claimed_at + timedelta(
             seconds=max(0.0, self.started - self.claimed))
+        ledger = None if self.session_factory is None else Ledger(
+            run_id=job.run_id, step=step.name, map_index=job.map_index, claim=job.claim,
+            schema=self.app.schema, session_factory=self.session_factory,
+            skip_sleeps=self.skip_sleeps)
         self.ctx = Context(job.id, job.run_id, job.task, step.name, job.attempts, job.queue,
                            map_index=job.map_index, session_factory=self.session_factory,
                            scheduled_at=job.scheduled_at, cancelled=self._cancel_seen,
-                           enqueued_at=job.enqueued_at, started_at=started_at)
+                           enqueued_at=job.enqueued_at, started_at=started_at, ledger=ledger)
         return Call(step, self.ctx, args)
 
     def _cancel_seen(self) -> bool:
@@ -224,7 +232,32 @@ class Attempt:
                                 summary=f"RetryStep: {first_line(reason)[:SUMMARY_CHARS]}")
         if isinstance(exc, CancelRun):
             return Cancelled(storable_text(exc.reason or "cancelled by the handler"))
+        if isinstance(exc, Suspend):
+            return Suspended(exc.until, 0.0, storable_text(exc.reason), step=self._step_name)
+        if isinstance(exc, Snooze):
+            return self.snoozed(exc, duration)
         return self.failure(exc, duration)
+
+    @property
+    def _step_name(self) -> str:
+        step = self.step
+        return step.name if step is not None else self.job.step
+
+    def snoozed(self, exc: Snooze, duration: float | None = None) -> Outcome:
+        """Run again after the snooze's delay without spending an attempt, unless the step
+        snoozed `MAX_SNOOZES` times already: then it is dead, saying so."""
+        try:
+            delay = as_seconds("Snooze(seconds)", exc.seconds, minimum=0.0)
+            done = self.ctx.ledger.snoozes() if self.ctx is not None else 0
+        except Exception as bad:  # a delay refused, or the count could not be read
+            return self.failure(bad, duration)
+        reason = storable_text(exc.reason or "snoozed by the handler")
+        if done >= MAX_SNOOZES:
+            text = (f"Snooze: the step snoozed {done} times, the cap of {MAX_SNOOZES} snoozes "
+                    f"per step (flowq.durable.MAX_SNOOZES), so it is dead rather than polling "
+                    f"forever; its last snooze: {reason}")
+            return Failed(text, None, first_line(text)[:SUMMARY_CHARS])
+        return Suspended(None, delay, reason, snoozes=done + 1, step=self._step_name)
 
     def retried(self, delay: float, reason: str, *, failed_as: str, summary: str) -> Outcome:
         """Try again after `delay` seconds, unless this attempt is the last the cap allows:

@@ -40,7 +40,7 @@ from flowq.db.transient import is_transient
 from flowq.storable import describe, first_line, storable_text
 from flowq.worker.connection import DB_ERRORS, DedicatedConnection, Outage
 from flowq.worker.logs import ERROR, INFO, WARNING, log_event
-from flowq.worker.model import Cancelled, Failed, Outcome, Retried, Succeeded
+from flowq.worker.model import Cancelled, Failed, Outcome, Retried, Succeeded, Suspended
 from flowq.worker.writes import complete_in_session, end_job, write_outcome, write_successes
 
 if TYPE_CHECKING:
@@ -293,7 +293,10 @@ class Completer:
         self._observe(item.job, status, item.duration)
         fields = self._fields(item.job, item.duration)
         summary = first_line(_summary(item.outcome))[:300]
-        if status == "pending":
+        if status == "pending" and isinstance(item.outcome, Suspended):
+            log_event(INFO, "job suspended (a durable sleep or a snooze)",
+                      due_in_s=round(delay, 3), reason=summary, **fields)
+        elif status == "pending":
             log_event(WARNING, "job failed; retrying", retry_in_s=round(delay, 3),
                       error=summary, **fields)
         elif status == "dead":
@@ -306,7 +309,7 @@ class Completer:
 def _summary(outcome: Outcome) -> str:
     if isinstance(outcome, Failed):
         return outcome.summary or outcome.text
-    if isinstance(outcome, Retried | Cancelled):
+    if isinstance(outcome, Retried | Cancelled | Suspended):
         return outcome.reason
     return "succeeded"
 

@@ -12,16 +12,20 @@ texts without NUL or lone surrogates and capped in length, delays finite and in 
 - `Failed`: the error text; `retry_in` seconds until the next attempt, or None for `dead`.
 - `Retried`: the handler raised `RetryStep` and has attempts left.
 - `Cancelled`: the handler raised `CancelRun`.
+- `Suspended`: the handler slept durably (`ctx.sleep`) or raised `Snooze`: back to pending
+  until `until` (else `delay` seconds from now), its attempt given back; a snooze carries
+  the step's new snooze count (`snoozes`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from flowq.define.step import Step
 
-__all__ = ["Cancelled", "Failed", "Outcome", "Retried", "Spawn", "Succeeded"]
+__all__ = ["Cancelled", "Failed", "Outcome", "Retried", "Spawn", "Succeeded", "Suspended"]
 
 @dataclass(frozen=True)
 class Spawn:
@@ -77,4 +81,13 @@ class Cancelled:
     reason: str
 
 
-Outcome = Succeeded | Failed | Retried | Cancelled
+@dataclass(frozen=True)
+class Suspended:
+    until: datetime | None  # a sleep's recorded deadline; None: `delay` seconds from now
+    delay: float
+    reason: str
+    snoozes: int | None = None  # a snooze: the step's count, this one included
+    step: str = ""  # the step's name (the key of its snooze count)
+
+
+Outcome = Succeeded | Failed | Retried | Cancelled | Suspended

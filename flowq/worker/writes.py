@@ -4,8 +4,8 @@ connection.
 
 - `write_successes(store, done)`: mark the jobs succeeded and insert what they spawn, in one
   statement; the ids that were still ours.
-- `write_outcome(store, job, outcome)`: retry, bury or cancel one job; (its new status, the
-  delay) or None if it was not ours.
+- `write_outcome(store, job, outcome)`: retry, bury, cancel or suspend (a durable sleep, a
+  snooze) one job; (its new status, the delay) or None if it was not ours.
 - `end_job(store, job, status, error)`: end one job `dead` or `cancelled`.
 - `complete_in_session(session, schema, job, outcome)`: a success written in the transaction
   of a handler's `ctx.session` and committed with its writes, or rolled back with them if the
@@ -20,13 +20,15 @@ turns outcomes into its dataclasses.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime, timezone
 from typing import Literal
 
 from flowq.context import StepSession, commit_step_session
 from flowq.db.rows import ClaimedJob, Completion, Spawned
 from flowq.db.runner import runner
 from flowq.db.store import Store
-from flowq.worker.model import Cancelled, Failed, Retried, Spawn, Succeeded
+from flowq.storable import clamp_delay
+from flowq.worker.model import Cancelled, Failed, Retried, Spawn, Succeeded, Suspended
 
 __all__ = ["complete_in_session", "end_job", "write_outcome", "write_successes"]
 
@@ -44,9 +46,19 @@ def write_successes(store: Store, done: Sequence[tuple[ClaimedJob, Succeeded]]) 
 
 
 def write_outcome(store: Store, job: ClaimedJob,
-                  outcome: Failed | Retried | Cancelled) -> tuple[str, float] | None:
-    """Retry, bury or cancel `job`; (its new status, the delay) or None if it was not ours.
-    The status is `pending` for a retry, unless the run was cancelled meanwhile."""
+                  outcome: Failed | Retried | Cancelled | Suspended
+                  ) -> tuple[str, float] | None:
+    """Retry, bury, cancel or suspend `job`; (its new status, the delay) or None if it was not
+    ours. The status is `pending` for a retry or a suspension, unless the run was cancelled
+    meanwhile. A suspension gives its attempt back."""
+    if isinstance(outcome, Suspended):
+        suspended = store.suspend(job.claim, outcome.step or job.step, until=outcome.until,
+                                  delay=outcome.delay, snoozes=outcome.snoozes)
+        if suspended is None:
+            return None
+        # The delay only sets the worker's wake-up (the row's run_at is the database's).
+        left = (suspended.run_at - datetime.now(timezone.utc)).total_seconds()
+        return suspended.status, clamp_delay(left)
     if isinstance(outcome, Cancelled):
         return end_job(store, job, "cancelled", f"CancelRun: {outcome.reason}")
     if isinstance(outcome, Retried):

@@ -207,4 +207,5 @@ class JobStatements(Statements):
             , shards AS (DELETE FROM {S}.join_shards WHERE run_id IN (SELECT run_id FROM old))
             , signals AS (DELETE FROM {S}.signals WHERE run_id IN (SELECT run_id FROM old))
             , held_keys AS (DELETE FROM {S}.uniques WHERE run_id IN (SELECT run_id FROM old))
+            , marks AS (DELETE FROM {S}.checkpoints WHERE run_id IN (SELECT run_id FROM old))
             SELECT count(*) FROM gone""")

@@ -1,0 +1,297 @@
+"""Durable execution inside a step: checkpoints, durable sleeps and the snooze count.
+
+A `Ledger` is one attempt's view of what its step recorded in `flowq.checkpoints` (read once,
+on first use): `ctx.checkpoint`, `ctx.sleep` and `ctx.sleep_until` are its methods, and the
+attempt asks it how often the step snoozed (`Snooze`).
+
+- `checkpoint(name, fn, args, kwargs)`: a recorded name returns its stored result without
+  calling `fn`; else `fn` runs, its result is checked by the rule that checks a step's output
+  (`flowq.jsonargs.dumps_checked`) and recorded, fenced on the claim, in one transaction of
+  a session of its own. A `fn` taking a keyword `session` gets that session: its writes
+  commit with the record, or neither does (a worker that lost its claim commits neither). The
+  value returned is the stored JSON read back, so a first run and a replay see the same.
+- `sleep(seconds)` / `sleep_until(when)`: a sleep is a checkpoint of its own (`flowq.sleep.N`,
+  the deadline): the first time, the deadline is recorded and `Suspend` ends the handler's
+  call (the job goes back to pending until then, its attempt given back, no slot held); when
+  the handler runs again and the deadline has passed (the database's clock), it returns.
+- `snoozes()`: how many times the step snoozed (`flowq.snoozes`, written with each snooze).
+
+Names are the user's (hostile): text of 1-`MAX_NAME_CHARS` characters without NUL or lone
+surrogates, not starting with `flowq.` (flowq's own records), used once per attempt: a name
+seen again in one attempt is a `CheckpointError` naming both positions. A position is the
+order of the call in its attempt (sleeps count); a replay returns a stored name wherever it
+comes, so a handler must call its checkpoints in the same order up to the last recorded one
+(see docs/durable.md). Without a claim (`flowq.testing.run_step`, `make_context`) the ledger
+lives in memory: checkpoints run once per context, sleeps return at once.
+
+Options and their defaults: `MAX_SNOOZES = 1000` snoozes per step over its life (the next
+one ends it `dead`); `MAX_NAME_CHARS = 200`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from typing import Any, Final
+
+from flowq.context import StepSession, commit_step_session
+from flowq.db.rows import Claim, StoredCheckpoint
+from flowq.db.runner import runner
+from flowq.db.store import Store
+from flowq.define.step import as_seconds
+from flowq.errors import CheckpointError, ConfigurationError, FlowqError
+from flowq.jsonargs import JSONError, dumps_checked
+
+__all__ = ["MAX_NAME_CHARS", "MAX_SNOOZES", "RESERVED_PREFIX", "ClaimLost", "Ledger",
+           "Suspend"]
+
+MAX_SNOOZES: Final = 1000
+MAX_NAME_CHARS: Final = 200
+RESERVED_PREFIX: Final = "flowq."
+SNOOZES: Final = "flowq.snoozes"
+
+
+class Suspend(BaseException):
+    """Control flow of a durable sleep: the handler's call ends here, and the job is due
+    again at `until` (None: now). Not an error; a handler must not swallow it."""
+
+    def __init__(self, until: datetime | None, reason: str) -> None:
+        super().__init__(reason)
+        self.until = until
+        self.reason = reason
+
+
+class ClaimLost(BaseException):
+    """This attempt lost its claim on the job (its worker was presumed dead and the job reaped,
+    or the run was cancelled): the checkpoint and its session's writes were rolled back, and
+    the handler stops here."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"checkpoint {name!r} not recorded: this attempt no longer holds its "
+                         "claim on the job (reaped or cancelled); its writes were rolled back")
+
+
+def check_name(name: object) -> str:
+    """`name` if flowq can keep it as a checkpoint's name, else CheckpointError."""
+    if not isinstance(name, str):
+        raise CheckpointError(f"a checkpoint name must be a str, got {type(name).__name__}")
+    if not 1 <= len(name) <= MAX_NAME_CHARS:
+        raise CheckpointError(f"a checkpoint name must be 1-{MAX_NAME_CHARS} characters, got "
+                              f"{len(name)}")
+    if "\x00" in name:
+        raise CheckpointError("a checkpoint name cannot contain a NUL character")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise CheckpointError("a checkpoint name cannot contain a lone surrogate") from None
+    if name.startswith(RESERVED_PREFIX):
+        raise CheckpointError(f"checkpoint names starting with {RESERVED_PREFIX!r} are "
+                              f"flowq's own: rename {name[:60]!r}")
+    return name
+
+
+def _takes_session(fn: Callable[..., Any]) -> bool:
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature takes no session
+        return False
+    p = parameters.get("session")
+    return p is not None and p.kind in (inspect.Parameter.KEYWORD_ONLY,
+                                        inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+class Ledger:
+    """The checkpoints of one attempt of one step (see the module). With `claim` None it keeps
+    them in memory; else it reads and records them in `schema` through sessions from
+    `session_factory`, fenced on `claim`. `skip_sleeps` (the test kit's `skip_waits`) makes a
+    sleep's deadline the moment it is recorded: the job is due again at once."""
+
+    def __init__(self, *, run_id: int, step: str, map_index: int | None,
+                 claim: Claim | None = None, schema: str = "flowq",
+                 session_factory: Callable[[], StepSession] | None = None,
+                 skip_sleeps: bool = False) -> None:
+        if claim is not None and session_factory is None:
+            raise ValueError("a ledger with a claim needs a session factory")
+        self.run_id, self.step, self.map_index = run_id, step, map_index
+        self.claim, self.schema = claim, schema
+        self.session_factory = session_factory
+        self.skip_sleeps = skip_sleeps
+        self._stored: dict[str, str] | None = None  # name -> result JSON text
+        self._db_now: datetime | None = None
+        self._loaded = 0.0  # monotonic, when the database's clock was read
+        self._used: dict[str, int] = {}
+        self._sleeps = 0
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def _load(self) -> dict[str, str]:
+        if self._stored is None:
+            rows: list[StoredCheckpoint] = []
+            if self.claim is not None:
+                assert self.session_factory is not None
+                with self.session_factory() as session:
+                    rows, self._db_now = Store(runner(session), self.schema).checkpoints(
+                        self.run_id, self.step, self.map_index)
+            self._stored = {r.name: r.result for r in rows}
+            self._loaded = time.monotonic()
+        return self._stored
+
+    def _now(self) -> datetime:
+        """The database's clock, as read with the checkpoints, advanced by this machine's
+        monotonic clock since (the worker's wall clock is never used)."""
+        if self._db_now is None:
+            return datetime.now(timezone.utc)
+        return self._db_now + timedelta(seconds=time.monotonic() - self._loaded)
+
+    def snoozes(self) -> int:
+        """How many times the step snoozed so far (over all its attempts)."""
+        text = self._load().get(SNOOZES)
+        value = json.loads(text) if text is not None else 0
+        return value if isinstance(value, int) else 0
+
+    def _position(self, name: str) -> int:
+        """The next position of this attempt's sequence, taken by `name` (once)."""
+        position = len(self._used)
+        if name in self._used:
+            raise CheckpointError(
+                f"checkpoint {name!r} was already used at position {self._used[name]} of this "
+                f"attempt, and is used again at position {position}: names must be unique "
+                "within a step's attempt (in a loop, name each: f'item-{i}')")
+        self._used[name] = position
+        return position
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def checkpoint(self, name: object, fn: Callable[..., Any], args: tuple[Any, ...],
+                   kwargs: dict[str, Any]) -> Any:
+        """`fn(*args, **kwargs)` once per (run, step, map instance, name); see the module."""
+        name = check_name(name)
+        if not callable(fn):
+            raise CheckpointError(f"checkpoint {name!r} needs a function, got "
+                                  f"{type(fn).__name__}")
+        position = self._position(name)
+        stored = self._load().get(name)
+        if stored is not None:
+            return json.loads(stored)
+        takes_session = _takes_session(fn)
+        if takes_session and "session" in kwargs:
+            raise CheckpointError(f"checkpoint {name!r}: flowq passes `session` to a function "
+                                  "that takes one; do not pass it yourself")
+        if self.claim is None:
+            return self._in_memory(name, fn, args, kwargs, takes_session)
+        if takes_session:
+            return self._recorded(name, position, lambda session: fn(
+                *args, session=session, **kwargs))
+        result = fn(*args, **kwargs)  # no transaction is open while `fn` runs
+        return self._recorded(name, position, lambda session: result)
+
+    def _recorded(self, name: str, position: int, make: Callable[[StepSession], Any]) -> Any:
+        """Record `make(session)`'s result as checkpoint `name` in one transaction of a new
+        session, fenced on the claim: the session's writes and the record commit together,
+        or neither does (`ClaimLost` when the claim is no longer ours)."""
+        assert self.session_factory is not None and self.claim is not None
+        with self.session_factory() as session:
+            try:
+                text = self._checked(name, make(session))
+                recorded = Store(runner(session), self.schema).record_checkpoint(
+                    self.claim, self.run_id, self.step, self.map_index, name, position,
+                    result=text)
+                if recorded is None:
+                    raise ClaimLost(name)
+                commit_step_session(session)
+            except BaseException:
+                session.rollback()
+                raise
+        self._load()[name] = recorded
+        return json.loads(recorded)
+
+    def _in_memory(self, name: str, fn: Callable[..., Any], args: tuple[Any, ...],
+                   kwargs: dict[str, Any], takes_session: bool) -> Any:
+        """A checkpoint without a claim (the test kit's `run_step`): `fn` runs, once per
+        context; a session it takes is the test's (`ctx.session`), whose commit the test
+        owns."""
+        if takes_session:
+            if self.session_factory is None:
+                raise FlowqError(f"checkpoint {name!r} takes a session, and this context has "
+                                 "no database session (pass session= to run_step)")
+            kwargs = {**kwargs, "session": self.session_factory()}
+        text = self._checked(name, fn(*args, **kwargs))
+        self._load()[name] = text
+        return json.loads(text)
+
+    @staticmethod
+    def _checked(name: str, result: Any) -> str:
+        try:
+            return dumps_checked(result, f"the result of checkpoint {name!r}")
+        except JSONError as exc:
+            raise CheckpointError(f"checkpoint {name!r} returned a value flowq cannot store "
+                                  f"(not retried: it would return the same): {exc}") from None
+
+    # -- durable sleeps ---------------------------------------------------------------------
+
+    def sleep(self, seconds: object) -> None:
+        """Sleep durably for `seconds` (a number or a timedelta; see the module)."""
+        delay = _delay("ctx.sleep(seconds)", seconds)
+        self._sleep(None, delay)
+
+    def sleep_until(self, when: object) -> None:
+        """Sleep durably until `when`, an aware datetime (one in the past returns at once)."""
+        if not isinstance(when, datetime):
+            raise ConfigurationError(f"ctx.sleep_until(when) takes an aware datetime, got "
+                                     f"{type(when).__name__}")
+        if when.tzinfo is None or when.utcoffset() is None:
+            raise ConfigurationError("ctx.sleep_until(when) takes an aware datetime (a naive "
+                                     "one names no instant): add tzinfo=timezone.utc")
+        try:
+            left = (when - self._now()).total_seconds()
+        except OverflowError:
+            left = float("inf")
+        if left <= 0:
+            self._sleep(None, 0.0)
+        else:
+            _delay("ctx.sleep_until(when)", timedelta(seconds=min(left, 1e12)))
+            self._sleep(when.astimezone(timezone.utc), left)
+
+    def _sleep(self, until: datetime | None, delay: float) -> None:
+        name = f"{RESERVED_PREFIX}sleep.{self._sleeps}"
+        self._sleeps += 1
+        position = self._position(name)
+        stored = self._load().get(name)
+        if stored is not None:
+            deadline = _deadline(stored)
+            if deadline <= self._now():
+                return
+            raise Suspend(deadline, f"ctx.sleep until {deadline.isoformat()} (resumed early)")
+        if delay <= 0 or self.claim is None:
+            return  # nothing to wait for; in memory (run_step) a sleep returns at once
+        assert self.session_factory is not None
+        if self.skip_sleeps:
+            until, delay = None, 0.0
+        with self.session_factory() as session:
+            try:
+                recorded = Store(runner(session), self.schema).record_checkpoint(
+                    self.claim, self.run_id, self.step, self.map_index, name, position,
+                    sleep=delay, until=until)
+                if recorded is None:
+                    raise ClaimLost(name)
+                commit_step_session(session)
+            except BaseException:
+                session.rollback()
+                raise
+        self._load()[name] = recorded
+        deadline = _deadline(recorded)
+        raise Suspend(deadline, f"ctx.sleep until {deadline.isoformat()}")
+
+
+def _delay(what: str, value: object) -> float:
+    """`value` as seconds by the rule every delay flowq takes (`as_seconds`)."""
+    return as_seconds(what, value, minimum=0.0)
+
+
+def _deadline(stored: str) -> datetime:
+    value = json.loads(stored)
+    return datetime.fromisoformat(value["until"]).astimezone(timezone.utc)
+

@@ -159,12 +159,10 @@ class Context:
     @property
     def ledger(self) -> Ledger:
         """This attempt's checkpoints (`flowq.durable.Ledger`): the worker's reads and records
-        them fenced on the claim; a context built without one keeps them in memory."""
+        them fenced on the claim; the test kit's (`make_context`) keeps them in memory."""
         if self._ledger is None:
-            from flowq.durable import Ledger
-
-            self._ledger = Ledger(run_id=self.run_id, step=self.step, map_index=self.map_index,
-                                  session_factory=self._session_factory)
+            raise FlowqError("this context has no checkpoint ledger (not run by a worker: "
+                             "build it with flowq.testing.make_context)")
         return self._ledger
 
     def checkpoint(self, name: str, fn: Callable[..., Any], /, *args: Any,

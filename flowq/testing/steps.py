@@ -3,7 +3,9 @@ real `Context`, and `make_context(...)` builds one to call a handler yourself.
 
 The context's `job_id` and `run_id` are synthetic (`SYNTHETIC_ID`, 0: never a real row's id),
 `attempt` is 1 unless given, and `ctx.session` is the `session` you pass (the test owns its
-commit or rollback; without one, using `ctx.session` raises FlowqError). Pass a
+commit or rollback; without one, using `ctx.session` raises FlowqError). Its checkpoints are
+kept in memory (each runs once per context; a function taking `session` gets that session),
+and `ctx.sleep` returns at once. Pass a
 `flowq.context.StepSession` to get a worker's refusal of `commit()` in the handler too.
 
 `run_step` checks the arguments as a worker would (they must bind to the handler; `Task` and
@@ -25,6 +27,7 @@ from flowq.db.rows import ClaimedJob
 from flowq.define.pipeline import Pipeline
 from flowq.define.step import Step
 from flowq.define.workflows import Each
+from flowq.durable import Ledger
 from flowq.jsonargs import JSONError, dumps_checked
 from flowq.worker.attempt import Attempt
 from flowq.worker.graph import InvalidResultError, result_text
@@ -49,10 +52,12 @@ def make_context(task_or_step: Pipeline | Step[Any, Any], *,
     """A real `Context` for the step (a task's or pipeline's first step), as a worker builds it."""
     pipeline, step = _resolve(task_or_step)
     factory = None if session is None else (lambda: cast(StepSession, session))
+    # Its checkpoints are kept in memory: each runs once per context, a sleep returns at once.
+    ledger = Ledger(run_id=run_id, step=step.name, map_index=None, session_factory=factory)
     return Context(job_id=job_id, run_id=run_id,
                    task=pipeline.name if pipeline is not None else step.name,
                    step=step.name, attempt=attempt, queue=step.queue,
-                   session_factory=factory)
+                   session_factory=factory, ledger=ledger)
 
 
 def _prepared(task_or_step: Pipeline | Step[Any, Any], session: orm.Session | None,

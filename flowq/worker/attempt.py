@@ -167,10 +167,11 @@ class Attempt:
             return self.failure(exc, 0.0)
         started_at = None if job.claimed_at is None else job.claimed_at + timedelta(
             seconds=max(0.0, self.started - self.claimed))
-        ledger = None if self.session_factory is None else Ledger(
-            run_id=job.run_id, step=step.name, map_index=job.map_index, claim=job.claim,
-            schema=self.app.schema, session_factory=self.session_factory,
-            skip_sleeps=self.skip_sleeps)
+        # Without a session factory (no database), the checkpoints are kept in memory.
+        ledger = Ledger(run_id=job.run_id, step=step.name, map_index=job.map_index,
+                        claim=job.claim if self.session_factory is not None else None,
+                        schema=self.app.schema, session_factory=self.session_factory,
+                        skip_sleeps=self.skip_sleeps)
         self.ctx = Context(job.id, job.run_id, job.task, step.name, job.attempts, job.queue,
                            map_index=job.map_index, session_factory=self.session_factory,
                            scheduled_at=job.scheduled_at, cancelled=self._cancel_seen,

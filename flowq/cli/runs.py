@@ -84,6 +84,8 @@ def _error_cell(text: str | None, earlier: bool = False) -> str:
 
 # Dead map instances whose errors `runs show` lists (the rest are counted).
 SHOWN_DEAD_INSTANCES: Final = 5
+# Checkpoints `runs show` lists (the rest are counted; --json has them).
+SHOWN_CHECKPOINTS: Final = 20
 
 
 def _counts(counts: dict[str, int]) -> str:
@@ -137,7 +139,25 @@ def _describe(run: RunInfo) -> str:
         lines += ["", "failed attempts:"]
         lines += [f"  {s.step or '-'} attempt {a.attempt}: started {_when(a.started_at)} on "
                   f"{a.worker or '-'}: {_error_cell(a.error)}" for s, a in failed]
+    lines += _checkpoint_lines(run)
     return "\n".join(lines)
+
+
+def _checkpoint_lines(run: RunInfo) -> list[str]:
+    """The checkpoints section: names and results are the user's, so they are printed as
+    JSON (no control character reaches the terminal) and cut."""
+    if not run.checkpoints:
+        return []
+    out = ["", "checkpoints:"]
+    for c in run.checkpoints[:SHOWN_CHECKPOINTS]:
+        where = c.step if c.map_index is None else f"{c.step}[{c.map_index}]"
+        position = "-" if c.position < 0 else str(c.position)
+        out.append(f"  {where} #{position} {_error_cell(json.dumps(c.name))}: "
+                   f"{_error_cell(json.dumps(c.result))}  {_when(c.created_at)}")
+    if len(run.checkpoints) > SHOWN_CHECKPOINTS:
+        out.append(f"  ... and {len(run.checkpoints) - SHOWN_CHECKPOINTS} more "
+                   "(--json lists them)")
+    return out
 
 
 def _emit(as_json: bool, data: dict[str, Any], text: str) -> None:

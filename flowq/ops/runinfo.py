@@ -19,8 +19,9 @@ otherwise the steps with the highest index are taken as the leaves.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from typing import Any, Final, cast
 
@@ -31,8 +32,10 @@ from flowq.db.sql import Queries
 from flowq.define.app import find_definition
 from flowq.errors import RunNotFoundError
 
-__all__ = ["AttemptInfo", "RunInfo", "RunSummary", "StepGroup", "StepInfo", "attempts_of",
-           "jsonable", "read_run", "run_status"]
+__all__ = ["CHECKPOINTS_SHOWN", "AttemptInfo", "CheckpointInfo", "RunInfo", "RunSummary",
+           "StepGroup", "StepInfo", "attempts_of", "jsonable", "read_run", "run_status"]
+
+CHECKPOINTS_SHOWN: Final = 1000  # of a run, by `runs show` and the dashboard (the first)
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,20 @@ class StepInfo:
 
 
 @dataclass(frozen=True)
+class CheckpointInfo:
+    """One recorded checkpoint of a step (`flowq.checkpoints`, see `flowq.durable`): its name
+    (`flowq.sleep.N` for a durable sleep, `flowq.snoozes` for the step's snooze count), its
+    position in the attempt that recorded it, and its stored result."""
+
+    step: str
+    map_index: int | None
+    name: str
+    position: int
+    result: Any
+    created_at: datetime
+
+
+@dataclass(frozen=True)
 class StepGroup:
     """One step of a run's graph: its row, or all its map instances, aggregated."""
 
@@ -113,6 +130,9 @@ class RunInfo:
     result: Any  # the leaves' results once the run succeeded, else None
     steps: tuple[StepInfo, ...]
     graph: tuple[StepGroup, ...] = ()
+    # What its steps recorded inside their handlers, by step and position (the first
+    # `CHECKPOINTS_SHOWN`).
+    checkpoints: tuple[CheckpointInfo, ...] = ()
 
     @property
     def current_step(self) -> StepInfo:
@@ -262,4 +282,13 @@ def _run_of(run_id: int, rows: list[Any], schema: str) -> RunInfo:
 
 def read_run(conn: sa.Connection, q: Queries, run_id: int) -> RunInfo:
     """The run `run_id` on `conn`; RunNotFoundError if no row of it exists."""
-    return _run_of(run_id, list(conn.execute(q.select_run_jobs, {"run_id": run_id})), q.schema)
+    run = _run_of(run_id, list(conn.execute(q.select_run_jobs, {"run_id": run_id})), q.schema)
+    return replace(run, checkpoints=_checkpoints(conn, q, run_id))
+
+
+def _checkpoints(conn: sa.Connection, q: Queries, run_id: int) -> tuple[CheckpointInfo, ...]:
+    rows = conn.execute(q.select_run_checkpoints,
+                        {"run_id": run_id, "limit": CHECKPOINTS_SHOWN})
+    return tuple(CheckpointInfo(step=r.step, map_index=r.map_index, name=r.name,
+                                position=r.position, result=json.loads(r.result),
+                                created_at=r.created_at) for r in rows)

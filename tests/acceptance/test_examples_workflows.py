@@ -40,3 +40,11 @@ def test_approval_flow_example_delivers_only_committed_signals(db_url: str) -> N
     assert "the run is still waiting" in out
     assert "the run is dead: SignalTimeout: signal 'approval' did not arrive within 4s" in out
     assert "after flowq runs retry: waiting" in out
+
+
+def test_durable_example_charges_once_sleeps_and_snoozes(db_url: str) -> None:
+    out = run_example("durable.py", db_url)
+    assert ("summary: 3 orders, 3 charges, 3 shipments, charge called 3 times, ship called 3 "
+            "times, every run on attempt 2 (one crash each): True") in out
+    assert out.count("checkpoint flowq.sleep.0: {'until': ") == 3
+    assert "checkpoint label: LBL-101" in out

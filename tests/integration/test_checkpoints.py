@@ -5,16 +5,20 @@ tests/acceptance/test_durable.py."""
 
 from __future__ import annotations
 
+import json
 import math
+import warnings
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from click.testing import CliRunner
 from sqlalchemy.orm import Session
 from tenacity import stop_after_attempt
 
 import flowq
+from flowq.cli import main
 from flowq.context import StepSession
 from flowq.db.runner import runner
 from flowq.db.sql import queries
@@ -398,3 +402,36 @@ def test_prune_deletes_a_runs_checkpoints(engine: sa.Engine, app: flowq.FlowQ) -
     Pruner(engine, queries("flowq"), retention=0.0, dead_retention=0.0).run_once()
     assert stored(engine, run_id) == [] and job_rows(engine) == []
 
+
+
+def test_runs_show_and_the_dashboard_list_a_runs_checkpoints(
+        engine: sa.Engine, db_url: str, app: flowq.FlowQ) -> None:
+    @app.task()
+    def shown(ctx: flowq.Context) -> None:
+        ctx.checkpoint("fetch \x1b[31m<b>", lambda: {"rows": 3, "html": "<script>"})
+        ctx.sleep(60)
+
+    run_id = enqueue(engine, shown)
+    drain(engine, app, skip_waits=False)
+    text = CliRunner().invoke(main, ["runs", "show", str(run_id), "--database-url", db_url])
+    assert text.exit_code == 0, text.output
+    assert "checkpoints:" in text.output and "\x1b" not in text.output
+    assert '#0 "fetch \\u001b[31m<b>": {"html": "<script>", "rows": 3}' in text.output
+    assert '#1 "flowq.sleep.0": {"until": ' in text.output
+    as_json = CliRunner().invoke(main, ["runs", "show", str(run_id), "--json",
+                                        "--database-url", db_url])
+    marks = json.loads(as_json.output)["checkpoints"]
+    assert [(m["step"], m["map_index"], m["name"], m["position"]) for m in marks] == [
+        ("shown", None, "fetch \x1b[31m<b>", 0), ("shown", None, "flowq.sleep.0", 1)]
+    assert marks[0]["result"] == {"rows": 3, "html": "<script>"}
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from starlette.testclient import TestClient
+
+        from flowq.dashboard import create_app
+    page = TestClient(create_app(engine), base_url="http://127.0.0.1:8080").get(
+        f"/runs/{run_id}")
+    assert page.status_code == 200, page.text
+    assert 'id="checkpoints"' in page.text and "flowq.sleep.0" in page.text
+    assert "<script>" not in page.text and "&lt;script&gt;" in page.text

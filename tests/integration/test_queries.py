@@ -161,6 +161,11 @@ def _fenced_writes(job_id: int, lease: int) -> list[tuple[str, sa.TextClause, di
         ("end_job", Q.end_job, {"id": job_id, "lease": lease, "status": "dead",
                                 "error": "boom"}),
         ("release_jobs", Q.release_jobs, {**arrays, "channel": "flowq"}),
+        ("suspend_job", Q.suspend_job, {"id": job_id, "lease": lease, "step": "s",
+                                        "until": None, "delay": 5.0, "snoozes": 1}),
+        ("record_checkpoint", Q.record_checkpoint, {
+            "id": job_id, "lease": lease, "run_id": 1, "step": "s", "map_index": None,
+            "name": "n", "position": 0, "result": "1", "sleep": None, "until": None}),
     ]
 
 
@@ -368,8 +373,8 @@ def test_a_lease_never_repeats_so_an_old_claim_writes_nothing(engine: sa.Engine,
 
 VERBS = {"advance", "beat", "cancel", "check", "claim", "compare", "complete", "declare",
          "end", "expire", "exists", "find", "heartbeat", "insert", "lease", "list", "lock", "mark",
-         "prune", "reap", "register", "release", "retry", "select", "send", "set", "stamp",
-         "start", "try", "unregister", "wake"}
+         "prune", "reap", "record", "register", "release", "retry", "select", "send", "set",
+         "stamp", "start", "suspend", "try", "unregister", "wake"}
 
 
 def test_every_statement_is_a_verb_noun_with_a_one_line_description() -> None:
@@ -379,7 +384,7 @@ def test_every_statement_is_a_verb_noun_with_a_one_line_description() -> None:
 
     statements = {name: attr for cls in type(Q).__mro__ for name, attr in vars(cls).items()
                   if isinstance(attr, cached_property)}
-    assert len(statements) == 84
+    assert len(statements) == 88
     for name, prop in statements.items():
         verb, _, noun = name.partition("_")
         assert verb in VERBS and noun, name

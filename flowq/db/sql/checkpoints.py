@@ -34,6 +34,13 @@ FENCED = f"""fenced AS (
                    FOR NO KEY UPDATE OF j)"""
 
 
+# A sleep's deadline: :until, else `now()` plus :sleep seconds; written as ISO 8601 in UTC
+# with six fraction digits whatever the session's time zone (Python 3.10 parses only that).
+UNTIL = """COALESCE(CAST(:until AS timestamptz),
+                            now() + make_interval(secs => CAST(:sleep AS float8)))"""
+ISO_UTC = """to_char({when} AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"')"""
+
+
 class CheckpointStatements(Statements):
     """The statements of `flowq.checkpoints`, for one schema."""
 
@@ -65,9 +72,7 @@ class CheckpointStatements(Statements):
                    COALESCE(CAST(:map_index AS int), {NO_MAP_INDEX}), CAST(:name AS text),
                    CAST(:position AS int),
                    CASE WHEN CAST(:sleep AS float8) IS NULL THEN CAST(:result AS jsonb)
-                        ELSE jsonb_build_object('until', COALESCE(
-                            CAST(:until AS timestamptz),
-                            now() + make_interval(secs => CAST(:sleep AS float8)))) END
+                        ELSE jsonb_build_object('until', {ISO_UTC.format(when=UNTIL)}) END
               FROM fenced
             ON CONFLICT (run_id, step, map_index, name) DO UPDATE
                SET result = excluded.result, position = excluded.position

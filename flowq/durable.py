@@ -245,6 +245,7 @@ class Ledger:
         if when.tzinfo is None or when.utcoffset() is None:
             raise ConfigurationError("ctx.sleep_until(when) takes an aware datetime (a naive "
                                      "one names no instant): add tzinfo=timezone.utc")
+        self._load()  # the database's clock decides whether `when` has passed
         try:
             left = (when - self._now()).total_seconds()
         except OverflowError:

@@ -54,7 +54,7 @@ def _registry() -> dict[str, Callable[[Server, Options], list[Row]]]:
             "limit": limits.limit, "rate": rate.rate, "enqueue": producers.enqueue,
             "latency": producers.latency, "scale": scenarios.scale, "soak": producers.soak,
             "memory": memory.memory, "pressure": pressure.pressure,
-            "overload": overload.overload}
+            "overload": overload.overload, "checkpoint": scenarios.checkpoint}
 
 
 def run_bench(url: str | None, names: Sequence[str], options: Options,

@@ -12,6 +12,8 @@ Every handler is as cheap as a handler can be, so what is measured is flowq itse
   of the `n` results (a map and its join) and returns its length, which the bench checks;
 - `limited`: a no-op on queue `bench_limited`, declared with a global concurrency limit
   (`FLOWQ_BENCH_QUEUE_LIMIT`, default 50) for the `limit` scenario;
+- `checkpointed`: ten checkpoints, each writing one `bench_ledger` row in its own session
+  (ten commits per job, each fenced on the claim: the `checkpoint` scenario);
 - `rated`: a no-op on queue `bench_rate`, declared with a rate limit
   (`FLOWQ_BENCH_RATE` starts per second, default 200) for the `rate` scenario.
 
@@ -35,10 +37,11 @@ import sqlalchemy as sa
 import flowq
 from flowq.context import Context
 
-__all__ = ["LIMITED_QUEUE", "LIMIT_ENV", "RATE_ENV", "RATE_QUEUE", "app", "dag", "fan", "ledger",
-           "limited", "noop", "rated", "stamp", "steps"]
+__all__ = ["CHECKPOINTS", "LIMITED_QUEUE", "LIMIT_ENV", "RATE_ENV", "RATE_QUEUE", "app",
+           "checkpointed", "dag", "fan", "ledger", "limited", "noop", "rated", "stamp", "steps"]
 
 LIMITED_QUEUE: Final = "bench_limited"
+CHECKPOINTS: Final = 10  # per job of `checkpointed`
 RATE_QUEUE: Final = "bench_rate"
 LIMIT_ENV: Final = "FLOWQ_BENCH_QUEUE_LIMIT"
 RATE_ENV: Final = "FLOWQ_BENCH_RATE"
@@ -70,6 +73,17 @@ def rated(ctx: Context, n: int = 0) -> None:
 def ledger(ctx: Context, n: int = 0) -> None:
     """One row through ctx.session, committed with the job's success."""
     ctx.session.execute(_INSERT_LEDGER, {"job_id": ctx.job_id})
+
+
+def _ledger_row(job_id: int, *, session: sa.orm.Session) -> None:
+    session.execute(_INSERT_LEDGER, {"job_id": job_id})
+
+
+@app.task(queue="bench")
+def checkpointed(ctx: Context, n: int = 0) -> None:
+    """Ten checkpoints, each one `bench_ledger` row committed with its record."""
+    for i in range(CHECKPOINTS):
+        ctx.checkpoint(f"row-{i}", _ledger_row, ctx.job_id)
 
 
 @app.task(queue="bench")

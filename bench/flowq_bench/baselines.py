@@ -5,6 +5,9 @@ They are what an expert writes without a library, and what flowq is measured aga
   'succeeded'; COMMIT (optionally inserting one ledger row in the same transaction);
 - `batched`: claim 100 with flowq's own CTE `UPDATE … RETURNING`, then complete them with one
   `UPDATE … WHERE id = ANY(…)`; `pipeline` also inserts the next steps, as flowq's completer does;
+- `ten_tx`: a job claimed in one transaction (`running`), then ten ledger rows in ten
+  transactions of their own, then completed in one more: what the `checkpoint` scenario's
+  ten checkpoints do, written by hand without a fence or a record;
 - `listener`: LISTEN, and on each notification claim and stamp the handler-start time;
 - `dag`: batched-100 on diamond runs (start -> left, right -> join): one statement per batch
   completes it, inserts `left` and `right` after each `start`, and counts `left`/`right`
@@ -180,6 +183,25 @@ def _one_per_tx(conn: psycopg.Connection[Any], ledger: bool) -> int:
         done += 1
 
 
+_TAKE_ONE = """UPDATE flowq.jobs SET status = 'running', attempts = attempts + 1,
+    locked_at = now() WHERE id = (""" + _PICK_ONE + """) RETURNING id"""
+
+
+def _ten_tx(conn: psycopg.Connection[Any], rows: int = 10) -> int:
+    done = 0
+    while True:
+        with conn.transaction():
+            row = conn.execute(_TAKE_ONE, (QUEUE,)).fetchone()
+        if row is None:
+            return done
+        for _ in range(rows):
+            with conn.transaction():
+                conn.execute(_LEDGER, row)
+        with conn.transaction():
+            conn.execute(_DONE_ONE.replace("attempts = attempts + 1, ", ""), row)
+        done += 1
+
+
 def _batched(conn: psycopg.Connection[Any], pipeline: bool) -> int:
     done = 0
     while True:
@@ -305,6 +327,7 @@ LOOPS: Final[dict[str, Callable[[psycopg.Connection[Any], Any], int]]] = {
     "one_per_tx_ledger": lambda conn, stop: _one_per_tx(conn, ledger=True),
     "batched": lambda conn, stop: _batched(conn, pipeline=False),
     "pipeline": lambda conn, stop: _batched(conn, pipeline=True),
+    "ten_tx": lambda conn, stop: _ten_tx(conn),
     "listener": _listener,
     "dag": lambda conn, stop: _flow(conn, _dag_complete),
     "map": lambda conn, stop: _flow(conn, _map_complete),

@@ -60,8 +60,10 @@ def _number(option: str, dest: str, help: str, default: str) -> Callable[[_F], _
               "and the most jobs seen running at once), rate (a queue with Rate(200, per=1s) "
               "drained for 10 s: achieved start rate and burst), enqueue, latency, scale, "
               "soak, memory, pressure (a steady load beside an open snapshot, then a scanning "
-              "reader), overload (one worker offered 0.5x to 4x its peak). Default: all but "
-              "limit, rate, soak, memory, pressure and overload.")
+              "reader), overload (one worker offered 0.5x to 4x its peak), checkpoint (jobs "
+              "of 10 checkpoints against a raw loop writing 10 rows in 10 transactions; "
+              "--jobs counts rows). Default: all but limit, rate, soak, memory, pressure, "
+              "overload and checkpoint.")
 @click.option("--jobs", "n_jobs", type=click.IntRange(1), default=None,
               help="Jobs per drain (pipeline: steps; memory: the whole drain) "
               "[default: 50000, memory 1000000; --quick: 300].")

@@ -17,14 +17,16 @@ __all__ = ["BOUNDS", "DEFAULT_SCENARIOS", "OPT_IN", "SCENARIOS", "Bound", "Optio
 
 SCENARIOS: Final = ("drain", "drain-session", "pipeline", "dag", "map", "map-session",
                     "limit", "rate", "enqueue", "latency", "scale", "soak", "memory",
-                    "pressure", "overload")
+                    "pressure", "overload", "checkpoint")
 # soak runs for --duration (default 10 minutes) and memory drains a million jobs, so both are
 # opt-in: --scenario soak, --scenario memory. limit and rate take 1.5-2 minutes each at default
 # size (three drains or windows of each kind, one kind being a 15 s cap or a 10 s window, and
 # their worker start-ups), so they are opt-in too.
 # pressure runs four phases of --pressure-phase (30 s) and then drains what piled up;
 # overload eight phases of --overload-phase (20 s) and the backlogs they leave (5-10 min).
-OPT_IN: Final = ("limit", "rate", "soak", "memory", "pressure", "overload")
+# checkpoint (ten commits per job: flowq's and a raw loop's) is opt-in, a durable-execution
+# figure beside the throughput ones.
+OPT_IN: Final = ("limit", "rate", "soak", "memory", "pressure", "overload", "checkpoint")
 DEFAULT_SCENARIOS: Final = tuple(s for s in SCENARIOS if s not in OPT_IN)
 
 

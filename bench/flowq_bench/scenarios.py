@@ -45,7 +45,8 @@ from flowq_bench.options import Options
 from flowq_bench.progress import repeats
 from flowq_bench.report import Figure, Row, percentile
 
-__all__ = ["dag", "drain", "drain_session", "map_run", "map_session", "pipeline", "scale"]
+__all__ = ["checkpoint", "dag", "drain", "drain_session", "map_run", "map_session", "pipeline",
+           "scale"]
 
 PIPELINE_STEPS: Final = 3
 # Rows of the one drain per minimal-table variant that picks the fastest.
@@ -123,6 +124,30 @@ def drain_session(server: Server, o: Options) -> list[Row]:
     return [Row("drain-session", Figure(f"ctx.session jobs/s ({pc})", "jobs/s", ours),
                 [Figure(f"raw 1/tx + row P={o.processes}", "jobs/s", one)],
                 note="target: >= 1x raw 1/tx + row (one commit per job either way)")]
+
+
+def checkpoint(server: Server, o: Options) -> list[Row]:
+    """Jobs of ten checkpoints (each one ledger row committed with its fenced record) against
+    a raw loop writing ten rows in ten transactions per job; at the session concurrency, as
+    each checkpoint holds a connection for its commit."""
+    from flowq_bench.app import CHECKPOINTS
+
+    jobs = max(1, o.jobs // CHECKPOINTS)
+    with server.fresh_database() as url:
+        engine = engine_for(url)
+        try:
+            ours = flowq_drain(url, engine, "checkpointed", jobs, 1, o.processes, o.session_c,
+                               o.repeat)
+            raw = raw_drain(url, engine, "ten_tx", "checkpointed", jobs, 1, o.processes,
+                            o.repeat)
+        finally:
+            engine.dispose()
+    pc = f"P={o.processes} C={o.session_c}"
+    return [Row("checkpoint", Figure(f"jobs of {CHECKPOINTS} checkpoints/s ({pc})", "jobs/s",
+                                     ours),
+                [Figure(f"raw {CHECKPOINTS} rows in {CHECKPOINTS} tx P={o.processes}",
+                        "jobs/s", raw)],
+                note=f"{CHECKPOINTS} commits per job either way")]
 
 
 def pipeline(server: Server, o: Options) -> list[Row]:

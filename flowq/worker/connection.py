@@ -326,7 +326,9 @@ class WorkerConnections:
         self.listen_url = listen_url
         self.outage = Outage()  # shared by every part of the worker: one line per outage
         self.engines = {"maintain": self._engine("maintain", 2, MAINTENANCE_OPTIONS),
-                        "session": self._engine("session", concurrency + 2)}
+                        # Two per slot: a handler's ctx.session, and the session of a
+                        # checkpoint it records while ctx.session is open (flowq.durable).
+                        "session": self._engine("session", 2 * concurrency + 2)}
         if schedules:
             self.engines["schedule"] = self._engine("schedule", 1, MAINTENANCE_OPTIONS)
         self.claim = DedicatedConnection(url, f"flowq claim {name}", pgbouncer=pgbouncer)

@@ -44,6 +44,7 @@ from flowq.db.store import Store
 from flowq.define.step import as_seconds
 from flowq.errors import CheckpointError, ConfigurationError, FlowqError
 from flowq.jsonargs import JSONError, dumps_checked
+from flowq.names import DEFAULT_SCHEMA
 
 __all__ = ["MAX_NAME_CHARS", "MAX_SNOOZES", "RESERVED_PREFIX", "ClaimLost", "Ledger",
            "Suspend"]
@@ -110,7 +111,7 @@ class Ledger:
     sleep's deadline the moment it is recorded: the job is due again at once."""
 
     def __init__(self, *, run_id: int, step: str, map_index: int | None,
-                 claim: Claim | None = None, schema: str = "flowq",
+                 claim: Claim | None = None, schema: str = DEFAULT_SCHEMA,
                  session_factory: Callable[[], StepSession] | None = None,
                  skip_sleeps: bool = False) -> None:
         if claim is not None and session_factory is None:

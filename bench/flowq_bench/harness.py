@@ -57,7 +57,7 @@ _BENCH_DDL: Final = (
 # The workflow tables too: RESTART IDENTITY restarts run ids, so a join counter left from the
 # previous repeat would be taken for the new run of the same id.
 _TRUNCATE: Final = ("TRUNCATE flowq.jobs, flowq.joins, flowq.join_shards, flowq.signals, "
-                    "bench_ledger, "
+                    "flowq.checkpoints, bench_ledger, "
                     "bench_stamps, bench_orders RESTART IDENTITY")
 # The databases `fresh_database` created and has not dropped yet: all `reset` may empty.
 _created_databases: set[str] = set()

@@ -133,13 +133,17 @@ def checkpoint(server: Server, o: Options) -> list[Row]:
     from flowq_bench.app import CHECKPOINTS
 
     jobs = max(1, o.jobs // CHECKPOINTS)
+
+    def check(engine: sa.Engine) -> None:  # every job wrote its rows once, either way
+        _check_ledger(engine, jobs * CHECKPOINTS, jobs)
+
     with server.fresh_database() as url:
         engine = engine_for(url)
         try:
             ours = flowq_drain(url, engine, "checkpointed", jobs, 1, o.processes, o.session_c,
-                               o.repeat)
+                               o.repeat, check)
             raw = raw_drain(url, engine, "ten_tx", "checkpointed", jobs, 1, o.processes,
-                            o.repeat)
+                            o.repeat, check)
         finally:
             engine.dispose()
     pc = f"P={o.processes} C={o.session_c}"
@@ -322,12 +326,15 @@ def map_session(server: Server, o: Options) -> list[Row]:
                      "counts its instances on shards of the join (flowq.join_shards)")]
 
 
-def _check_ledger(engine: sa.Engine, n: int) -> None:
+def _check_ledger(engine: sa.Engine, n: int, jobs: int | None = None) -> None:
+    """`n` rows in bench_ledger, of `jobs` distinct jobs (default: one row each)."""
+    jobs = n if jobs is None else jobs
     with engine.connect() as c:
         rows = c.execute(sa.text("SELECT count(*), count(DISTINCT job_id) FROM bench_ledger")
                          ).one()
-    if tuple(rows) != (n, n):
-        raise RuntimeError(f"bench_ledger holds {tuple(rows)} rows (total, distinct), not {n}")
+    if tuple(rows) != (n, jobs):
+        raise RuntimeError(f"bench_ledger holds {tuple(rows)} rows (total, distinct), not "
+                           f"{(n, jobs)}")
 
 
 # -- scale ------------------------------------------------------------------------------------

@@ -8,7 +8,10 @@ and the test kit (`flowq.testing.drain`, `run_step`) share.
   (`prepare()`: its `Context` and arguments; a join's mapped inputs and a late signal's
   payload are read from the database through `read`) and judges what came back:
   `judge(result)` by the graph rules of `flowq.worker.graph`, `judge_exception(exc)` and
-  `failure(exc)` by the step's retry policy.
+  `failure(exc)` by the step's retry policy; a durable sleep (`flowq.durable.Suspend`) and a
+  `Snooze` are `Suspended`, no attempt spent, a snooze past `flowq.durable.MAX_SNOOZES` dead.
+  The handler's `ctx` carries the attempt's checkpoints (`flowq.durable.Ledger`), fenced on
+  its claim.
 - `run_attempt(attempt)` runs one attempt in the calling thread; `arun_attempt(attempt)`
   awaits an `async def` handler. Both call the same preparing and judging code.
 

@@ -47,8 +47,8 @@ if TYPE_CHECKING:
     from flowq.db.rows import ClaimedJob
     from flowq.worker.model import Outcome
 
-__all__ = ["ENABLED", "Publication", "awaited_in", "called_in", "end_attempt", "publish",
-           "start_attempt"]
+__all__ = ["ENABLED", "Publication", "awaited_in", "called_in", "end_attempt", "progress_span",
+           "publish", "record_progress", "start_attempt"]
 
 T = TypeVar("T")
 
@@ -227,3 +227,32 @@ def end_attempt(span: Span, outcome: Outcome | None, error: BaseException | None
         elif isinstance(outcome, Cancelled):
             span.set_attribute("flowq.outcome", "cancelled")
     span.end()
+
+
+# -- progress: `ctx.progress` on the attempt's span ---------------------------------------------
+
+
+def progress_span() -> Span | None:
+    """The span current in a handler (its attempt's, unless it opened its own) if it records,
+    else None: `ctx.progress` asks once per attempt, so a handler whose attempt is not traced
+    pays nothing per report."""
+    if not ENABLED:
+        return None
+    api = _load()
+    if api is None:
+        return None
+    span: Span = api.trace.get_current_span()
+    return span if span.is_recording() else None
+
+
+def record_progress(span: Span, reports: int, done: float, total: float | None,
+                    message: str | None) -> None:
+    """Set the latest progress on `span`: `flowq.progress.done`, `.total`, `.message` and
+    `.reports` (how many calls reported progress so far). `ctx.progress` calls it at its
+    first report and then at most every `flowq.context.PROGRESS_SPAN_EVERY` seconds."""
+    span.set_attribute("flowq.progress.done", done)
+    span.set_attribute("flowq.progress.reports", reports)
+    if total is not None:
+        span.set_attribute("flowq.progress.total", total)
+    if message is not None:
+        span.set_attribute("flowq.progress.message", message)

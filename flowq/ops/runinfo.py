@@ -84,6 +84,9 @@ class StepInfo:
     # When the latest attempt started (revision 0008), and every attempt (`attempts_of`).
     started_at: datetime | None = None
     history: tuple[AttemptInfo, ...] = ()
+    # The latest `ctx.progress` the worker wrote (revision 0011): {"done", "total",
+    # "message", "at"}, or None when the handler reported none.
+    progress: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,7 @@ class RunInfo:
     result: Any  # the leaves' results once the run succeeded, else None
     steps: tuple[StepInfo, ...]
     graph: tuple[StepGroup, ...] = ()
+    forked_from: int | None = None  # the run this one was forked from (`flowq.ops.fork`)
 
     @property
     def current_step(self) -> StepInfo:
@@ -163,7 +167,8 @@ def _step(row: Any) -> StepInfo:
         finished_at=row.finished_at, last_error=row.last_error, args=row.args,
         result=row.result, map_index=row.map_index,
         last_error_earlier=row.last_error is not None and row.status == "succeeded",
-        started_at=row.started_at, history=attempts_of(row))
+        started_at=row.started_at, history=attempts_of(row),
+        progress=row.progress if isinstance(row.progress, dict) else None)
 
 
 def _time(text: Any) -> datetime | None:
@@ -257,7 +262,8 @@ def _run_of(run_id: int, rows: list[Any], schema: str) -> RunInfo:
         created_at=min(s.created_at for s in steps),
         finished_at=max(finished) if done and finished else None,
         result=_result(steps, definition) if status == "succeeded" else None, steps=steps,
-        graph=_graph(steps, definition))
+        graph=_graph(steps, definition),
+        forked_from=next((r.forked_from for r in rows if r.forked_from is not None), None))
 
 
 def read_run(conn: sa.Connection, q: Queries, run_id: int) -> RunInfo:

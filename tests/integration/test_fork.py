@@ -6,6 +6,7 @@ test kit's `drain`.
 from __future__ import annotations
 
 import json
+import warnings
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from flowq.context import Context
 from flowq.ops.runs import fork, get_run
 from flowq.testing import drain
 
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # starlette's client
 app = flowq.FlowQ()
 ONCE = flowq.Retry(max_attempts=1)
 calls: list[tuple[int, str, dict[str, Any]]] = []  # (run, step, arguments)
@@ -129,6 +131,15 @@ def test_a_fork_from_step_3_of_a_dead_run_runs_steps_3_and_4_with_step_2s_output
     code, out, err = cli(db_url, "show", str(forked.run_id))
     assert code == 0, err
     assert f"forked from run {old}" in out
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from starlette.testclient import TestClient
+    from flowq.dashboard import create_app
+
+    page = TestClient(create_app(engine), base_url="http://127.0.0.1:8080").get(
+        f"/runs/{forked.run_id}")
+    assert page.status_code == 200
+    assert f'<dd id="forked-from"><a href="/runs/{old}">run {old}</a></dd>' in page.text
 
 
 def test_the_cli_forks_with_args(engine: sa.Engine, db_url: str) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from flowq.ops.runs import get_run
 from flowq.testing import running_worker, wait_until
 from flowq.worker import heartbeat
 
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # starlette's client
 app = flowq.FlowQ()
 LOOP = 1_000_000
 release = threading.Event()
@@ -30,6 +32,15 @@ def count_up(ctx: Context, n: int) -> dict[str, int]:
         ctx.progress(i + 1, n, f"item {i + 1}")
     release.wait(60)  # the test reads the progress while the job still runs
     return {"n": n}
+
+
+def dashboard(engine: sa.Engine) -> Any:
+    with warnings.catch_warnings():  # it will move to httpx2; what it tests does not change
+        warnings.simplefilter("ignore")
+        from starlette.testclient import TestClient
+    from flowq.dashboard import create_app
+
+    return TestClient(create_app(engine), base_url="http://127.0.0.1:8080")
 
 
 class Beats:
@@ -68,6 +79,10 @@ def test_a_tight_loop_writes_a_few_rows_and_runs_show_shows_it(
                 f"item {LOOP}, at ") in out
         data = cli_json(db_url, "show", str(run_id))
         assert data["steps"][0]["progress"]["done"] == LOOP
+        page = dashboard(engine).get(f"/runs/{run_id}")
+        assert page.status_code == 200
+        assert (f'<dd class="progress">count_up (running): {LOOP} / {LOOP} &middot; '
+                f"item {LOOP}") in page.text
         release.set()
         flowq.wait_run(engine, run_id, timeout=60)
     # A million reports, written by a few beats: at most one write per beat, none of their

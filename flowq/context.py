@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -25,13 +24,11 @@ from flowq import tracing
 from flowq.enqueueing.sync import Session
 from flowq.errors import CancelRun, FlowqError, InvalidArgumentsError
 
-__all__ = ["PROGRESS_MESSAGE_CHARS", "PROGRESS_SPAN_EVERY", "Context", "StepSession",
-           "commit_step_session", "progress_of"]
+__all__ = ["PROGRESS_MESSAGE_CHARS", "Context", "StepSession", "commit_step_session",
+           "progress_of"]
 
-# `ctx.progress`: the longest message kept (longer ones are cut), and how often at most a
-# traced attempt's span is given the latest report.
+# `ctx.progress`: the longest message kept (longer ones are cut).
 PROGRESS_MESSAGE_CHARS: Final = 500
-PROGRESS_SPAN_EVERY: Final = 0.5
 # The contexts that reported progress, by job id, held weakly: an attempt's context goes
 # with it, so nothing here outlives its job (the heartbeat reads it, `progress_of`).
 _REPORTING: weakref.WeakValueDictionary[int, Context] = weakref.WeakValueDictionary()
@@ -216,13 +213,12 @@ class Context:
         self._progress = (self._progress_reports, done, total, message)
         if self._progress_reports == 1:
             _REPORTING[self.job_id] = self
-            self._progress_span = tracing.progress_span()
-        span = self._progress_span
-        if span is not None:
-            now = time.monotonic()
-            if self._progress_reports == 1 or now - self._progress_traced >= PROGRESS_SPAN_EVERY:
-                self._progress_traced = now
-                tracing.record_progress(span, self._progress_reports, done, total, message)
+            tracing.follow_progress(self)  # the attempt's span gets the latest at its end
+
+    @property
+    def latest_progress(self) -> tuple[int, float, float | None, str | None] | None:
+        """(how many reports, done, total, message) of the latest `progress`, or None."""
+        return self._progress
 
     def take_progress(self) -> str | None:
         """The latest report as the JSON the heartbeat writes, if it is newer than the last
@@ -240,8 +236,6 @@ class Context:
         default=None, repr=False, compare=False)
     _progress_reports: int = field(default=0, repr=False, compare=False)
     _progress_taken: int = field(default=0, repr=False, compare=False)
-    _progress_span: Any = field(default=None, repr=False, compare=False)
-    _progress_traced: float = field(default=0.0, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:  # pragma: no cover - contexts are not pickled
         raise TypeError("a flowq Context cannot be pickled")

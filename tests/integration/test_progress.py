@@ -162,3 +162,33 @@ def test_a_long_message_is_cut() -> None:
     taken = progress_of([424201])[424201]
     assert f'"{"x" * PROGRESS_MESSAGE_CHARS}"' in taken
     assert "x" * (PROGRESS_MESSAGE_CHARS + 1) not in taken
+
+
+def test_the_attempts_span_gets_the_latest_report(engine: sa.Engine, db_url: str,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    import flowq.tracing
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(flowq.tracing, "ENABLED", True)
+    monkeypatch.setattr(flowq.tracing, "_tracer", provider.get_tracer("flowq"))
+    release.set()
+    with engine.begin() as conn:
+        run_id = flowq.enqueue(conn, count_up, n=1000).id
+    with running_worker(app, db_url):
+        flowq.wait_run(engine, run_id, timeout=60)
+        wait_until(lambda: [s for s in exporter.get_finished_spans()
+                            if s.name.startswith("process count_up")], message="the span")
+    provider.shutdown()
+    (span,) = [s for s in exporter.get_finished_spans() if s.name.startswith("process")]
+    assert span.attributes is not None
+    assert span.attributes["flowq.progress.done"] == 1000
+    assert span.attributes["flowq.progress.total"] == 1000
+    assert span.attributes["flowq.progress.message"] == "item 1000"
+    assert span.attributes["flowq.progress.reports"] == 1000

@@ -190,12 +190,13 @@ class RunEndListener:
             with contextlib.suppress(psycopg.Error):  # closing a broken connection
                 conn.close()
             for wake in waiters:  # they read their run again, then poll
-                wake()
+                with contextlib.suppress(RuntimeError):
+                    wake()
 
     def _dispatch(self, channel: str, payload: str) -> None:
         ids: set[int] | None = set()
         for part in payload.split(","):
-            if part.isdigit() and len(part) < 20:
+            if part.isascii() and part.isdigit() and len(part) < 20:  # anyone may NOTIFY
                 ids.add(int(part))  # type: ignore[union-attr]
             else:
                 ids = None  # '' (an overlong batch) or not ours to parse: wake every waiter
@@ -205,7 +206,9 @@ class RunEndListener:
                      if ch == channel and (ids is None or run_id in ids) for w in ws]
             self.notified += len(woken)
         for wake in woken:
-            wake()
+            # RuntimeError: an async waiter whose event loop closed meanwhile.
+            with contextlib.suppress(RuntimeError):
+                wake()
 
     def close(self) -> None:
         """Close the connection (its thread then ends, waking every waiter)."""

@@ -319,11 +319,13 @@ def test_an_overlong_batch_names_no_run_and_wakes_every_waiter(
     thread, out = waiting(flowq.wait_run, engine, run_id, timeout=120)
     wait_until(lambda: reads.count == 3, message="the second waiter's first read")
     before = listener.notified
-    with engine.connect() as conn:
-        conn.execute(sa.text("SELECT pg_notify(:c, '')"), {"c": run_end_channel("flowq")})
-        conn.commit()
-    wait_until(lambda: reads.count == 4, message="a read after the empty notification")
-    assert listener.notified == before + 1
+    for n, payload in enumerate(["", "\u00b2,1", "x" * 7000], 1):  # and hostile ones
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT pg_notify(:c, :p)"),
+                         {"c": run_end_channel("flowq"), "p": payload})
+            conn.commit()
+        wait_until(lambda n=n: reads.count == 3 + n, message=f"a read after {payload[:9]!r}")
+        assert listener.notified == before + n and listener.up
     with engine.begin() as conn:
         drain(conn, app)
     thread.join(timeout=120)

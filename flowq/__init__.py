@@ -47,6 +47,7 @@ if TYPE_CHECKING:
         UnknownTaskError,
         WorkflowError,
     )
+    from flowq.ops.results import await_run, get_result, wait_run
     from flowq.worker import Worker, WorkerConfig
     from flowq.worker.logs import configure_logging
 
@@ -82,12 +83,15 @@ __all__ = [
     "Worker",
     "WorkerConfig",
     "WorkflowError",
+    "await_run",
     "configure_logging",
     "each",
     "enqueue",
     "enqueue_many",
+    "get_result",
     "migrate",
     "signal",
+    "wait_run",
 ]
 
 __version__ = "0.1.0"
@@ -111,6 +115,7 @@ _EXPORTS: Final[dict[str, tuple[str, ...]]] = {
         "SignalTimeout", "UnknownTaskError", "WorkflowError", "CheckpointError", "Snooze",
     ),
     "flowq.db.migrations": ("migrate",),
+    "flowq.ops.results": ("await_run", "get_result", "wait_run"),
     "flowq.worker": ("Worker", "WorkerConfig"),
     "flowq.worker.logs": ("configure_logging",),
 }

@@ -10,20 +10,60 @@ while it runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import json
+import math
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from sqlalchemy import Connection, event
 
+from flowq import tracing
 from flowq.enqueueing.sync import Session
-from flowq.errors import CancelRun, FlowqError
+from flowq.errors import CancelRun, FlowqError, InvalidArgumentsError
 
 if TYPE_CHECKING:
     from flowq.durable import Ledger
 
-__all__ = ["Context", "StepSession", "commit_step_session"]
+__all__ = ["PROGRESS_MESSAGE_CHARS", "Context", "StepSession", "commit_step_session",
+           "progress_of"]
+
+# `ctx.progress`: the longest message kept (longer ones are cut).
+PROGRESS_MESSAGE_CHARS: Final = 500
+# The contexts that reported progress, by job id, held weakly: an attempt's context goes
+# with it, so nothing here outlives its job (the heartbeat reads it, `progress_of`).
+_REPORTING: weakref.WeakValueDictionary[int, Context] = weakref.WeakValueDictionary()
+
+
+def progress_of(job_ids: Iterable[int]) -> dict[int, str]:
+    """The new progress reports of the jobs `job_ids` (their contexts in this process), as
+    the JSON the heartbeat writes, each taken once (`Context.take_progress`)."""
+    out = {}
+    for job_id in job_ids:
+        ctx = _REPORTING.get(job_id)
+        if ctx is not None:
+            taken = ctx.take_progress()
+            if taken is not None:
+                out[job_id] = taken
+    return out
+
+
+def _progress_message(message: object) -> str:
+    if not isinstance(message, str):
+        raise InvalidArgumentsError(
+            f"ctx.progress: message must be text or None, got {type(message).__name__}")
+    message = message[:PROGRESS_MESSAGE_CHARS]
+    if "\x00" in message:
+        raise InvalidArgumentsError("ctx.progress: message must not contain NUL characters "
+                                    "(PostgreSQL cannot store them)")
+    try:
+        message.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgumentsError("ctx.progress: message has a lone surrogate, which is "
+                                    "not text JSON can store") from None
+    return message
 
 
 class StepSession(Session):
@@ -184,6 +224,53 @@ class Context:
     def sleep_until(self, when: datetime) -> None:
         """`sleep` until `when`, an aware datetime (one in the past returns at once)."""
         self.ledger.sleep_until(when)
+    # -- progress (revision 0012): kept here, written by the worker's heartbeat ----------------
+
+    def progress(self, done: float, total: float | None = None,
+                 message: str | None = None) -> None:
+        """Report how far this attempt has got: `done` (of `total`, if known) and a short
+        `message`. Cheap enough for a tight loop: the latest report is kept in memory and
+        the worker's heartbeat writes it with its own statement, at most once per beat
+        (`--heartbeat-interval`, 5 s); `flowq runs show` and the dashboard show it. Numbers
+        are finite, 0 or more, not bools; a message is text without NUL, cut to
+        `PROGRESS_MESSAGE_CHARS`. A bad value raises InvalidArgumentsError."""
+        if (type(done) is not int and type(done) is not float) or not 0 <= done < math.inf:
+            raise InvalidArgumentsError(
+                f"ctx.progress: done must be a finite number 0 or more, got {done!r}")
+        if total is not None and ((type(total) is not int and type(total) is not float)
+                                  or not 0 <= total < math.inf):
+            raise InvalidArgumentsError(
+                f"ctx.progress: total must be a finite number 0 or more, or None, got "
+                f"{total!r}")
+        if message is not None:
+            message = _progress_message(message)
+        self._progress_reports += 1
+        self._progress = (self._progress_reports, done, total, message)
+        if self._progress_reports == 1:
+            _REPORTING[self.job_id] = self
+            tracing.follow_progress(self)  # the attempt's span gets the latest at its end
+
+    @property
+    def latest_progress(self) -> tuple[int, float, float | None, str | None] | None:
+        """(how many reports, done, total, message) of the latest `progress`, or None."""
+        return self._progress
+
+    def take_progress(self) -> str | None:
+        """The latest report as the JSON the heartbeat writes, if it is newer than the last
+        one taken, else None (called from the heartbeat's thread: one tuple, read once)."""
+        latest = self._progress
+        if latest is None or latest[0] == self._progress_taken:
+            return None
+        self._progress_taken = latest[0]
+        _, done, total, message = latest
+        return json.dumps({"done": done, "total": total, "message": message})
+
+    # The latest report (its number first) and what was taken of it; class-level defaults,
+    # so a context reporting nothing carries nothing.
+    _progress: tuple[int, float, float | None, str | None] | None = field(
+        default=None, repr=False, compare=False)
+    _progress_reports: int = field(default=0, repr=False, compare=False)
+    _progress_taken: int = field(default=0, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:  # pragma: no cover - contexts are not pickled
         raise TypeError("a flowq Context cannot be pickled")

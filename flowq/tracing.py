@@ -19,7 +19,9 @@
 Names and attributes follow OpenTelemetry's messaging semantic conventions where they fit
 (`messaging.system` = `flowq`, `messaging.operation.name`/`.type`,
 `messaging.destination.name` = the queue, `messaging.message.id` = the job id), with
-`flowq.task`, `flowq.step`, `flowq.run_id`, `flowq.job_id`, `flowq.attempt` besides. Only
+`flowq.task`, `flowq.step`, `flowq.run_id`, `flowq.job_id`, `flowq.attempt` besides, and,
+for an attempt whose handler called `ctx.progress`, its latest report when the span ends
+(`flowq.progress.done`, `.total`, `.message`, `.reports`: `follow_progress`). Only
 the W3C trace context is stored, whatever propagators the application configured: baggage
 (which may hold anything) never reaches the jobs table.
 
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import json
 import os
+import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from importlib.util import find_spec
@@ -47,8 +50,8 @@ if TYPE_CHECKING:
     from flowq.db.rows import ClaimedJob
     from flowq.worker.model import Outcome
 
-__all__ = ["ENABLED", "Publication", "awaited_in", "called_in", "end_attempt", "publish",
-           "start_attempt"]
+__all__ = ["ENABLED", "Publication", "awaited_in", "called_in", "end_attempt",
+           "follow_progress", "publish", "start_attempt"]
 
 T = TypeVar("T")
 
@@ -210,6 +213,8 @@ def end_attempt(span: Span, outcome: Outcome | None, error: BaseException | None
 
     assert _api is not None
     if span.is_recording():
+        if _FOLLOWED:
+            _record_progress(span)
         status = _api.trace.StatusCode
         if isinstance(outcome, Failed):
             span.set_attribute("flowq.outcome", "dead" if outcome.retry_in is None else "failed")
@@ -229,3 +234,42 @@ def end_attempt(span: Span, outcome: Outcome | None, error: BaseException | None
         elif isinstance(outcome, Suspended):
             span.set_attribute("flowq.outcome", "suspended")
     span.end()
+
+
+# -- progress: `ctx.progress` on the attempt's span ---------------------------------------------
+
+# The contexts that report progress under a recording span, by span, both held weakly: the
+# span is given their latest report when `end_attempt` ends it (an attribute set before the
+# end is exported no sooner), so a report costs nothing per call.
+_FOLLOWED: weakref.WeakKeyDictionary[Any, weakref.ref[Any]] = weakref.WeakKeyDictionary()
+
+
+def follow_progress(ctx: Any) -> None:
+    """Remember `ctx` (a `flowq.Context` at its first `ctx.progress`) under the span current
+    in its handler, if tracing is on and that span records: the attempt's span, unless the
+    handler opened its own (which then gets nothing)."""
+    if not ENABLED:
+        return
+    api = _load()
+    if api is None:
+        return
+    span = api.trace.get_current_span()
+    if span.is_recording():
+        _FOLLOWED[span] = weakref.ref(ctx)
+
+
+def _record_progress(span: Span) -> None:
+    """Set the latest progress of the context following `span`: `flowq.progress.done`,
+    `.total`, `.message` and `.reports` (how many reports the attempt made)."""
+    ref = _FOLLOWED.pop(span, None)
+    ctx = None if ref is None else ref()
+    latest = None if ctx is None else ctx.latest_progress
+    if latest is None:
+        return
+    reports, done, total, message = latest
+    span.set_attribute("flowq.progress.done", done)
+    span.set_attribute("flowq.progress.reports", reports)
+    if total is not None:
+        span.set_attribute("flowq.progress.total", total)
+    if message is not None:
+        span.set_attribute("flowq.progress.message", message)

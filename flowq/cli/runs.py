@@ -1,4 +1,4 @@
-"""`flowq runs ...`: inspect and control runs (list, show, cancel, retry).
+"""`flowq runs ...`: inspect and control runs (list, show, cancel, retry, fork).
 
 Each command prints a small table for people, or with `--json` one JSON object whose keys
 are stable (`RunInfo.to_dict()` and friends in `flowq.runs`), for scripts. Errors are one
@@ -12,6 +12,7 @@ filter by `--task`, `--queue`, `--since`/`--until` (an ISO time, or a duration a
 
 from __future__ import annotations
 
+import contextlib
 import json
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, cast
@@ -99,6 +100,8 @@ def _describe(run: RunInfo) -> str:
     lines = [head, f"created {_when(run.created_at)}  finished {_when(run.finished_at)}"]
     if run.idempotency_key is not None:
         lines.append(f"idempotency key {run.idempotency_key}")
+    if run.forked_from is not None:
+        lines.append(f"forked from run {run.forked_from} (`flowq runs show {run.forked_from}`)")
     if run.status == "succeeded":
         lines.append(f"result {json.dumps(run.result)}")
     by_step = {g.step: g for g in run.graph}
@@ -133,6 +136,7 @@ def _describe(run: RunInfo) -> str:
     if len(dead_instances) > SHOWN_DEAD_INSTANCES:
         lines.append(f"  ... and {len(dead_instances) - SHOWN_DEAD_INSTANCES} more dead "
                      "instances (--json lists every row)")
+    lines += _progress_lines(run)
     # The attempts that failed (kept in attempt_log), of the steps that are not mapped.
     failed = [(s, a) for s in run.steps if s.map_index is None for a in s.history if a.error]
     if failed:
@@ -158,6 +162,47 @@ def _checkpoint_lines(run: RunInfo) -> list[str]:
         out.append(f"  ... and {len(run.checkpoints) - SHOWN_CHECKPOINTS} more "
                    "(--json lists them)")
     return out
+# Steps whose `ctx.progress` `runs show` prints (the rest are counted; --json has them all).
+SHOWN_PROGRESS: Final = 5
+
+
+def _number(value: float) -> str:
+    return f"{value:,}" if isinstance(value, int) else f"{value:,.6g}"
+
+
+def _progress_text(progress: dict[str, Any]) -> str:
+    """`3/10 (30%) message, at TIME` from a step's stored progress (written by a worker:
+    any JSON, so every part is read defensively)."""
+    done: Any = progress.get("done")
+    total: Any = progress.get("total")
+    known = isinstance(done, int | float) and not isinstance(done, bool)
+    text = _number(done) if known else "?"
+    if isinstance(total, int | float) and not isinstance(total, bool):
+        text += f"/{_number(total)}"
+        if known and total > 0:
+            with contextlib.suppress(OverflowError):
+                text += f" ({100 * float(done) / float(total):.0f}%)"
+    message = progress.get("message")
+    if isinstance(message, str) and message:
+        text += f" {_error_cell(message)}"
+    at = progress.get("at")
+    if isinstance(at, str):
+        with contextlib.suppress(ValueError):
+            text += f", at {_when(datetime.fromisoformat(at))}"
+    return text
+
+
+def _progress_lines(run: RunInfo) -> list[str]:
+    reported = [s for s in run.steps if s.progress]
+    if not reported:
+        return []
+    lines = ["", "progress:"]
+    lines += [f"  {s.step or '-'}{'' if s.map_index is None else f'[{s.map_index}]'} "
+              f"(job {s.job_id}, {s.status}): {_progress_text(s.progress or {})}"
+              for s in reported[:SHOWN_PROGRESS]]
+    if len(reported) > SHOWN_PROGRESS:
+        lines.append(f"  ... and {len(reported) - SHOWN_PROGRESS} more (--json lists them)")
+    return lines
 
 
 def _emit(as_json: bool, data: dict[str, Any], text: str) -> None:
@@ -335,3 +380,43 @@ def retry_command(run_id: int | None, database_url: str | None, schema: str,
            f"{', '.join(map(str, res.job_ids[:10]))}{', ...' if len(res.job_ids) > 10 else ''})."
            "\n\n")
           + _describe(res.run))
+
+
+@runs.command("fork")
+@click.argument("run_id", type=int)
+@click.option("--from", "from_step", required=True, metavar="STEP",
+              help="The step the new run starts at; the steps before it are not run again.")
+@click.option("--args", "args_json", default=None, metavar="JSON",
+              help="The step's input as a JSON object, instead of the one the old run "
+                   "recorded.")
+@click.option("--app", "app_spec", required=True, metavar="MODULE:APP",
+              help="Your app (as for `flowq worker`): the new run runs today's code.")
+@url_option
+@schema_option
+@json_option
+def fork_command(run_id: int, from_step: str, args_json: str | None, app_spec: str,
+                 database_url: str | None, schema: str, as_json: bool) -> None:
+    """Start a new run from a step of an ended run, reusing the outputs the steps before it
+    recorded; the old run is left as it is, and the new one is linked to it."""
+    args: dict[str, Any] | None = None
+    if args_json is not None:
+        try:
+            parsed = json.loads(args_json)
+        except ValueError as exc:
+            raise UserError(f"--args is not JSON: {exc}") from None
+        if not isinstance(parsed, dict):
+            raise UserError(f"--args must be a JSON object of the step's keywords, got "
+                            f"{type(parsed).__name__}")
+        args = parsed
+    load_app(app_spec)
+    from flowq.ops.runs import fork, get_run
+
+    engine = open_engine(database_url, schema)
+    try:
+        forked = fork(engine, run_id, from_step=from_step, args=args, schema=schema)
+        new = get_run(engine, forked.run_id, schema=schema)
+    finally:
+        engine.dispose()
+    _emit(as_json, {**forked.to_dict(), "run": new.to_dict()},
+          f"run {forked.run_id} forked from run {run_id} at step {forked.from_step!r}.\n\n"
+          + _describe(new))

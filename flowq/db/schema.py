@@ -12,6 +12,7 @@ SQLAlchemy's `schema_translate_map` (see `schema_map`), so nothing here is ever 
 
 from __future__ import annotations
 
+import hashlib
 from typing import Final, Literal
 
 import sqlalchemy as sa
@@ -42,6 +43,7 @@ __all__ = [
     "notify_channel",
     "permits",
     "queues",
+    "run_end_channel",
     "run_id_seq",
     "schedules",
     "schema_map",
@@ -111,6 +113,11 @@ jobs = sa.Table(
     # appended by the fenced retry and end statements (NULL while no attempt failed).
     sa.Column("started_at", sa.DateTime(timezone=True)),
     sa.Column("attempt_log", JSONB),
+    # Progress and forks (revision 0012): the latest `ctx.progress` of the row's attempt,
+    # {"done", "total", "message", "at"}, written by the heartbeat; and on a forked run's
+    # first row, the run it was forked from (`flowq.ops.fork`).
+    sa.Column("progress", JSONB),
+    sa.Column("forked_from", sa.BigInteger),
     sa.CheckConstraint(
         "status IN ('pending', 'running', 'succeeded', 'dead', 'cancelled', 'waiting')",
         name="jobs_status_check",
@@ -321,3 +328,19 @@ def schema_map(schema: str) -> dict[str | None, str] | None:
 def notify_channel(schema: str) -> str:
     """The LISTEN/NOTIFY channel for a flowq schema: the schema's own name."""
     return validate_schema_name(schema)
+
+
+# A channel name is an identifier: at most 63 bytes, or pg_notify raises.
+_MAX_CHANNEL: Final = 63
+
+
+def run_end_channel(schema: str) -> str:
+    """The channel on which ended runs are announced (`flowq.wait_run` LISTENs on it; the
+    workers do not, so their wake-ups never see it): `<schema>:runs`, which no schema's own
+    channel can equal (a schema name has no ':'), or for a schema name too long for that,
+    `flowq:runs:` and a digest of it. Only [a-z0-9_:] characters: safe inside a literal."""
+    name = validate_schema_name(schema)
+    channel = f"{name}:runs"
+    if len(channel) <= _MAX_CHANNEL:
+        return channel
+    return "flowq:runs:" + hashlib.sha256(name.encode()).hexdigest()[:32]

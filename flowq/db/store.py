@@ -199,9 +199,15 @@ class Store:
 
     # -- fenced writes -----------------------------------------------------------------------
 
-    def heartbeat(self, claims: Sequence[Claim]) -> list[Beat]:
+    def heartbeat(self, claims: Sequence[Claim],
+                  progress: Mapping[int, str] | None = None) -> list[Beat]:
         """Refresh the heartbeat of `claims`; the ones still ours, with whether their run was
-        cancelled (the running handler is told)."""
+        cancelled (the running handler is told). `progress`: the new `ctx.progress` JSON of
+        some of them, by job id, written in the same statement (none: the plain beat)."""
+        if progress:
+            beats = [_Progress(i, lease, progress.get(i)) for i, lease in sorted(claims)]
+            return read(Beat, self.run(self.q.heartbeat_progress_jobs, bind_rows(
+                (*CLAIM_KEY, ("progress", "jsonb")), beats, single=False)))
         keys = [_Key(i, lease) for i, lease in sorted(claims)]
         return read(Beat, self.run(self.q.heartbeat_jobs,
                                    bind_rows(CLAIM_KEY, keys, single=False)))
@@ -304,6 +310,16 @@ class _Key:
 
     id: int
     lease: int
+
+
+@dataclass(frozen=True)
+class _Progress:
+    """A claim and its new progress JSON (None: none new), as `heartbeat_progress_jobs`
+    names them."""
+
+    id: int
+    lease: int
+    progress: str | None
 
 
 def _full(successor: Successor) -> Spawned:

@@ -39,6 +39,7 @@ from flowq.define.app import defined_names, did_you_mean, find_definition
 from flowq.define.options import RESERVED_OPTIONS, EnqueueOptions
 from flowq.define.pipeline import Pipeline
 from flowq.define.retry import DEFAULT_MAX_ATTEMPTS
+from flowq.define.step import Step
 from flowq.errors import ConfigurationError, FlowqError, InvalidArgumentsError, UnknownTaskError
 from flowq.jsonargs import JSONError, dumps_checked
 from flowq.names import (
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
 
 __all__ = ["KEY_RACE_ATTEMPTS", "MAX_KEY_BYTES", "MAX_RUN_AT", "MIN_RUN_AT",
            "UNIQUE_RACE_ATTEMPTS", "Enqueued", "PreparedCall", "prepare_enqueue",
-           "prepare_enqueue_many"]
+           "prepare_enqueue_many", "prepare_start_at"]
 
 # In UTF-8 bytes: a btree entry must stay well under PostgreSQL's ~2.7 kB limit, or the INSERT
 # would fail inside the caller's transaction instead of being refused up front.
@@ -349,6 +350,30 @@ def prepare_enqueue(task: Pipeline | str, args: Mapping[str, Any],
     params["idempotency_key"] = key
     return PreparedCall(q.insert_job_by_key, params, schema, _enqueued, True,
                         lookup=q.find_run_by_key)
+
+
+def prepare_start_at(definition: Pipeline, step: Step[Any, Any], args: Mapping[str, Any], *,
+                     schema: str | None = None) -> PreparedCall[Enqueued]:
+    """Validate a run of `definition` that starts at `step` alone, with `args` as that step's
+    input (its parents' outputs, checked against its handler): what `flowq.runs.fork` sends.
+    The multi-root enqueue's statement (`insert_run`) with `step` as the one root, so the
+    row is the one an enqueue writes (a step that waits for a signal starts `waiting`)."""
+    name, _, schema, params = _common_params(
+        definition, queue=None, priority=None, run_at=None, delay=None, schema=schema)
+    args = dict(args)
+    what = f"arguments for step {step.name!r} of {name!r}"
+    if step.wait_for is not None:
+        step.check_input(args, what)
+    else:
+        step.check_arguments(args, what)
+    try:
+        params["args"] = dumps_checked(args, "args")
+    except JSONError as exc:
+        raise InvalidArgumentsError(f"cannot start {name!r} at {step.name!r}: {exc}") from None
+    params.update(idempotency_key=None, steps=[step.name], step_indexes=[step.index],
+                  queues=[step.queue], max_attempts=[step.retry.attempt_cap],
+                  delays=[step.delay], signals=[step.wait_for], waits=[step.wait_timeout])
+    return PreparedCall(queries(schema).insert_run, params, schema, _enqueued, True)
 
 
 def prepare_enqueue_many(task: Pipeline | str, args_list: Iterable[Mapping[str, Any]], *,

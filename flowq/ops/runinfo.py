@@ -87,6 +87,9 @@ class StepInfo:
     # When the latest attempt started (revision 0008), and every attempt (`attempts_of`).
     started_at: datetime | None = None
     history: tuple[AttemptInfo, ...] = ()
+    # The latest `ctx.progress` the worker wrote (revision 0012): {"done", "total",
+    # "message", "at"}, or None when the handler reported none.
+    progress: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,7 @@ class RunInfo:
     # What its steps recorded inside their handlers, by step and position (the first
     # `CHECKPOINTS_SHOWN`).
     checkpoints: tuple[CheckpointInfo, ...] = ()
+    forked_from: int | None = None  # the run this one was forked from (`flowq.ops.fork`)
 
     @property
     def current_step(self) -> StepInfo:
@@ -183,7 +187,8 @@ def _step(row: Any) -> StepInfo:
         finished_at=row.finished_at, last_error=row.last_error, args=row.args,
         result=row.result, map_index=row.map_index,
         last_error_earlier=row.last_error is not None and row.status == "succeeded",
-        started_at=row.started_at, history=attempts_of(row))
+        started_at=row.started_at, history=attempts_of(row),
+        progress=row.progress if isinstance(row.progress, dict) else None)
 
 
 def _time(text: Any) -> datetime | None:
@@ -277,7 +282,8 @@ def _run_of(run_id: int, rows: list[Any], schema: str) -> RunInfo:
         created_at=min(s.created_at for s in steps),
         finished_at=max(finished) if done and finished else None,
         result=_result(steps, definition) if status == "succeeded" else None, steps=steps,
-        graph=_graph(steps, definition))
+        graph=_graph(steps, definition),
+        forked_from=next((r.forked_from for r in rows if r.forked_from is not None), None))
 
 
 def read_run(conn: sa.Connection, q: Queries, run_id: int) -> RunInfo:

@@ -19,13 +19,13 @@ in batches (see there).
 Both take row locks on the whole run first, so they never race a completing step. Every
 function takes an Engine (one transaction of its own) or a Connection (joins its open
 transaction, which the caller commits; else commits its own). `wait_run` (and the async
-`await_run`) polls until a run has finished.
+`await_run`) wait until a run has finished, woken by a notification (`flowq.ops.results`,
+which also has `get_result`); `fork` starts a new run from a step of an old one
+(`flowq.ops.fork`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Final
@@ -39,6 +39,8 @@ from flowq.names import DEFAULT_SCHEMA, check_id
 from flowq.ops import binds
 from flowq.ops.binds import Bind
 from flowq.ops.filters import When, check_count, parse_when, run_filters
+from flowq.ops.fork import Forked, fork
+from flowq.ops.results import await_run, get_result, wait_run
 from flowq.ops.runinfo import (
     RunInfo,
     RunSummary,
@@ -51,6 +53,7 @@ from flowq.ops.runinfo import (
 __all__ = [
     "CancelResult",
     "DeadStep",
+    "Forked",
     "KnownNames",
     "RetryResult",
     "RunInfo",
@@ -63,6 +66,8 @@ __all__ = [
     "cancel_run",
     "dead_steps",
     "find_run",
+    "fork",
+    "get_result",
     "get_run",
     "known_names",
     "list_runs",
@@ -83,8 +88,6 @@ UNSERVED_STALE_AFTER: Final = 60.0
 # Each pass locks what the previous one saw plus what completions created meanwhile: the set
 # settles in a few passes; the cap only guards against a bug turning this into a loop.
 _MAX_LOCK_PASSES: Final = 100
-# How `wait_run` polls: from the first interval, doubling up to the last.
-_WAIT_POLL: Final = (0.02, 1.0)
 
 
 @dataclass(frozen=True)
@@ -359,44 +362,3 @@ def retry_runs(bind: Bind, *, status: str = "dead", task: str | None = None,
             break
         after = picked[-1]
     return total
-
-
-def _finished(run: RunInfo) -> bool:
-    return not any(s.status in ("pending", "running", "waiting") for s in run.steps)
-
-
-def wait_run(bind: sa.Engine, run_id: int, *, timeout: float | None = None,
-             schema: str = DEFAULT_SCHEMA) -> RunInfo:
-    """Block until run `run_id` has finished (succeeded, dead, or cancelled with nothing left
-    running), and return it; TimeoutError after `timeout` seconds. Polls, from 20 ms backing
-    off to 1 s."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    pause = _WAIT_POLL[0]
-    while True:
-        run = get_run(bind, run_id, schema)
-        if _finished(run):
-            return run
-        if deadline is not None and time.monotonic() + pause > deadline:
-            raise TimeoutError(f"run {run_id} is still {run.status} after {timeout}s")
-        time.sleep(pause)
-        pause = min(pause * 2, _WAIT_POLL[1])
-
-
-async def await_run(bind: Any, run_id: int, *, timeout: float | None = None,
-                    schema: str = DEFAULT_SCHEMA) -> RunInfo:
-    """`wait_run` for asyncio: `bind` is an AsyncEngine (or an Engine, read in a thread)."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    pause = _WAIT_POLL[0]
-    run_id = check_id(run_id)
-    while True:
-        if isinstance(bind, sa.Engine):
-            run = await asyncio.to_thread(get_run, bind, run_id, schema)
-        else:
-            async with bind.connect() as conn:
-                run = await conn.run_sync(lambda c: get_run(c, run_id, schema))
-        if _finished(run):
-            return run
-        if deadline is not None and time.monotonic() + pause > deadline:
-            raise TimeoutError(f"run {run_id} is still {run.status} after {timeout}s")
-        await asyncio.sleep(pause)
-        pause = min(pause * 2, _WAIT_POLL[1])

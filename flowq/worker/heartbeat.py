@@ -9,13 +9,17 @@ sent again rather than silencing every other job's heartbeat.
 
 Jobs whose fence (id, lease) no longer matches were taken from us (the reaper requeued them):
 each is logged once, and its result will be discarded. The beat also reads which running jobs
-were asked to stop (`flowq runs cancel`) and passes their claims to `on_cancelled`.
+were asked to stop (`flowq runs cancel`) and passes their claims to `on_cancelled`, and
+writes the latest `ctx.progress` of the jobs that reported since the last beat (kept in
+memory by their contexts, `flowq.context.progress_of`) in the same statement: progress costs
+no write of its own, and a beat with none to write is the plain one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from flowq.context import progress_of
 from flowq.db.rows import Claim
 from flowq.db.sql import Queries
 from flowq.db.store import Store
@@ -59,7 +63,9 @@ class Heartbeat(Service):
         if not held:
             self.lost = []
             return 0
-        beats = self.store.heartbeat(held)
+        # Progress rides on the beat: the handlers' latest `ctx.progress` reports since the
+        # last one (in memory until now), in this same statement.
+        beats = self.store.heartbeat(held, progress_of(c[0] for c in held))
         alive = {b.id for b in beats}
         cancelled = {b.id for b in beats if b.cancel_requested}
         if cancelled and self.on_cancelled is not None:

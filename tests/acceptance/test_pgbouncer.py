@@ -422,3 +422,45 @@ def test_listen_url_and_no_listen_contradict(db_url: str) -> None:
                                        "--pgbouncer", "--listen-url", db_url, "--no-listen"])
     assert result.exit_code == 2
     assert "--listen-url and --no-listen" in result.output
+
+
+def test_wait_run_through_pgbouncer_returns_by_the_poll(pgbouncer: str, db_url: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Transaction pooling takes a LISTEN and never delivers its notifications: `wait_run`
+    through the pooler still returns the run, by its fallback poll (shortened here)."""
+    import threading
+
+    from flowq.ops import results
+    from flowq.ops.results import RunEndListener
+    from flowq.testing import drain
+
+    app = flowq.FlowQ()
+
+    @app.task(name="pgb_wait_noop")
+    def noop(ctx: flowq.Context) -> dict[str, bool]:
+        return {"ok": True}
+
+    reads: list[int] = []
+    real = results.read_run
+    monkeypatch.setattr(results, "read_run", lambda *a, **k: reads.append(1) or real(*a, **k))
+    monkeypatch.setattr(results, "FALLBACK_POLL", 0.3)
+    pooled = flowq.db.create_engine(pgbouncer, pgbouncer=True)
+    direct = sa.create_engine(db_url)
+    try:
+        with direct.begin() as conn:
+            run_id = flowq.enqueue(conn, noop).id
+        out: dict[str, Any] = {}
+        waiter = threading.Thread(target=lambda: out.setdefault(
+            "run", flowq.wait_run(pooled, run_id, timeout=60)), daemon=True)
+        waiter.start()
+        wait_until(lambda: reads, message="the waiter's first read")
+        with direct.begin() as conn:
+            drain(conn, app)
+        waiter.join(timeout=60)
+        assert out["run"].status == "succeeded" and out["run"].result == {"ok": True}
+        assert RunEndListener.shared(pooled).notified == 0  # the poll found it
+        assert len(reads) >= 2
+    finally:
+        RunEndListener.shared(pooled).close()
+        pooled.dispose()
+        direct.dispose()

@@ -17,6 +17,8 @@ from flowq.db.sql.fragments import (
     S,
     Statements,
     log_attempt,
+    notify_ended,
+    notify_ended_row,
     notify_new,
     registered_without,
     rows,
@@ -25,6 +27,11 @@ from flowq.db.sql.fragments import (
 )
 
 __all__ = ["ClaimStatements"]
+
+# The runs of a completion's successes that created nothing (a run's last step, a cancelled
+# run, a join still waiting for its other parents): `notify_ended` names them.
+ENDED = """SELECT d.run_id FROM done d
+                  WHERE NOT EXISTS (SELECT 1 FROM inserted i WHERE i.run_id = d.run_id)"""
 
 # The error of an attempt whose worker stopped heartbeating (the reaper's).
 LOST = """format('WorkerLost: worker %s stopped heartbeating during attempt %s of %s '
@@ -87,17 +94,37 @@ class ClaimStatements(Statements):
              WHERE {FENCE}
             RETURNING j.id, j.cancel_requested""")
 
+    @cached_property
+    def heartbeat_progress_jobs(self) -> TextClause:
+        """Refresh the heartbeat of a batch of claims and write their progress, fenced.
+
+        `heartbeat_jobs` that also writes the latest `ctx.progress` of the claims that
+        reported one since the last beat (:progresses, NULL: none new, the column is kept),
+        stamped with the database's now(): the beat a worker sends when some handler
+        reported, so a report costs no statement of its own."""
+        claims = rows("c", (*CLAIM_KEY, ("progress", "jsonb")), single=False)
+        return self.sql(f"""
+            UPDATE {S}.jobs j SET heartbeat_at = now(),
+                   progress = CASE WHEN c.progress IS NULL THEN j.progress
+                                   ELSE c.progress || jsonb_build_object('at', now()) END
+              FROM {claims}
+             WHERE {FENCE}
+            RETURNING j.id, j.cancel_requested""")
+
     def _complete(self, *, single: bool) -> TextClause:
         return self.sql(f"""
             WITH done AS ({succeed(single)})
-            SELECT id, cancel_requested FROM done""")
+            SELECT id, cancel_requested,
+                   {notify_ended("SELECT run_id FROM done")} AS ended
+              FROM done""")
 
     @cached_property
     def complete_jobs(self) -> TextClause:
         """Mark a batch of claims succeeded, fenced.
 
         Mark claims (:ids, :leases) succeeded with :results; returns the rows that were
-        still ours (with whether their run was cancelled meanwhile)."""
+        still ours (with whether their run was cancelled meanwhile). Their runs may have
+        ended: one notification names them (`fragments.notify_ended`)."""
         return self._complete(single=False)
 
     @cached_property
@@ -120,9 +147,10 @@ class ClaimStatements(Statements):
                        now() + make_interval(secs => n.delay), d.trace_context
                   FROM done d JOIN {successors} ON n.id = d.id AND n.lease = d.lease
                  WHERE NOT d.cancel_requested
-                RETURNING queue, run_at
+                RETURNING run_id, queue, run_at
             )
-            SELECT d.id, d.cancel_requested, {notify_new("inserted")} AS woken
+            SELECT d.id, d.cancel_requested, {notify_new("inserted")} AS woken,
+                   {notify_ended(ENDED)} AS ended
               FROM done d""")
 
     @cached_property
@@ -243,10 +271,11 @@ class ClaimStatements(Statements):
                                                           ELSE r.delay END),
                        r.trace_context
                   FROM ready r LEFT JOIN met m ON m.run_id = r.run_id AND m.name = r.signal
-                RETURNING queue, status, run_at
+                RETURNING run_id, queue, status, run_at
             )
             SELECT d.id, d.cancel_requested,
-                   {notify_new("inserted WHERE status = 'pending'")} AS woken
+                   {notify_new("inserted WHERE status = 'pending'")} AS woken,
+                   {notify_ended(ENDED)} AS ended
               FROM done d""")
 
     @cached_property
@@ -284,7 +313,8 @@ class ClaimStatements(Statements):
                    last_error = :error, {log_attempt("CAST(:error AS text)")}, {UNLOCK}
               FROM {rows("c", CLAIM_KEY, single=True)}
              WHERE {FENCE}
-            RETURNING j.status, j.run_at""")
+            RETURNING j.status, j.run_at,
+                      {notify_ended_row("j.status = 'cancelled'")} AS ended""")
 
     @cached_property
     def end_job(self) -> TextClause:
@@ -298,7 +328,7 @@ class ClaimStatements(Statements):
                    {log_attempt("CAST(:error AS text)")}, {UNLOCK}
               FROM {rows("c", CLAIM_KEY, single=True)}
              WHERE {FENCE}
-            RETURNING j.status""")
+            RETURNING j.status, {notify_ended_row("true")} AS ended""")
 
     @cached_property
     def release_jobs(self) -> TextClause:
@@ -316,7 +346,8 @@ class ClaimStatements(Statements):
                    attempts = greatest(j.attempts - 1, 0), run_at = now(), {UNLOCK}
               FROM {rows("c", CLAIM_KEY, single=False)}
              WHERE {FENCE}
-            RETURNING j.id, pg_notify(:channel, j.queue)""")
+            RETURNING j.id, pg_notify(:channel, j.queue),
+                      {notify_ended_row("j.status = 'cancelled'")} AS ended""")
 
     @cached_property
     def reap_jobs(self) -> TextClause:
@@ -344,4 +375,7 @@ class ClaimStatements(Statements):
                        """ + log_attempt(LOST) + """, """ + UNLOCK + """
                   FROM stale WHERE j.id = stale.id
                 RETURNING j.id, j.run_id, j.task, j.step, j.queue, j.status, j.attempts)
-            SELECT r.*, pg_notify(:channel, r.queue) FROM reaped r""")
+            SELECT r.*, pg_notify(:channel, r.queue),
+                   """ + notify_ended_row("r.status IN ('dead', 'cancelled')", "r.run_id") + """
+                   AS ended
+              FROM reaped r""")

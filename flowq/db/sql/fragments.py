@@ -16,6 +16,7 @@ from typing import Any, Final
 import sqlalchemy as sa
 from sqlalchemy.sql.elements import TextClause
 
+from flowq.db.schema import run_end_channel
 from flowq.names import validate_schema_name
 
 __all__ = [
@@ -36,11 +37,14 @@ __all__ = [
     "TRACE",
     "UNLOCK",
     "Columns",
+    "R",
     "S",
     "Statements",
     "bind_rows",
     "log_attempt",
     "mark_keyed",
+    "notify_ended",
+    "notify_ended_row",
     "notify_new",
     "registered_without",
     "rows",
@@ -52,6 +56,9 @@ __all__ = [
 
 # Where the schema goes in a statement's text (an f-string writes `{S}`).
 S: Final = "{s}"
+# Where the schema's run-end channel goes, as the text of a literal (`'{R}'`): see
+# `flowq.db.schema.run_end_channel` (its characters need no quoting) and `notify_ended`.
+R: Final = "{r}"
 
 
 class Statements:
@@ -60,10 +67,12 @@ class Statements:
 
     def __init__(self, schema: str) -> None:
         self.schema = validate_schema_name(schema)
+        self.run_channel = run_end_channel(self.schema)
 
     def sql(self, text: str) -> TextClause:
-        """`text` (written with `{S}` for the schema) for this schema."""
-        return sa.text(text.replace(S, self.schema))
+        """`text` (written with `{S}` for the schema, `{R}` for its run-end channel) for
+        this schema."""
+        return sa.text(text.replace(S, self.schema).replace(R, self.run_channel))
 
 
 # The columns a worker needs of a claimed row: `flowq.db.rows.ClaimedJob` reads them by name
@@ -160,6 +169,34 @@ def notify_new(rows: str) -> str:
     and `run_at`, and optionally a WHERE): one notification per distinct payload."""
     return (f"(SELECT count(pg_notify(:channel, w)) FROM (SELECT DISTINCT "
             f"{wake('queue', 'run_at')} AS w FROM {rows}) x)")
+
+
+# A NOTIFY payload must stay under 8000 bytes (an error inside the completion otherwise).
+_MAX_ENDED_PAYLOAD: Final = 7900
+
+
+def notify_ended(run_ids: str) -> str:
+    """An expression telling `flowq.wait_run` that runs may have ended (a row of each reached
+    a state that creates nothing after it): ONE notification on the run-end channel for the
+    whole statement, its payload the ids of `run_ids` (a query of one column, `run_id`)
+    joined by ',', or '' ("look at every run you wait for") when they would not fit a
+    payload; nothing when `run_ids` is empty. Not DISTINCT: a repeated id is harmless, and
+    the sort cost more than the notification (measured on a batch of 100 completions). Written as an uncorrelated scalar subquery
+    (an InitPlan: run once, and only when the statement returns a row). A waiter reads the
+    run again to decide (`flowq.ops.runinfo.run_status`): a notification is a hint, never the
+    run's end itself."""
+    return f"""(SELECT count(pg_notify('{R}', CASE WHEN length(e.ids) < {_MAX_ENDED_PAYLOAD}
+                                                  THEN e.ids ELSE '' END))
+                  FROM (SELECT string_agg(x.run_id::text, ',') AS ids
+                          FROM ({run_ids}) x) e
+                 WHERE e.ids IS NOT NULL)"""
+
+
+def notify_ended_row(ended: str, run_id: str = "j.run_id") -> str:
+    """`notify_ended` for one row of a RETURNING list: a notification naming `run_id` when
+    `ended` (an SQL condition on the row as written) holds. Identical notifications of one
+    transaction are delivered once."""
+    return f"CASE WHEN {ended} THEN pg_notify('{R}', {run_id}::text) END"
 
 
 Columns = tuple[tuple[str, str], ...]

@@ -6,7 +6,7 @@ from functools import cached_property
 
 from sqlalchemy.sql.elements import TextClause
 
-from flowq.db.sql.fragments import RUN_STATUS, S, Statements
+from flowq.db.sql.fragments import RUN_STATUS, S, Statements, notify_ended_row
 
 __all__ = ["RunStatements"]
 
@@ -24,9 +24,19 @@ class RunStatements(Statements):
             SELECT id, run_id, task, step, step_index, queue, status, priority, attempts,
                    max_attempts, args, result, last_error, idempotency_key, cancel_requested,
                    run_at, locked_at, heartbeat_at, locked_by, created_at, finished_at,
-                   map_index, started_at, attempt_log
+                   map_index, started_at, attempt_log, progress, forked_from
               FROM {S}.jobs WHERE run_id = :run_id
              ORDER BY step_index, map_index NULLS FIRST, id""")
+
+    @cached_property
+    def mark_forked_run(self) -> TextClause:
+        """Link a new run to the run it was forked from.
+
+        Set `forked_from` to :source on the rows run :run_id has so far (its first rows, in
+        the transaction that enqueued them): `flowq runs show` reads it from there."""
+        return self.sql(f"""
+            UPDATE {S}.jobs SET forked_from = CAST(:source AS bigint)
+             WHERE run_id = :run_id""")
 
     @cached_property
     def lock_run_jobs(self) -> TextClause:
@@ -54,7 +64,8 @@ class RunStatements(Statements):
              WHERE run_id = :run_id
                AND (status IN ('pending', 'waiting')
                     OR (status = 'running' AND NOT cancel_requested))
-            RETURNING id, status""")
+            RETURNING id, status,
+                      {notify_ended_row("status = 'cancelled'", "run_id")} AS ended""")
 
     @cached_property
     def retry_dead_jobs(self) -> TextClause:

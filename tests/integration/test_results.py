@@ -1,0 +1,332 @@
+"""flowq.wait_run / await_run / get_result: woken by the run-end notification, the poll as
+the fallback, against a real PostgreSQL.
+
+Runs are completed by the test kit's `drain` in a transaction of the test's own (so the test
+decides when the run's end commits) or by an in-process worker. Whether a waiter was woken
+by a notification is read from counters (`RunEndListener.notified`, the reads a waiter
+made), never from a clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+
+import flowq
+from flowq.context import Context
+from flowq.db.schema import run_end_channel
+from flowq.ops import results
+from flowq.ops.results import RunEndListener
+from flowq.testing import drain, run_until_idle, wait_until
+
+app = flowq.FlowQ()
+
+
+@app.task()
+def double(ctx: Context, n: int) -> dict[str, int]:
+    return {"n": 2 * n}
+
+
+@app.task(retry=flowq.Retry(max_attempts=1))
+def explode(ctx: Context) -> None:
+    raise RuntimeError("boom\nsecond line")
+
+
+chain = app.pipeline("results_chain")
+
+
+@chain.step()
+def first(ctx: Context, n: int) -> dict[str, int]:
+    return {"n": n + 1}
+
+
+@chain.step()
+def second(ctx: Context, n: int) -> dict[str, int]:
+    return {"total": n * 10}
+
+
+def enqueue(engine: sa.Engine, task: Any, **args: Any) -> int:
+    with engine.begin() as conn:
+        return flowq.enqueue(conn, task, **args).id
+
+
+class Reads:
+    """Counts the reads of runs `flowq.ops.results` makes (wraps its `read_run`)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        real = results.read_run
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            found = real(*args, **kwargs)
+            self.count += 1
+            return found
+
+        monkeypatch.setattr(results, "read_run", counted)
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> Reads:
+    return Reads(monkeypatch)
+
+
+@pytest.fixture
+def slow_poll(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fallback poll so rare that a waiter that returns was woken by its notification."""
+    monkeypatch.setattr(results, "FALLBACK_POLL", 600.0)
+
+
+@pytest.fixture
+def listener(engine: sa.Engine) -> Iterator[RunEndListener]:
+    found = RunEndListener.shared(engine)
+    yield found
+    found.close()
+
+
+def waiting(target: Any, *args: Any, **kwargs: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = target(*args, **kwargs)
+        except BaseException as exc:  # reported by the test
+            out["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_wait_run_is_woken_by_the_run_end_notification(
+        engine: sa.Engine, reads: Reads, slow_poll: None, listener: RunEndListener) -> None:
+    run_id = enqueue(engine, double, n=21)
+    thread, out = waiting(flowq.wait_run, engine, run_id, timeout=120)
+    wait_until(lambda: reads.count == 1, message="the waiter's first read")
+    assert listener.up
+    before = listener.notified
+    with engine.begin() as conn:
+        assert drain(conn, app).succeeded == 1
+    thread.join(timeout=120)
+    assert "error" not in out, out
+    run = out["value"]
+    assert run.status == "succeeded" and run.result == {"n": 42}
+    # Woken by the notification (the poll comes every 600 s), then one read decided it.
+    assert listener.notified == before + 1
+    assert reads.count == 2
+
+
+def test_one_listen_connection_serves_every_waiter_of_the_process(
+        engine: sa.Engine, reads: Reads, slow_poll: None, listener: RunEndListener) -> None:
+    run_ids = [enqueue(engine, double, n=i) for i in range(5)]
+    waiters = [waiting(flowq.wait_run, engine, r, timeout=120) for r in run_ids]
+    wait_until(lambda: reads.count == 5, message="every waiter's first read")
+    with engine.connect() as conn:
+        listening = conn.execute(sa.text(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'flowq wait_run' "
+            "AND datname = current_database()")).scalar()
+    assert listening == 1
+    before = listener.notified
+    with engine.begin() as conn:
+        drain(conn, app)  # one transaction: the runs end together
+    for thread, out in waiters:
+        thread.join(timeout=120)
+        assert out["value"].status == "succeeded", out
+    assert sorted(out["value"].result["n"] for _, out in waiters) == [0, 2, 4, 6, 8]
+    assert listener.notified == before + 5
+
+
+def test_a_pipeline_wakes_its_waiter_at_its_last_step_only(
+        engine: sa.Engine, db_url: str, reads: Reads, slow_poll: None,
+        listener: RunEndListener) -> None:
+    run_id = enqueue(engine, chain, n=1)
+    thread, out = waiting(flowq.wait_run, engine, run_id, timeout=120)
+    wait_until(lambda: reads.count == 1, message="the waiter's first read")
+    run_until_idle(app, db_url)
+    thread.join(timeout=120)
+    assert out["value"].status == "succeeded" and out["value"].result == {"total": 20}
+    # The first step's success created the second: it named no ended run.
+    assert reads.count == 2
+
+
+def test_await_run_is_woken_by_the_notification(
+        engine: sa.Engine, reads: Reads, slow_poll: None, listener: RunEndListener) -> None:
+    run_id = enqueue(engine, double, n=5)
+
+    async def main() -> Any:
+        task = asyncio.create_task(flowq.await_run(engine, run_id, timeout=120))
+        while reads.count < 1:
+            await asyncio.sleep(0.01)
+        before = listener.notified
+        with engine.begin() as conn:
+            drain(conn, app)
+        run = await task
+        return run, listener.notified - before
+
+    run, woken = asyncio.run(main())
+    assert run.status == "succeeded" and run.result == {"n": 10}
+    assert woken == 1 and reads.count == 2
+
+
+def test_a_dead_run_wakes_its_waiter_and_get_result_says_why(
+        engine: sa.Engine, reads: Reads, slow_poll: None, listener: RunEndListener) -> None:
+    run_id = enqueue(engine, explode)
+    thread, out = waiting(flowq.wait_run, engine, run_id, timeout=120)
+    wait_until(lambda: reads.count == 1, message="the waiter's first read")
+    with engine.begin() as conn:
+        assert drain(conn, app, raise_on_dead=False).dead == 1
+    thread.join(timeout=120)
+    assert out["value"].status == "dead"
+    with pytest.raises(flowq.RunStateError) as caught:
+        flowq.get_result(engine, run_id)
+    message = str(caught.value)
+    assert f"run {run_id} is dead" in message and "'explode'" in message
+    assert "RuntimeError: boom" in message and "second line" not in message
+    assert f"flowq runs retry {run_id}" in message
+
+
+def test_cancelling_a_run_wakes_its_waiter(
+        engine: sa.Engine, reads: Reads, slow_poll: None, listener: RunEndListener) -> None:
+    run_id = enqueue(engine, double, n=1)
+    thread, out = waiting(flowq.wait_run, engine, run_id, timeout=120)
+    wait_until(lambda: reads.count == 1, message="the waiter's first read")
+    before = listener.notified
+    flowq.runs.cancel_run(engine, run_id)
+    thread.join(timeout=120)
+    assert out["value"].status == "cancelled"
+    assert listener.notified == before + 1
+    with pytest.raises(flowq.RunStateError, match="was cancelled, so it has no result"):
+        flowq.get_result(engine, run_id)
+
+
+def test_get_result(engine: sa.Engine) -> None:
+    run_id = enqueue(engine, double, n=4)
+    with pytest.raises(flowq.RunStateError) as caught:
+        flowq.get_result(engine, run_id)
+    assert "has no result yet: it is pending" in str(caught.value)
+    assert f"flowq.wait_run(engine, {run_id}" in str(caught.value)
+    with engine.begin() as conn:
+        drain(conn, app)
+    assert flowq.get_result(engine, run_id) == {"n": 8}
+    with engine.connect() as conn:  # a Connection works as well
+        assert flowq.get_result(conn, run_id) == {"n": 8}
+    with pytest.raises(flowq.RunNotFoundError, match="no run 999999 exists"):
+        flowq.get_result(engine, 999999)
+
+
+def test_wait_run_polls_when_listen_is_unavailable(
+        engine: sa.Engine, monkeypatch: pytest.MonkeyPatch, reads: Reads) -> None:
+    def refused(conninfo: str) -> psycopg.Connection[Any]:
+        raise psycopg.OperationalError("LISTEN is not available here (transaction pooling)")
+
+    monkeypatch.setattr(results, "listener_connection", refused)
+    run_id = enqueue(engine, double, n=3)
+    thread, out = waiting(flowq.wait_run, engine, run_id, timeout=120)
+    wait_until(lambda: reads.count >= 1, message="the waiter's first read")
+    with engine.begin() as conn:
+        drain(conn, app)
+    thread.join(timeout=120)
+    assert out["value"].result == {"n": 6}
+    listener = RunEndListener.shared(engine)
+    assert not listener.up and listener.notified == 0
+    assert reads.count >= 2  # found by a poll
+
+
+def test_wait_run_polls_when_listen_hears_nothing(
+        engine: sa.Engine, db_url: str, server_url: str, monkeypatch: pytest.MonkeyPatch,
+        reads: Reads) -> None:
+    """PgBouncer in transaction mode accepts a LISTEN and never delivers: a listener on
+    another database stands for it. The fallback poll still returns the run."""
+    from flowq.db.urls import normalize_url, to_conninfo
+
+    deaf = to_conninfo(normalize_url(server_url))
+    monkeypatch.setattr(results, "listener_connection",
+                        lambda conninfo: psycopg.connect(deaf, autocommit=True))
+    monkeypatch.setattr(results, "FALLBACK_POLL", 0.2)
+    run_id = enqueue(engine, double, n=7)
+    thread, out = waiting(flowq.wait_run, engine, run_id, timeout=120)
+    wait_until(lambda: reads.count >= 1, message="the waiter's first read")
+    with engine.begin() as conn:
+        drain(conn, app)
+    thread.join(timeout=120)
+    listener = RunEndListener.shared(engine)
+    try:
+        assert out["value"].result == {"n": 14}
+        assert listener.up and listener.notified == 0
+    finally:
+        listener.close()
+
+
+def test_listen_false_only_polls(engine: sa.Engine) -> None:
+    run_id = enqueue(engine, double, n=1)
+    with engine.begin() as conn:
+        drain(conn, app)
+    assert flowq.wait_run(engine, run_id, timeout=5, listen=False).result == {"n": 2}
+
+
+@pytest.mark.parametrize("timeout", [math.nan, -1, -0.001, True, "5", [1]])
+def test_hostile_timeouts_are_refused(engine: sa.Engine, timeout: Any) -> None:
+    run_id = enqueue(engine, double, n=1)
+    with pytest.raises(flowq.InvalidArgumentsError, match="timeout must be"):
+        flowq.wait_run(engine, run_id, timeout=timeout)
+    with pytest.raises(flowq.InvalidArgumentsError, match="timeout must be"):
+        asyncio.run(flowq.await_run(engine, run_id, timeout=timeout))
+
+
+def test_a_timeout_of_zero_looks_once_and_infinity_is_no_limit(engine: sa.Engine) -> None:
+    run_id = enqueue(engine, double, n=1)
+    with pytest.raises(TimeoutError, match=f"run {run_id} is still pending after 0s"):
+        flowq.wait_run(engine, run_id, timeout=0)
+    with engine.begin() as conn:
+        drain(conn, app)
+    assert flowq.wait_run(engine, run_id, timeout=math.inf).status == "succeeded"
+    assert flowq.wait_run(engine, run_id, timeout=0).status == "succeeded"
+
+
+@pytest.mark.parametrize("run_id", [424242, 2**70, 0, -1, True, "1"])
+def test_a_run_that_does_not_exist_is_a_clear_error(engine: sa.Engine, run_id: Any) -> None:
+    with pytest.raises(flowq.RunNotFoundError):
+        flowq.wait_run(engine, run_id, timeout=1)
+    with pytest.raises(flowq.RunNotFoundError):
+        asyncio.run(flowq.await_run(engine, run_id, timeout=1))
+
+
+def test_the_run_end_channel_fits_any_schema_name() -> None:
+    assert run_end_channel("flowq") == "flowq:runs"
+    long = "s" * 63
+    channel = run_end_channel(long)
+    assert len(channel) <= 63 and channel.startswith("flowq:runs:")
+    assert channel != run_end_channel("t" * 63)
+
+
+def test_an_overlong_batch_names_no_run_and_wakes_every_waiter(
+        engine: sa.Engine, reads: Reads, slow_poll: None, listener: RunEndListener) -> None:
+    """A notification whose payload is not a list of ids (an overlong batch sends '') wakes
+    every waiter of its channel, which reads its run again."""
+    run_id = enqueue(engine, double, n=1)
+    thread, out = waiting(flowq.wait_run, engine, run_id, timeout=120)
+    wait_until(lambda: reads.count == 1, message="the waiter's first read")
+    with engine.begin() as conn:
+        drain(conn, app)
+    thread.join(timeout=120)
+    run_id = enqueue(engine, double, n=2)
+    thread, out = waiting(flowq.wait_run, engine, run_id, timeout=120)
+    wait_until(lambda: reads.count == 3, message="the second waiter's first read")
+    before = listener.notified
+    for n, payload in enumerate(["", "\u00b2,1", "x" * 7000], 1):  # and hostile ones
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT pg_notify(:c, :p)"),
+                         {"c": run_end_channel("flowq"), "p": payload})
+            conn.commit()
+        wait_until(lambda n=n: reads.count == 3 + n, message=f"a read after {payload[:9]!r}")
+        assert listener.notified == before + n and listener.up
+    with engine.begin() as conn:
+        drain(conn, app)
+    thread.join(timeout=120)
+    assert out["value"].status == "succeeded"

@@ -18,6 +18,9 @@ FlowqError                      root: catch this to catch everything flowq raise
     └── SignalError             a signal nobody waits for, sent twice, or whose payload is not JSON
 ```
 
+`DeadlineExceeded` names why a run's unfinished steps were cancelled when its `deadline=`
+passed (the reaper writes it as their `last_error`; a running handler sees `ctx.cancelled`).
+
 `SignalTimeout` is what a step waiting for a signal fails with when its `wait_timeout` passes:
 its retry policy decides (by default it is not retried: the step ends `dead`).
 
@@ -34,6 +37,7 @@ __all__ = [
     "CancelRun",
     "ConfigurationError",
     "DatabaseUnavailableError",
+    "DeadlineExceeded",
     "EmbeddedPostgresError",
     "FlowqError",
     "InvalidArgumentsError",
@@ -110,6 +114,10 @@ class SignalError(WorkflowError):
 
 class SignalTimeout(FlowqError):
     """The step's signal did not arrive within its wait_timeout."""
+
+
+class DeadlineExceeded(FlowqError):
+    """The run's deadline passed before it finished: its unfinished steps were cancelled."""
 
 
 class RetryStep(BaseException):

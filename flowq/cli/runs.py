@@ -97,6 +97,8 @@ def _describe(run: RunInfo) -> str:
     lines = [head, f"created {_when(run.created_at)}  finished {_when(run.finished_at)}"]
     if run.idempotency_key is not None:
         lines.append(f"idempotency key {run.idempotency_key}")
+    if run.deadline is not None:
+        lines.append(f"deadline {_when(run.deadline)}")
     if run.status == "succeeded":
         lines.append(f"result {json.dumps(run.result)}")
     by_step = {g.step: g for g in run.graph}

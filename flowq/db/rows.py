@@ -24,8 +24,8 @@ from typing import Any, TypeVar
 
 from flowq.db.runner import Rows
 
-__all__ = ["Beat", "Claim", "ClaimedJob", "Completed", "Completion", "Reaped", "Retry",
-           "Spawned", "Successor", "column", "read", "read_one"]
+__all__ = ["Beat", "Claim", "ClaimedJob", "Completed", "Completion", "Expired", "Reaped",
+           "Retry", "Spawned", "Successor", "column", "read", "read_one"]
 
 T = TypeVar("T")
 
@@ -145,6 +145,18 @@ class Reaped:
     queue: str
     status: str
     attempts: int
+
+
+@dataclass(frozen=True)
+class Expired:
+    """A row of a run whose deadline passed: `cancelled`, or still `running` and asked to stop."""
+
+    id: int
+    run_id: int
+    task: str
+    step: str
+    status: str
+    deadline: datetime
 
 
 # A reader per (class, column list): computed once, since the hot path reads every claim

@@ -109,6 +109,9 @@ jobs = sa.Table(
     # appended by the fenced retry and end statements (NULL while no attempt failed).
     sa.Column("started_at", sa.DateTime(timezone=True)),
     sa.Column("attempt_log", JSONB),
+    # Run deadlines (revision 0011): when the run's unfinished steps are cancelled (NULL:
+    # never), the same on every row of the run (copied to the steps it creates later).
+    sa.Column("deadline", sa.DateTime(timezone=True)),
     sa.CheckConstraint(
         "status IN ('pending', 'running', 'succeeded', 'dead', 'cancelled', 'waiting')",
         name="jobs_status_check",
@@ -132,6 +135,11 @@ jobs = sa.Table(
              postgresql_where=sa.text("idempotency_key IS NOT NULL")),
     # Dead jobs by task and queue (`flowq status`), without reading the retained finished rows.
     sa.Index("jobs_dead_idx", "task", "queue", postgresql_where=sa.text("status = 'dead'")),
+    # The reaper's deadline pass (flowq.db.sql.deadlines): only rows with a deadline that a
+    # cancellation still changes, so it stays as small as the runs that have one.
+    sa.Index("jobs_deadline_idx", "deadline", postgresql_where=sa.text(
+        "deadline IS NOT NULL AND status IN ('pending', 'running', 'waiting') "
+        "AND NOT cancel_requested")),
 )
 
 # The per-table autovacuum settings migration 0006 gives `flowq.jobs` (reloptions, which the

@@ -30,6 +30,7 @@ from flowq.db.rows import (
     ClaimedJob,
     Completed,
     Completion,
+    Expired,
     Reaped,
     Retry,
     Spawned,
@@ -257,6 +258,12 @@ class Store:
         `stale` seconds (their worker died)."""
         return read(Reaped, self.run(self.q.reap_jobs, {"stale": stale, "limit": limit,
                                                         "channel": self.channel}))
+
+    def expire_deadlines(self, error: str, limit: int) -> list[Expired]:
+        """Cancel up to `limit` unfinished rows of runs whose deadline passed, as a run
+        cancel does (`error`: their last_error, a format string given the deadline)."""
+        return read(Expired, self.run(self.q.cancel_expired_jobs,
+                                      {"error": error, "limit": limit}))
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,8 @@ async def _execute(target: AsyncTarget, call: PreparedCall[T] | PreparedSignal) 
 async def enqueue(target: AsyncTarget, task: Pipeline | str, /, *,
                   idempotency_key: str | None = None, queue: str | None = None,
                   priority: int | None = None, run_at: datetime | None = None,
-                  delay: float | timedelta | None = None, schema: str | None = None,
+                  delay: float | timedelta | None = None,
+                  deadline: datetime | float | timedelta | None = None, schema: str | None = None,
                   unique: bool = False, unique_key: str | None = None,
                   **args: Any) -> Enqueued:
     """Enqueue a run of `task` in the transaction of an AsyncSession or AsyncConnection.
@@ -92,8 +93,8 @@ async def enqueue(target: AsyncTarget, task: Pipeline | str, /, *,
     `flowq.enqueue`.
     """
     call = prepare_enqueue(task, args, idempotency_key=idempotency_key, queue=queue,
-                           priority=priority, run_at=run_at, delay=delay, schema=schema,
-                           unique=unique, unique_key=unique_key)
+                           priority=priority, run_at=run_at, delay=delay, deadline=deadline,
+                           schema=schema, unique=unique, unique_key=unique_key)
     return await execute(target, call)
 
 
@@ -101,10 +102,11 @@ async def enqueue_many(target: AsyncTarget, task: Pipeline | str,
                        args_list: Iterable[Mapping[str, Any]], /, *, queue: str | None = None,
                        priority: int | None = None, run_at: datetime | None = None,
                        delay: float | timedelta | None = None,
+                       deadline: datetime | float | timedelta | None = None,
                        schema: str | None = None) -> list[int]:
     """Enqueue one run per mapping in `args_list` in one statement; their ids, in order."""
     call = prepare_enqueue_many(task, args_list, queue=queue, priority=priority, run_at=run_at,
-                                delay=delay, schema=schema)
+                                delay=delay, deadline=deadline, schema=schema)
     return [] if call is None else await execute(target, call)
 
 

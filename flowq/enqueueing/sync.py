@@ -182,6 +182,7 @@ def _execute(target: Target, call: PreparedCall[T] | PreparedSignal) -> T:
 def enqueue(target: Target, task: Pipeline | str, /, *, idempotency_key: str | None = None,
             queue: str | None = None, priority: int | None = None,
             run_at: datetime | None = None, delay: float | timedelta | None = None,
+            deadline: datetime | float | timedelta | None = None,
             schema: str | None = None, unique: bool = False, unique_key: str | None = None,
             **args: Any) -> Enqueued:
     """Enqueue a run of `task` in the transaction of `target` (a Session or Connection).
@@ -193,19 +194,22 @@ def enqueue(target: Target, task: Pipeline | str, /, *, idempotency_key: str | N
     same task with that key): if such a run is active (a step pending, waiting or running),
     it is returned with `created=False`; once it has finished, a new one may start (with an
     `idempotency_key` too, that key is checked first). `run_at` (aware datetime) or `delay`
-    (seconds or timedelta) schedule it later; `priority` orders within a queue (lower
+    (seconds or timedelta) schedule it later; `deadline` (an aware datetime, or seconds or
+    a timedelta from now; default: the task's) cancels the run's unfinished steps once it
+    passes (`flowq.DeadlineExceeded`); `priority` orders within a queue (lower
     first, default 0); `schema` is the flowq schema (default: the task's app's, else
     "flowq"). Remaining keyword arguments are the handler's arguments and must be JSON.
     """
     call = prepare_enqueue(task, args, idempotency_key=idempotency_key, queue=queue,
-                           priority=priority, run_at=run_at, delay=delay, schema=schema,
-                           unique=unique, unique_key=unique_key)
+                           priority=priority, run_at=run_at, delay=delay, deadline=deadline,
+                           schema=schema, unique=unique, unique_key=unique_key)
     return execute(target, call)
 
 
 def enqueue_many(target: Target, task: Pipeline | str, args_list: Iterable[Mapping[str, Any]],
                  /, *, queue: str | None = None, priority: int | None = None,
                  run_at: datetime | None = None, delay: float | timedelta | None = None,
+                 deadline: datetime | float | timedelta | None = None,
                  schema: str | None = None) -> list[int]:
     """Enqueue one run of `task` per mapping in `args_list`, in one statement; their run ids.
 
@@ -213,7 +217,7 @@ def enqueue_many(target: Target, task: Pipeline | str, args_list: Iterable[Mappi
     validated before anything is sent; the ids come back in the order of `args_list`.
     """
     call = prepare_enqueue_many(task, args_list, queue=queue, priority=priority, run_at=run_at,
-                                delay=delay, schema=schema)
+                                delay=delay, deadline=deadline, schema=schema)
     return [] if call is None else execute(target, call)
 
 

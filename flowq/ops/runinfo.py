@@ -113,6 +113,7 @@ class RunInfo:
     result: Any  # the leaves' results once the run succeeded, else None
     steps: tuple[StepInfo, ...]
     graph: tuple[StepGroup, ...] = ()
+    deadline: datetime | None = None  # the run's `deadline=` (None: none), on each of its rows
 
     @property
     def current_step(self) -> StepInfo:
@@ -257,7 +258,8 @@ def _run_of(run_id: int, rows: list[Any], schema: str) -> RunInfo:
         created_at=min(s.created_at for s in steps),
         finished_at=max(finished) if done and finished else None,
         result=_result(steps, definition) if status == "succeeded" else None, steps=steps,
-        graph=_graph(steps, definition))
+        graph=_graph(steps, definition),
+        deadline=max((r.deadline for r in rows if r.deadline is not None), default=None))
 
 
 def read_run(conn: sa.Connection, q: Queries, run_id: int) -> RunInfo:

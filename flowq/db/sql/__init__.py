@@ -7,7 +7,8 @@ one instance per process (each statement compiles once, on first use):
 - `claims`: the claim and every write after it (heartbeat, complete, retry, end, release,
   reap), fenced on (id, lease); `jobs`: enqueue and the reads of job rows outside a claim;
 - `queues`, `permits`, `signals`, `workers`, `uniques`, `schedules`: the table of that name;
-- `runs`: the rows of one run (inspection, cancel, retry, filters, redrive);
+- `runs`: the rows of one run (inspection, cancel, retry, filters, redrive); `deadlines`:
+  cancelling the runs whose deadline passed (the reaper's);
 - `admin`: the database itself (schema check, locks, clocks, health);
 - `dashboard`: the dashboard's bounded reads (activity over time, running jobs, search).
 
@@ -27,6 +28,7 @@ from functools import cache
 from flowq.db.sql.admin import AdminStatements
 from flowq.db.sql.claims import ClaimStatements
 from flowq.db.sql.dashboard import DashboardStatements
+from flowq.db.sql.deadlines import DeadlineStatements
 from flowq.db.sql.jobs import JobStatements
 from flowq.db.sql.permits import PermitStatements
 from flowq.db.sql.queues import QueueStatements
@@ -41,7 +43,7 @@ __all__ = ["Queries", "queries"]
 
 class Queries(ClaimStatements, JobStatements, QueueStatements, PermitStatements,
               SignalStatements, WorkerStatements, RunStatements, UniqueStatements,
-              ScheduleStatements, AdminStatements, DashboardStatements):
+              ScheduleStatements, AdminStatements, DashboardStatements, DeadlineStatements):
     """The statements for one flowq schema, every table's."""
 
 

@@ -1,0 +1,46 @@
+"""Run deadlines: `flowq.jobs.deadline` and the partial index the reaper's deadline pass reads.
+
+- `deadline` (timestamptz, nullable, no default): when the run's unfinished steps are
+  cancelled (NULL: never). Adding a nullable column without a default changes the catalog
+  only (no table rewrite). Workers of the previous release neither read nor write it: their
+  enqueues and the steps they create carry no deadline (a run started by the new release
+  whose later step an older worker creates loses its deadline from that step on).
+- `jobs_deadline_idx` (deadline) on the rows with a deadline that a cancellation still
+  changes (active, not yet asked to stop): the deadline pass reads only those. Built with a
+  plain CREATE INDEX in the migration's transaction, like 0006's `jobs_dead_idx`:
+  `flowq.migrate` applies every revision in one transaction under its advisory lock, where
+  CREATE INDEX CONCURRENTLY cannot run. It blocks writes to `flowq.jobs` while it reads the
+  table once, a second or two per million rows (the new column is all NULL, so the index
+  itself starts empty).
+
+Revision ID: 0011
+Revises: 0010
+Create Date: 2026-12-01
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+from flowq.db.migrations import revision_schema
+
+revision = "0011"
+down_revision = "0010"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    S = revision_schema()
+    op.add_column("jobs", sa.Column("deadline", sa.DateTime(timezone=True)), schema=S)
+    op.create_index("jobs_deadline_idx", "jobs", ["deadline"], schema=S,
+                    postgresql_where=sa.text(
+                        "deadline IS NOT NULL AND status IN ('pending', 'running', 'waiting') "
+                        "AND NOT cancel_requested"))
+
+
+def downgrade() -> None:
+    S = revision_schema()
+    op.drop_index("jobs_deadline_idx", table_name="jobs", schema=S)
+    op.drop_column("jobs", "deadline", schema=S)

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from flowq.db.runner import Rows
 
-__all__ = ["Beat", "Claim", "ClaimedJob", "Completed", "Completion", "Expired", "Reaped",
+__all__ = ["Beat", "Claim", "ClaimedJob", "Completed", "Completion", "Expired", "Fired", "Reaped",
            "Retry", "Spawned", "Successor", "column", "read", "read_one"]
 
 T = TypeVar("T")
@@ -157,6 +157,18 @@ class Expired:
     step: str
     status: str
     deadline: datetime
+
+
+@dataclass(frozen=True)
+class Fired:
+    """A batch whose runs have all finished: its callback was enqueued (run `callback_run_id`)."""
+
+    id: int
+    callback_run_id: int
+    runs: int
+    succeeded: int
+    dead: int
+    cancelled: int
 
 
 # A reader per (class, column list): computed once, since the hot path reads every claim

@@ -23,6 +23,7 @@ from flowq.names import DEFAULT_SCHEMA, validate_schema_name
 
 __all__ = [
     "ACTIVE_STATUSES",
+    "BATCH_ARGUMENTS",
     "CAPABILITIES",
     "DEFAULT_SCHEMA",
     "JOBS_STORAGE_PARAMETERS",
@@ -32,6 +33,9 @@ __all__ = [
     "STATUSES",
     "TERMINAL_STATUSES",
     "Status",
+    "batch_id_seq",
+    "batch_runs",
+    "batches",
     "jobs",
     "join_shards",
     "joins",
@@ -295,6 +299,45 @@ permits = sa.Table(
     sa.Column("leased_at", sa.DateTime(timezone=True), nullable=False,
               server_default=sa.func.now()),
     sa.CheckConstraint("held >= 0", name="permits_held_check"),
+)
+
+
+# Batches (revision 0011, see flowq.enqueueing.batch): the runs a `session.batch()` block
+# enqueued, and the callback enqueued once they have all finished. The block draws the id
+# from `batch_id_seq` when it opens and writes both tables when it closes, in the caller's
+# transaction (a rollback leaves no batch). The reaper's pass deletes each `batch_runs` row
+# once its run has finished, adding the run's end to the batch's counts; the pass that
+# finds the counts complete stamps `fired_at` and enqueues the callback, in one statement
+# that locks the batch's row (exactly once). The callback is stored as the row enqueue
+# would insert (checked when the block opened); its arguments get `batch_id` and the counts.
+BATCH_ARGUMENTS: Final[tuple[str, ...]] = ("batch_id", "succeeded", "dead", "cancelled")
+batch_id_seq = sa.Sequence("batch_id_seq", metadata=metadata, schema=DEFAULT_SCHEMA)
+batches = sa.Table(
+    "batches",
+    metadata,
+    sa.Column("id", sa.BigInteger, primary_key=True),
+    sa.Column("task", sa.Text, nullable=False),
+    sa.Column("step", sa.Text, nullable=False),
+    sa.Column("queue", sa.Text, nullable=False),
+    sa.Column("priority", sa.SmallInteger, nullable=False),
+    sa.Column("max_attempts", sa.Integer, nullable=False),
+    sa.Column("args", JSONB, nullable=False),
+    sa.Column("runs", sa.Integer, nullable=False),
+    sa.Column("succeeded", sa.Integer, nullable=False, server_default=sa.text("0")),
+    sa.Column("dead", sa.Integer, nullable=False, server_default=sa.text("0")),
+    sa.Column("cancelled", sa.Integer, nullable=False, server_default=sa.text("0")),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False,
+              server_default=sa.func.now()),
+    sa.Column("fired_at", sa.DateTime(timezone=True)),
+    sa.Column("callback_run_id", sa.BigInteger),
+    # The batches whose callback is still to come: what the pass reads.
+    sa.Index("batches_open_idx", "id", postgresql_where=sa.text("fired_at IS NULL")),
+)
+batch_runs = sa.Table(
+    "batch_runs",
+    metadata,
+    sa.Column("batch_id", sa.BigInteger, primary_key=True),
+    sa.Column("run_id", sa.BigInteger, primary_key=True),
 )
 
 

@@ -24,6 +24,7 @@ SQLAlchemy path.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from collections.abc import Iterable, Mapping
@@ -41,6 +42,7 @@ from flowq.db.checks import is_missing_schema_error, schema_missing
 from flowq.db.runner import fetch_rows, raw_sql
 from flowq.db.sql import queries
 from flowq.define.pipeline import Pipeline
+from flowq.enqueueing.batch import Batch, batch, join_batch
 from flowq.enqueueing.prepare import Enqueued, PreparedCall, prepare_enqueue, prepare_enqueue_many
 from flowq.enqueueing.signals import PreparedSignal, Signalled, prepare_signal
 
@@ -145,15 +147,20 @@ def _send(conn: sa.Connection, statement: sa.Executable,
 
 def execute(target: Target, call: PreparedCall[T] | PreparedSignal) -> T:
     """Run a prepared enqueue in `target`'s transaction (in a PRODUCER span when tracing:
-    `flowq.tracing`, which stores its context with the job)."""
+    `flowq.tracing`, which stores its context with the job); the runs it creates join the
+    batch open on the session, if any (`flowq.enqueueing.batch`)."""
     if tracing.ENABLED and isinstance(call, PreparedCall):
         with tracing.publish(call.params) as publication:
             if publication is None:
-                return _execute(target, call)
-            result = _execute(target, replace(call, params=publication.params))
-            publication.done(result)
-            return result
-    return _execute(target, call)
+                result = _execute(target, call)
+            else:
+                result = _execute(target, replace(call, params=publication.params))
+                publication.done(result)
+    else:
+        result = _execute(target, call)
+    if isinstance(call, PreparedCall):
+        join_batch(target, call.schema, result)
+    return result
 
 
 def _execute(target: Target, call: PreparedCall[T] | PreparedSignal) -> T:
@@ -236,7 +243,15 @@ def signal(target: Target, run_id: int, name: str, payload: Any = None, /, *,
 
 
 class SessionMixin:
-    """Adds `.enqueue()`, `.enqueue_many()` and `.signal()` to a SQLAlchemy Session class."""
+    """Adds `.enqueue()`, `.enqueue_many()`, `.signal()` and `.batch()` to a SQLAlchemy
+    Session class."""
+
+    def batch(self, on_complete: Pipeline | str, /,
+              **args: Any) -> contextlib.AbstractContextManager[Batch]:
+        """`with session.batch(task, **args) as batch:` enqueues `task` once every run
+        enqueued in the block has finished, with `batch_id=batch.id` and the counts
+        `succeeded`, `dead`, `cancelled` (see `flowq.enqueueing.batch`)."""
+        return batch(cast(orm.Session, self), on_complete, **args)
 
     def signal(self, run_id: int, name: str, payload: Any = None, /, *,
                schema: str | None = None) -> Signalled:

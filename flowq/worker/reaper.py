@@ -12,6 +12,10 @@ cancel` does (pending, waiting and sleeping steps end `cancelled`; running ones 
 stop and their handler sees `ctx.cancelled` at its worker's next heartbeat). So a deadline
 fires within one reaper interval (default 10 s) of passing.
 
+And each pass counts the runs of `session.batch()` blocks that finished (at most `limit`)
+and enqueues the callback of every batch whose runs have all finished, once
+(`flowq.enqueueing.batch`).
+
 A pass takes the transaction-scoped advisory lock `<schema>.reaper`, so across all workers
 one pass runs at a time (no leader to elect; a pass that finds the lock taken does nothing).
 `run_once()` is also `flowq reap`.
@@ -29,7 +33,7 @@ from flowq.db.sql import Queries
 from flowq.db.store import Store
 from flowq.errors import DeadlineExceeded
 from flowq.worker.config import DEFAULT_REAP_INTERVAL, DEFAULT_STALE_AFTER
-from flowq.worker.logs import ERROR, WARNING, log_event
+from flowq.worker.logs import ERROR, INFO, WARNING, log_event
 from flowq.worker.services import Service
 
 __all__ = ["DEADLINE_ERROR", "REAP_LIMIT", "Reaper"]
@@ -55,8 +59,8 @@ class Reaper(Service):
         self.limit = limit
 
     def run_once(self) -> int:
-        """One pass; returns how many jobs were reaped or cancelled by their run's deadline
-        (0 if another worker holds the lock)."""
+        """One pass; returns how many jobs were reaped or cancelled by their run's deadline,
+        plus the batch callbacks enqueued (0 if another worker holds the lock)."""
         q = self.queries
         with self.engine.begin() as conn:
             if not conn.execute(q.try_maintenance_lock, {"name": f"{q.schema}.reaper"}).scalar():
@@ -65,6 +69,8 @@ class Reaper(Service):
             store = Store(runner(conn, direct=False), q.schema)
             rows = store.reap(self.stale_after, self.limit)
             expired = store.expire_deadlines(DEADLINE_ERROR, self.limit)
+            store.advance_batches(self.limit)
+            fired = store.start_batch_callbacks(self.limit)
         for r in rows:
             log_event(ERROR if r.status == "dead" else WARNING,
                       "reaped a job whose worker stopped heartbeating", job_id=r.id,
@@ -75,4 +81,8 @@ class Reaper(Service):
                       else "run deadline passed: running handler asked to stop", job_id=e.id,
                       run_id=e.run_id, task=e.task, step=e.step, status=e.status,
                       deadline=e.deadline.isoformat())
-        return len(rows) + len(expired)
+        for f in fired:
+            log_event(INFO, "batch finished: callback enqueued", batch_id=f.id,
+                      run_id=f.callback_run_id, runs=f.runs, succeeded=f.succeeded,
+                      dead=f.dead, cancelled=f.cancelled)
+        return len(rows) + len(expired) + len(fired)

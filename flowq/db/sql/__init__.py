@@ -8,7 +8,7 @@ one instance per process (each statement compiles once, on first use):
   reap), fenced on (id, lease); `jobs`: enqueue and the reads of job rows outside a claim;
 - `queues`, `permits`, `signals`, `workers`, `uniques`, `schedules`: the table of that name;
 - `runs`: the rows of one run (inspection, cancel, retry, filters, redrive); `deadlines`:
-  cancelling the runs whose deadline passed (the reaper's);
+  cancelling the runs whose deadline passed (the reaper's); `batches`: `session.batch()`;
 - `admin`: the database itself (schema check, locks, clocks, health);
 - `dashboard`: the dashboard's bounded reads (activity over time, running jobs, search).
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 from functools import cache
 
 from flowq.db.sql.admin import AdminStatements
+from flowq.db.sql.batches import BatchStatements
 from flowq.db.sql.claims import ClaimStatements
 from flowq.db.sql.dashboard import DashboardStatements
 from flowq.db.sql.deadlines import DeadlineStatements
@@ -43,7 +44,8 @@ __all__ = ["Queries", "queries"]
 
 class Queries(ClaimStatements, JobStatements, QueueStatements, PermitStatements,
               SignalStatements, WorkerStatements, RunStatements, UniqueStatements,
-              ScheduleStatements, AdminStatements, DashboardStatements, DeadlineStatements):
+              ScheduleStatements, AdminStatements, DashboardStatements, DeadlineStatements,
+              BatchStatements):
     """The statements for one flowq schema, every table's."""
 
 

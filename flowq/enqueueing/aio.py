@@ -129,9 +129,9 @@ class AsyncSessionMixin:
     """Adds `await session.enqueue()`, `enqueue_many()`, `signal()` and `async with
     session.batch()` to an AsyncSession."""
 
-    def batch(self, on_complete: Pipeline | str, /,
+    def batch(self, on_complete: Pipeline | str,
               **args: Any) -> contextlib.AbstractAsyncContextManager[Batch]:
-        """`async with session.batch(task, **args) as batch:`; see `flowq.enqueueing.batch`."""
+        """`async with session.batch(on_complete=task, **args) as batch:`; see `flowq.enqueueing.batch`."""
         return abatch(cast(_SAAsyncSession, self), on_complete, **args)
 
     async def signal(self, run_id: int, name: str, payload: Any = None, /, *,

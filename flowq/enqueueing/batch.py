@@ -107,7 +107,7 @@ def _opening(info: dict[str, Any]) -> None:
 
 
 @contextlib.contextmanager
-def batch(session: orm.Session, on_complete: Pipeline | str, /,
+def batch(session: orm.Session, on_complete: Pipeline | str,
           **args: Any) -> Iterator[Batch]:
     """The block of `Session.batch` (see the module docstring)."""
     _opening(session.info)
@@ -127,7 +127,7 @@ def batch(session: orm.Session, on_complete: Pipeline | str, /,
 
 
 @contextlib.asynccontextmanager
-async def abatch(session: AsyncSession, on_complete: Pipeline | str, /,
+async def abatch(session: AsyncSession, on_complete: Pipeline | str,
                  **args: Any) -> AsyncIterator[Batch]:
     """`batch` for an AsyncSession."""
     _opening(session.info)

@@ -246,9 +246,9 @@ class SessionMixin:
     """Adds `.enqueue()`, `.enqueue_many()`, `.signal()` and `.batch()` to a SQLAlchemy
     Session class."""
 
-    def batch(self, on_complete: Pipeline | str, /,
+    def batch(self, on_complete: Pipeline | str,
               **args: Any) -> contextlib.AbstractContextManager[Batch]:
-        """`with session.batch(task, **args) as batch:` enqueues `task` once every run
+        """`with session.batch(on_complete=task, **args) as batch:` enqueues `task` once every run
         enqueued in the block has finished, with `batch_id=batch.id` and the counts
         `succeeded`, `dead`, `cancelled` (see `flowq.enqueueing.batch`)."""
         return batch(cast(orm.Session, self), on_complete, **args)

@@ -66,7 +66,7 @@ def test_the_callback_runs_once_with_the_counts_when_every_run_has_finished(
     app, calls = make_app()
     engine = Session.kw["bind"]
     with Session.begin() as s:
-        with s.batch(app.get("done"), tag="t") as batch:
+        with s.batch(on_complete=app.get("done"), tag="t") as batch:
             runs = [s.enqueue(app.get("work"), n=n).id for n in range(1, 8)]  # 5 dies
             runs += s.enqueue_many(app.get("work"), [{"n": 8}, {"n": 10}])  # 10 dies
             runs.append(app.get("chain").enqueue(s, n=1).id)  # typed enqueue joins too

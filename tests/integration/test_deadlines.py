@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from runs_cli import cli, cli_json
 
 import flowq
 from flowq.db.sql import Queries
@@ -109,6 +110,20 @@ def test_a_deadline_is_stored_from_the_option_or_the_definitions_default(
     assert all(590 < seconds_left(engine, r) <= 600 for r in many)
     assert 3590 < seconds_left(engine, by_name.id) <= 3600
     assert get_run(engine, absolute.id).deadline == at
+
+
+def test_flowq_runs_show_prints_the_deadline(engine: sa.Engine, db_url: str) -> None:
+    app = make_app()
+    at = datetime(2031, 5, 6, 7, 8, 9, tzinfo=timezone.utc)
+    with engine.begin() as conn:
+        run = flowq.enqueue(conn, app.get("plain"), deadline=at, n=1)
+        none = flowq.enqueue(conn, app.get("plain"), n=2)
+    code, out, _ = cli(db_url, "show", str(run.id))
+    assert code == 0 and f"deadline {at.astimezone().strftime('%Y-%m-%d %H:%M:%S')}" in out
+    assert datetime.fromisoformat(cli_json(db_url, "show", str(run.id))["deadline"]) == at
+    code, out, _ = cli(db_url, "show", str(none.id))
+    assert code == 0 and "deadline" not in out
+    assert cli_json(db_url, "show", str(none.id))["deadline"] is None
 
 
 def test_the_steps_a_run_creates_inherit_its_deadline(engine: sa.Engine) -> None:

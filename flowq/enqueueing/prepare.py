@@ -3,7 +3,7 @@
 `prepare_enqueue(task, args, **options)` and `prepare_enqueue_many(task, args_list, ...)`
 resolve the task (an object, or a name looked up in the live apps), check the options
 (`flowq.define.options.EnqueueOptions`: the due time within `MIN_RUN_AT`..`MAX_RUN_AT`, the
-priority, the keys) and the arguments (JSON only; bound against every step the run starts
+deadline, the priority, the keys) and the arguments (JSON only; bound against every step the run starts
 with when the definition is known, `Pipeline.check_start_arguments`), and return a
 `PreparedCall`: the statement, its parameters, and how to read its result. A bad call raises
 a `flowq` error before any SQL is sent, so the caller's transaction stays usable.
@@ -150,6 +150,7 @@ def _deadline_params(deadline: object, default: timedelta | None,
     """The bind parameters of the run's deadline (`deadline_at`, or `deadline_in` from the
     database's now(); both None: no deadline), `default` (the definition's) when `deadline`
     is None. A deadline at or before the run's due time would cancel it before it starts."""
+    given = deadline is not None
     if deadline is None:
         if default is None:
             return {"deadline_at": None, "deadline_in": None}
@@ -161,8 +162,9 @@ def _deadline_params(deadline: object, default: timedelta | None,
     ends_at = checked if isinstance(checked, datetime) else now + checked
     if ends_at <= due_at:
         raise InvalidArgumentsError(
-            f"deadline {deadline!r} is not after the run's due time ({due_at.isoformat()}): "
-            "the run would be cancelled before it could start")
+            f"deadline {deadline!r}{'' if given else ' (the default of its definition)'} is "
+            f"not after the run's due time ({due_at.isoformat()}): the run would be cancelled "
+            "before it could start")
     if isinstance(checked, datetime):
         return {"deadline_at": checked, "deadline_in": None}
     return {"deadline_at": None, "deadline_in": checked}

@@ -19,6 +19,9 @@ FlowqError                      root: catch this to catch everything flowq raise
     └── CheckpointError         a checkpoint name or result flowq cannot keep, or a name reused
 ```
 
+`DeadlineExceeded` names why a run's unfinished steps were cancelled when its `deadline=`
+passed (the reaper writes it as their `last_error`; a running handler sees `ctx.cancelled`).
+
 `SignalTimeout` is what a step waiting for a signal fails with when its `wait_timeout` passes:
 its retry policy decides (by default it is not retried: the step ends `dead`).
 
@@ -36,6 +39,7 @@ __all__ = [
     "CheckpointError",
     "ConfigurationError",
     "DatabaseUnavailableError",
+    "DeadlineExceeded",
     "EmbeddedPostgresError",
     "FlowqError",
     "InvalidArgumentsError",
@@ -119,6 +123,10 @@ class CheckpointError(WorkflowError):
 
 class SignalTimeout(FlowqError):
     """The step's signal did not arrive within its wait_timeout."""
+
+
+class DeadlineExceeded(FlowqError):
+    """The run's deadline passed before it finished: its unfinished steps were cancelled."""
 
 
 class RetryStep(BaseException):

@@ -102,6 +102,8 @@ def _describe(run: RunInfo) -> str:
         lines.append(f"idempotency key {run.idempotency_key}")
     if run.forked_from is not None:
         lines.append(f"forked from run {run.forked_from} (`flowq runs show {run.forked_from}`)")
+    if run.deadline is not None:
+        lines.append(f"deadline {_when(run.deadline)}")
     if run.status == "succeeded":
         lines.append(f"result {json.dumps(run.result)}")
     by_step = {g.step: g for g in run.graph}

@@ -24,8 +24,8 @@ from typing import Any, TypeVar
 
 from flowq.db.runner import Rows
 
-__all__ = ["Beat", "Claim", "ClaimedJob", "Completed", "Completion", "Reaped", "Retry",
-           "Spawned", "StoredCheckpoint", "Successor", "column", "read", "read_one"]
+__all__ = ["Beat", "Claim", "ClaimedJob", "Completed", "Completion", "Expired", "Fired", "Reaped",
+           "Retry", "Spawned", "StoredCheckpoint", "Successor", "column", "read", "read_one"]
 
 T = TypeVar("T")
 
@@ -155,6 +155,30 @@ class Reaped:
     queue: str
     status: str
     attempts: int
+
+
+@dataclass(frozen=True)
+class Expired:
+    """A row of a run whose deadline passed: `cancelled`, or still `running` and asked to stop."""
+
+    id: int
+    run_id: int
+    task: str
+    step: str
+    status: str
+    deadline: datetime
+
+
+@dataclass(frozen=True)
+class Fired:
+    """A batch whose runs have all finished: its callback was enqueued (run `callback_run_id`)."""
+
+    id: int
+    callback_run_id: int
+    runs: int
+    succeeded: int
+    dead: int
+    cancelled: int
 
 
 # A reader per (class, column list): computed once, since the hot path reads every claim

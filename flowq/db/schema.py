@@ -24,6 +24,7 @@ from flowq.names import DEFAULT_SCHEMA, validate_schema_name
 
 __all__ = [
     "ACTIVE_STATUSES",
+    "BATCH_ARGUMENTS",
     "CAPABILITIES",
     "DEFAULT_SCHEMA",
     "JOBS_STORAGE_PARAMETERS",
@@ -34,6 +35,9 @@ __all__ = [
     "STATUSES",
     "TERMINAL_STATUSES",
     "Status",
+    "batch_id_seq",
+    "batch_runs",
+    "batches",
     "checkpoints",
     "jobs",
     "join_shards",
@@ -118,6 +122,9 @@ jobs = sa.Table(
     # first row, the run it was forked from (`flowq.ops.fork`).
     sa.Column("progress", JSONB),
     sa.Column("forked_from", sa.BigInteger),
+    # Run deadlines (revision 0013): when the run's unfinished steps are cancelled (NULL:
+    # never), the same on every row of the run (copied to the steps it creates later).
+    sa.Column("deadline", sa.DateTime(timezone=True)),
     sa.CheckConstraint(
         "status IN ('pending', 'running', 'succeeded', 'dead', 'cancelled', 'waiting')",
         name="jobs_status_check",
@@ -141,6 +148,11 @@ jobs = sa.Table(
              postgresql_where=sa.text("idempotency_key IS NOT NULL")),
     # Dead jobs by task and queue (`flowq status`), without reading the retained finished rows.
     sa.Index("jobs_dead_idx", "task", "queue", postgresql_where=sa.text("status = 'dead'")),
+    # The reaper's deadline pass (flowq.db.sql.deadlines): only rows with a deadline that a
+    # cancellation still changes, so it stays as small as the runs that have one.
+    sa.Index("jobs_deadline_idx", "deadline", postgresql_where=sa.text(
+        "deadline IS NOT NULL AND status IN ('pending', 'running', 'waiting') "
+        "AND NOT cancel_requested")),
 )
 
 # The per-table autovacuum settings migration 0006 gives `flowq.jobs` (reloptions, which the
@@ -316,6 +328,45 @@ checkpoints = sa.Table(
     sa.Column("result", JSONB, nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False,
               server_default=sa.func.now()),
+)
+
+
+# Batches (revision 0013, see flowq.enqueueing.batch): the runs a `session.batch()` block
+# enqueued, and the callback enqueued once they have all finished. The block draws the id
+# from `batch_id_seq` when it opens and writes both tables when it closes, in the caller's
+# transaction (a rollback leaves no batch). The reaper's pass deletes each `batch_runs` row
+# once its run has finished, adding the run's end to the batch's counts; the pass that
+# finds the counts complete stamps `fired_at` and enqueues the callback, in one statement
+# that locks the batch's row (exactly once). The callback is stored as the row enqueue
+# would insert (checked when the block opened); its arguments get `batch_id` and the counts.
+BATCH_ARGUMENTS: Final[tuple[str, ...]] = ("batch_id", "succeeded", "dead", "cancelled")
+batch_id_seq = sa.Sequence("batch_id_seq", metadata=metadata, schema=DEFAULT_SCHEMA)
+batches = sa.Table(
+    "batches",
+    metadata,
+    sa.Column("id", sa.BigInteger, primary_key=True),
+    sa.Column("task", sa.Text, nullable=False),
+    sa.Column("step", sa.Text, nullable=False),
+    sa.Column("queue", sa.Text, nullable=False),
+    sa.Column("priority", sa.SmallInteger, nullable=False),
+    sa.Column("max_attempts", sa.Integer, nullable=False),
+    sa.Column("args", JSONB, nullable=False),
+    sa.Column("runs", sa.Integer, nullable=False),
+    sa.Column("succeeded", sa.Integer, nullable=False, server_default=sa.text("0")),
+    sa.Column("dead", sa.Integer, nullable=False, server_default=sa.text("0")),
+    sa.Column("cancelled", sa.Integer, nullable=False, server_default=sa.text("0")),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False,
+              server_default=sa.func.now()),
+    sa.Column("fired_at", sa.DateTime(timezone=True)),
+    sa.Column("callback_run_id", sa.BigInteger),
+    # The batches whose callback is still to come: what the pass reads.
+    sa.Index("batches_open_idx", "id", postgresql_where=sa.text("fired_at IS NULL")),
+)
+batch_runs = sa.Table(
+    "batch_runs",
+    metadata,
+    sa.Column("batch_id", sa.BigInteger, primary_key=True),
+    sa.Column("run_id", sa.BigInteger, primary_key=True),
 )
 
 

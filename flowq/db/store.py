@@ -31,6 +31,8 @@ from flowq.db.rows import (
     ClaimedJob,
     Completed,
     Completion,
+    Expired,
+    Fired,
     Reaped,
     Retry,
     Spawned,
@@ -302,6 +304,22 @@ class Store:
         `stale` seconds (their worker died)."""
         return read(Reaped, self.run(self.q.reap_jobs, {"stale": stale, "limit": limit,
                                                         "channel": self.channel}))
+
+    def expire_deadlines(self, error: str, limit: int) -> list[Expired]:
+        """Cancel up to `limit` unfinished rows of runs whose deadline passed, as a run
+        cancel does (`error`: their last_error, a format string given the deadline)."""
+        return read(Expired, self.run(self.q.cancel_expired_jobs,
+                                      {"error": error, "limit": limit}))
+
+    def advance_batches(self, limit: int) -> int:
+        """Count up to `limit` finished runs of batches into their batches; how many
+        batches changed."""
+        return len(self.run(self.q.advance_batches, {"limit": limit}))
+
+    def start_batch_callbacks(self, limit: int) -> list[Fired]:
+        """Enqueue the callback of up to `limit` batches whose runs have all finished."""
+        return read(Fired, self.run(self.q.start_batch_callbacks, {
+            "batch_id": None, "limit": limit, "channel": self.channel}))
 
 
 @dataclass(frozen=True)

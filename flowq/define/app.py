@@ -19,12 +19,13 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, overload
 
+from flowq.define.options import check_deadline
 from flowq.define.pipeline import Pipeline, Task
 from flowq.define.queues import QueueConfig, Rate
 from flowq.define.retry import Retry
 from flowq.define.schedules import Schedule, make_schedule
 from flowq.define.step import make_step
-from flowq.errors import ConfigurationError
+from flowq.errors import ConfigurationError, InvalidArgumentsError
 from flowq.names import DEFAULT_QUEUE, DEFAULT_SCHEMA, validate_queue, validate_schema_name
 
 if TYPE_CHECKING:
@@ -81,7 +82,8 @@ class FlowQ:
              retry: Retry | None = None,
              timeout: float | None = None,
              concurrency_key: str | Callable[..., Any] | None = None,
-             key_concurrency: int | None = None
+             key_concurrency: int | None = None,
+             deadline: float | timedelta | None = None
              ) -> Callable[[Callable[Concatenate[Context, P], R]], Task[P, R]]:
         """Register the decorated function as a task (a pipeline of one step).
 
@@ -89,6 +91,7 @@ class FlowQ:
         `concurrency_key` (an argument's name, or a function of the arguments returning a
         JSON scalar) with `key_concurrency` (default 1): at most that many jobs with the same
         key run at once in the queue the job runs in, across every worker; other keys are unaffected.
+        `deadline` (seconds or a timedelta): each run's default `deadline=`, from its enqueue.
         """
 
         def decorate(fn: Callable[Concatenate[Context, P], R]) -> Task[P, R]:
@@ -97,14 +100,18 @@ class FlowQ:
             t.steps.append(make_step(fn, name=task_name, retry=retry, timeout=timeout,
                                       queue=t.queue, index=0))
             _key_options(t, concurrency_key, key_concurrency)
+            t.deadline = _default_deadline(t.name, deadline)
             self._register(t)
             return t
 
         return decorate
 
-    def pipeline(self, name: str, *, queue: str | None = None, priority: int = 0) -> Pipeline:
-        """Create and register a pipeline; add steps with `@pipeline.step()`."""
+    def pipeline(self, name: str, *, queue: str | None = None, priority: int = 0,
+                 deadline: float | timedelta | None = None) -> Pipeline:
+        """Create and register a pipeline; add steps with `@pipeline.step()`. `deadline`
+        (seconds or a timedelta): each run's default `deadline=`, from its enqueue."""
         p = Pipeline(self, name, queue=queue, priority=priority)
+        p.deadline = _default_deadline(p.name, deadline)
         self._register(p)
         return p
 
@@ -193,6 +200,19 @@ class FlowQ:
                 )
         for schedule in self._schedules.values():
             schedule.check()
+
+
+def _default_deadline(name: str, deadline: object) -> timedelta | None:
+    """A definition's default deadline, checked by the enqueue option's rules (a duration:
+    an absolute time cannot be every run's)."""
+    if deadline is None:
+        return None
+    try:
+        checked = check_deadline(deadline, "deadline", absolute=False)
+    except InvalidArgumentsError as exc:
+        raise ConfigurationError(f"{name!r}: {exc}") from None
+    assert isinstance(checked, timedelta)
+    return checked
 
 
 def _key_options(t: Pipeline, key: str | Callable[..., Any] | None,

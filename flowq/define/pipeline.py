@@ -158,6 +158,8 @@ class Pipeline:
         # a function of the arguments; and how many jobs of one key may run at once.
         self.concurrency_key: str | Callable[..., Any] | None = None
         self.key_concurrency: int | None = None
+        # The default run deadline from each enqueue (`FlowQ.task(deadline=...)`; None: none).
+        self.deadline: timedelta | None = None
 
     def key_of(self, args: dict[str, Any]) -> str | None:
         """The concurrency key of a run with `args`, as JSON text (None: no key). Raises

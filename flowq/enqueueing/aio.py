@@ -12,6 +12,7 @@ which its asyncio extension needs (`pip install 'flowq[asyncio]'`). Use a psycop
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -25,6 +26,7 @@ from flowq import tracing
 from flowq.db.checks import schema_missing
 from flowq.db.sql import queries
 from flowq.define.pipeline import Pipeline
+from flowq.enqueueing.batch import Batch, abatch, join_batch
 from flowq.enqueueing.prepare import Enqueued, PreparedCall, prepare_enqueue, prepare_enqueue_many
 from flowq.enqueueing.signals import PreparedSignal, Signalled, prepare_signal
 from flowq.enqueueing.sync import migrated_schemas, translate_error
@@ -52,11 +54,16 @@ async def execute(target: AsyncTarget, call: PreparedCall[T] | PreparedSignal) -
     if tracing.ENABLED and isinstance(call, PreparedCall):
         with tracing.publish(call.params) as publication:  # current in this task only
             if publication is None:
-                return await _execute(target, call)
-            result = await _execute(target, replace(call, params=publication.params))
-            publication.done(result)
+                result = await _execute(target, call)
+            else:
+                result = await _execute(target, replace(call, params=publication.params))
+                publication.done(result)
+            join_batch(target, call.schema, result)
             return result
-    return await _execute(target, call)
+    result = await _execute(target, call)
+    if isinstance(call, PreparedCall):
+        join_batch(target, call.schema, result)
+    return result
 
 
 async def _execute(target: AsyncTarget, call: PreparedCall[T] | PreparedSignal) -> T:
@@ -83,7 +90,8 @@ async def _execute(target: AsyncTarget, call: PreparedCall[T] | PreparedSignal) 
 async def enqueue(target: AsyncTarget, task: Pipeline | str, /, *,
                   idempotency_key: str | None = None, queue: str | None = None,
                   priority: int | None = None, run_at: datetime | None = None,
-                  delay: float | timedelta | None = None, schema: str | None = None,
+                  delay: float | timedelta | None = None,
+                  deadline: datetime | float | timedelta | None = None, schema: str | None = None,
                   unique: bool = False, unique_key: str | None = None,
                   **args: Any) -> Enqueued:
     """Enqueue a run of `task` in the transaction of an AsyncSession or AsyncConnection.
@@ -92,8 +100,8 @@ async def enqueue(target: AsyncTarget, task: Pipeline | str, /, *,
     `flowq.enqueue`.
     """
     call = prepare_enqueue(task, args, idempotency_key=idempotency_key, queue=queue,
-                           priority=priority, run_at=run_at, delay=delay, schema=schema,
-                           unique=unique, unique_key=unique_key)
+                           priority=priority, run_at=run_at, delay=delay, deadline=deadline,
+                           schema=schema, unique=unique, unique_key=unique_key)
     return await execute(target, call)
 
 
@@ -101,10 +109,11 @@ async def enqueue_many(target: AsyncTarget, task: Pipeline | str,
                        args_list: Iterable[Mapping[str, Any]], /, *, queue: str | None = None,
                        priority: int | None = None, run_at: datetime | None = None,
                        delay: float | timedelta | None = None,
+                       deadline: datetime | float | timedelta | None = None,
                        schema: str | None = None) -> list[int]:
     """Enqueue one run per mapping in `args_list` in one statement; their ids, in order."""
     call = prepare_enqueue_many(task, args_list, queue=queue, priority=priority, run_at=run_at,
-                                delay=delay, schema=schema)
+                                delay=delay, deadline=deadline, schema=schema)
     return [] if call is None else await execute(target, call)
 
 
@@ -117,7 +126,13 @@ async def signal(target: AsyncTarget, run_id: int, name: str, payload: Any = Non
 
 
 class AsyncSessionMixin:
-    """Adds `await session.enqueue()`, `enqueue_many()` and `signal()` to an AsyncSession."""
+    """Adds `await session.enqueue()`, `enqueue_many()`, `signal()` and `async with
+    session.batch()` to an AsyncSession."""
+
+    def batch(self, on_complete: Pipeline | str,
+              **args: Any) -> contextlib.AbstractAsyncContextManager[Batch]:
+        """`async with session.batch(on_complete=task, **args) as batch:`; see `flowq.enqueueing.batch`."""
+        return abatch(cast(_SAAsyncSession, self), on_complete, **args)
 
     async def signal(self, run_id: int, name: str, payload: Any = None, /, *,
                      schema: str | None = None) -> Signalled:

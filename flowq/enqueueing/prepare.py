@@ -3,7 +3,7 @@
 `prepare_enqueue(task, args, **options)` and `prepare_enqueue_many(task, args_list, ...)`
 resolve the task (an object, or a name looked up in the live apps), check the options
 (`flowq.define.options.EnqueueOptions`: the due time within `MIN_RUN_AT`..`MAX_RUN_AT`, the
-priority, the keys) and the arguments (JSON only; bound against every step the run starts
+deadline, the priority, the keys) and the arguments (JSON only; bound against every step the run starts
 with when the definition is known, `Pipeline.check_start_arguments`), and return a
 `PreparedCall`: the statement, its parameters, and how to read its result. A bad call raises
 a `flowq` error before any SQL is sent, so the caller's transaction stays usable.
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -36,7 +35,15 @@ import sqlalchemy as sa
 from flowq.db.schema import notify_channel
 from flowq.db.sql import queries
 from flowq.define.app import defined_names, did_you_mean, find_definition
-from flowq.define.options import RESERVED_OPTIONS, EnqueueOptions
+from flowq.define.options import (
+    MAX_RUN_AT,
+    MIN_RUN_AT,
+    RESERVED_OPTIONS,
+    EnqueueOptions,
+    as_interval,
+    as_time,
+    check_deadline,
+)
 from flowq.define.pipeline import Pipeline
 from flowq.define.retry import DEFAULT_MAX_ATTEMPTS
 from flowq.define.step import Step
@@ -60,12 +67,6 @@ __all__ = ["KEY_RACE_ATTEMPTS", "MAX_KEY_BYTES", "MAX_RUN_AT", "MIN_RUN_AT",
 # In UTF-8 bytes: a btree entry must stay well under PostgreSQL's ~2.7 kB limit, or the INSERT
 # would fail inside the caller's transaction instead of being refused up front.
 MAX_KEY_BYTES = 1000
-# The due times accepted (run_at, or the database's now() plus delay): what PostgreSQL's
-# timestamptz and Python's datetime (years 1-9999) can both hold, with two days to spare so
-# that psycopg can read run_at back in any session time zone (an offset is under a day) and
-# a delay checked on this machine's clock still fits on the database's.
-MIN_RUN_AT = datetime(1, 1, 3, tzinfo=timezone.utc)
-MAX_RUN_AT = datetime(9999, 12, 30, tzinfo=timezone.utc)
 # How often a keyed enqueue starts over when the run that beat it to its key was deleted
 # before it could be read (see `PreparedCall.statements`).
 KEY_RACE_ATTEMPTS = 3
@@ -131,49 +132,43 @@ class PreparedCall(Generic[T]):
         )
 
 
-_DUE_RANGE = f"between {MIN_RUN_AT.date()} and {MAX_RUN_AT.date()} UTC"
-
-
 def _due_params(run_at: datetime | None, delay: float | timedelta | None) -> dict[str, Any]:
     """The bind parameters of the due time; a due time the database could not hold (or
-    psycopg not read back) is refused here, since at the server it would abort the caller's
-    transaction, or leave a row that no worker can read."""
+    psycopg not read back) is refused here (`flowq.define.options`' rules), since at the
+    server it would abort the caller's transaction, or leave a row that no worker can read.
+    A negative delay is due at once (run_at lies in the past), as long as it is in range."""
     if run_at is not None and delay is not None:
         raise InvalidArgumentsError("pass either run_at or delay, not both")
     if run_at is not None:
-        if (not isinstance(run_at, datetime) or run_at.tzinfo is None
-                or run_at.utcoffset() is None):
-            raise InvalidArgumentsError(
-                f"run_at must be a timezone-aware datetime (e.g. datetime.now(timezone.utc)), "
-                f"got {run_at!r}"
-            )
-        # Compared as aware datetimes: no conversion to UTC, which could itself overflow.
-        if not MIN_RUN_AT <= run_at <= MAX_RUN_AT:
-            raise InvalidArgumentsError(f"run_at must be {_DUE_RANGE}, got {run_at!r}")
-        return {"run_at": run_at, "delay": timedelta(0)}
+        return {"run_at": as_time(run_at, "run_at"), "delay": timedelta(0)}
     if delay is None:
         return {"run_at": None, "delay": timedelta(0)}
-    if isinstance(delay, int | float) and not isinstance(delay, bool):
-        if not math.isfinite(delay):
-            raise InvalidArgumentsError(f"delay must be a finite number of seconds, got {delay!r}")
-        try:
-            interval = timedelta(seconds=delay)
-        except OverflowError:
-            interval = timedelta.max if delay > 0 else timedelta.min  # refused just below
-    elif isinstance(delay, timedelta):
-        interval = delay
-    else:
+    return {"run_at": None, "delay": as_interval(delay, "delay")}
+
+
+def _deadline_params(deadline: object, default: timedelta | None,
+                     due: dict[str, Any]) -> dict[str, Any]:
+    """The bind parameters of the run's deadline (`deadline_at`, or `deadline_in` from the
+    database's now(); both None: no deadline), `default` (the definition's) when `deadline`
+    is None. A deadline at or before the run's due time would cancel it before it starts."""
+    given = deadline is not None
+    if deadline is None:
+        if default is None:
+            return {"deadline_at": None, "deadline_in": None}
+        deadline = default
+    checked = check_deadline(deadline)
+    # Compared on this machine's clock, as both would land on the database's.
+    now = datetime.now(timezone.utc)
+    due_at = due["run_at"] if due["run_at"] is not None else now + due["delay"]
+    ends_at = checked if isinstance(checked, datetime) else now + checked
+    if ends_at <= due_at:
         raise InvalidArgumentsError(
-            f"delay must be seconds (a number) or a timedelta, got {delay!r}"
-        )
-    # A negative delay is due at once (run_at lies in the past), as long as it is in range.
-    if interval:
-        now = datetime.now(timezone.utc)  # the database's clock adds it; the margin covers skew
-        if not MIN_RUN_AT - now <= interval <= MAX_RUN_AT - now:
-            raise InvalidArgumentsError(
-                f"delay must make the job due {_DUE_RANGE}, got {delay!r}"
-            )
-    return {"run_at": None, "delay": interval}
+            f"deadline {deadline!r}{'' if given else ' (the default of its definition)'} is "
+            f"not after the run's due time ({due_at.isoformat()}): the run would be cancelled "
+            "before it could start")
+    if isinstance(checked, datetime):
+        return {"deadline_at": checked, "deadline_in": None}
+    return {"deadline_at": None, "deadline_in": checked}
 
 
 def _resolve(task: Pipeline | str, schema: str | None) -> tuple[str, Pipeline | None, str]:
@@ -213,7 +208,8 @@ def _unknown_name(name: str, schema: str) -> str:
 
 def _common_params(task: Pipeline | str, *, queue: str | None, priority: int | None,
                    run_at: datetime | None, delay: float | timedelta | None,
-                   schema: str | None) -> tuple[str, Pipeline | None, str, dict[str, Any]]:
+                   deadline: object, schema: str | None
+                   ) -> tuple[str, Pipeline | None, str, dict[str, Any]]:
     """Validate everything but the arguments; (name, definition, schema, bind parameters)."""
     name, definition, schema = _resolve(task, schema)
     if definition is not None:
@@ -234,6 +230,7 @@ def _common_params(task: Pipeline | str, *, queue: str | None, priority: int | N
     if priority is None:
         priority = default_priority
     priority = validate_priority(priority)
+    due = _due_params(run_at, delay)
     params: dict[str, Any] = {
         "task": name,
         "step": step_name,
@@ -244,7 +241,9 @@ def _common_params(task: Pipeline | str, *, queue: str | None, priority: int | N
         "concurrency_key": None,
         "channel": notify_channel(schema),
         "trace_context": None,  # set by `execute` when tracing (flowq.tracing)
-        **_due_params(run_at, delay),
+        **due,
+        **_deadline_params(deadline, definition.deadline if definition is not None else None,
+                           due),
     }
     return name, definition, schema, params
 
@@ -317,7 +316,8 @@ def prepare_enqueue(task: Pipeline | str, args: Mapping[str, Any],
     unique, unique_key = options.get("unique", False), options.get("unique_key")
     name, definition, schema, params = _common_params(
         task, queue=queue, priority=options.get("priority"), run_at=options.get("run_at"),
-        delay=options.get("delay"), schema=options.get("schema"))
+        delay=options.get("delay"), deadline=options.get("deadline"),
+        schema=options.get("schema"))
     key = _check_key(idempotency_key)
     params["args"] = _args_json(name, definition, args)
     held_key = _unique_key(name, params["args"], unique, unique_key)
@@ -359,7 +359,8 @@ def prepare_start_at(definition: Pipeline, step: Step[Any, Any], args: Mapping[s
     The multi-root enqueue's statement (`insert_run`) with `step` as the one root, so the
     row is the one an enqueue writes (a step that waits for a signal starts `waiting`)."""
     name, _, schema, params = _common_params(
-        definition, queue=None, priority=None, run_at=None, delay=None, schema=schema)
+        definition, queue=None, priority=None, run_at=None, delay=None, deadline=None,
+        schema=schema)
     args = dict(args)
     what = f"arguments for step {step.name!r} of {name!r}"
     if step.wait_for is not None:
@@ -379,10 +380,12 @@ def prepare_start_at(definition: Pipeline, step: Step[Any, Any], args: Mapping[s
 def prepare_enqueue_many(task: Pipeline | str, args_list: Iterable[Mapping[str, Any]], *,
                          queue: str | None = None, priority: int | None = None,
                          run_at: datetime | None = None, delay: float | timedelta | None = None,
+                         deadline: datetime | float | timedelta | None = None,
                          schema: str | None = None) -> PreparedCall[list[int]] | None:
     """Validate a bulk enqueue completely; None when there is nothing to insert."""
     name, definition, schema, params = _common_params(
-        task, queue=queue, priority=priority, run_at=run_at, delay=delay, schema=schema)
+        task, queue=queue, priority=priority, run_at=run_at, delay=delay, deadline=deadline,
+        schema=schema)
     if (definition is not None and definition.starts_many):
         raise InvalidArgumentsError(
             f"enqueue_many inserts one row per run, but a run of {name!r} starts with several "

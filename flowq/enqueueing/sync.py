@@ -24,6 +24,7 @@ SQLAlchemy path.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from collections.abc import Iterable, Mapping
@@ -41,6 +42,7 @@ from flowq.db.checks import is_missing_schema_error, schema_missing
 from flowq.db.runner import fetch_rows, raw_sql
 from flowq.db.sql import queries
 from flowq.define.pipeline import Pipeline
+from flowq.enqueueing.batch import Batch, batch, join_batch
 from flowq.enqueueing.prepare import Enqueued, PreparedCall, prepare_enqueue, prepare_enqueue_many
 from flowq.enqueueing.signals import PreparedSignal, Signalled, prepare_signal
 
@@ -145,15 +147,20 @@ def _send(conn: sa.Connection, statement: sa.Executable,
 
 def execute(target: Target, call: PreparedCall[T] | PreparedSignal) -> T:
     """Run a prepared enqueue in `target`'s transaction (in a PRODUCER span when tracing:
-    `flowq.tracing`, which stores its context with the job)."""
+    `flowq.tracing`, which stores its context with the job); the runs it creates join the
+    batch open on the session, if any (`flowq.enqueueing.batch`)."""
     if tracing.ENABLED and isinstance(call, PreparedCall):
         with tracing.publish(call.params) as publication:
             if publication is None:
-                return _execute(target, call)
-            result = _execute(target, replace(call, params=publication.params))
-            publication.done(result)
-            return result
-    return _execute(target, call)
+                result = _execute(target, call)
+            else:
+                result = _execute(target, replace(call, params=publication.params))
+                publication.done(result)
+    else:
+        result = _execute(target, call)
+    if isinstance(call, PreparedCall):
+        join_batch(target, call.schema, result)
+    return result
 
 
 def _execute(target: Target, call: PreparedCall[T] | PreparedSignal) -> T:
@@ -182,6 +189,7 @@ def _execute(target: Target, call: PreparedCall[T] | PreparedSignal) -> T:
 def enqueue(target: Target, task: Pipeline | str, /, *, idempotency_key: str | None = None,
             queue: str | None = None, priority: int | None = None,
             run_at: datetime | None = None, delay: float | timedelta | None = None,
+            deadline: datetime | float | timedelta | None = None,
             schema: str | None = None, unique: bool = False, unique_key: str | None = None,
             **args: Any) -> Enqueued:
     """Enqueue a run of `task` in the transaction of `target` (a Session or Connection).
@@ -193,19 +201,22 @@ def enqueue(target: Target, task: Pipeline | str, /, *, idempotency_key: str | N
     same task with that key): if such a run is active (a step pending, waiting or running),
     it is returned with `created=False`; once it has finished, a new one may start (with an
     `idempotency_key` too, that key is checked first). `run_at` (aware datetime) or `delay`
-    (seconds or timedelta) schedule it later; `priority` orders within a queue (lower
+    (seconds or timedelta) schedule it later; `deadline` (an aware datetime, or seconds or
+    a timedelta from now; default: the task's) cancels the run's unfinished steps once it
+    passes (`flowq.DeadlineExceeded`); `priority` orders within a queue (lower
     first, default 0); `schema` is the flowq schema (default: the task's app's, else
     "flowq"). Remaining keyword arguments are the handler's arguments and must be JSON.
     """
     call = prepare_enqueue(task, args, idempotency_key=idempotency_key, queue=queue,
-                           priority=priority, run_at=run_at, delay=delay, schema=schema,
-                           unique=unique, unique_key=unique_key)
+                           priority=priority, run_at=run_at, delay=delay, deadline=deadline,
+                           schema=schema, unique=unique, unique_key=unique_key)
     return execute(target, call)
 
 
 def enqueue_many(target: Target, task: Pipeline | str, args_list: Iterable[Mapping[str, Any]],
                  /, *, queue: str | None = None, priority: int | None = None,
                  run_at: datetime | None = None, delay: float | timedelta | None = None,
+                 deadline: datetime | float | timedelta | None = None,
                  schema: str | None = None) -> list[int]:
     """Enqueue one run of `task` per mapping in `args_list`, in one statement; their run ids.
 
@@ -213,7 +224,7 @@ def enqueue_many(target: Target, task: Pipeline | str, args_list: Iterable[Mappi
     validated before anything is sent; the ids come back in the order of `args_list`.
     """
     call = prepare_enqueue_many(task, args_list, queue=queue, priority=priority, run_at=run_at,
-                                delay=delay, schema=schema)
+                                delay=delay, deadline=deadline, schema=schema)
     return [] if call is None else execute(target, call)
 
 
@@ -232,7 +243,15 @@ def signal(target: Target, run_id: int, name: str, payload: Any = None, /, *,
 
 
 class SessionMixin:
-    """Adds `.enqueue()`, `.enqueue_many()` and `.signal()` to a SQLAlchemy Session class."""
+    """Adds `.enqueue()`, `.enqueue_many()`, `.signal()` and `.batch()` to a SQLAlchemy
+    Session class."""
+
+    def batch(self, on_complete: Pipeline | str,
+              **args: Any) -> contextlib.AbstractContextManager[Batch]:
+        """`with session.batch(on_complete=task, **args) as batch:` enqueues `task` once every run
+        enqueued in the block has finished, with `batch_id=batch.id` and the counts
+        `succeeded`, `dead`, `cancelled` (see `flowq.enqueueing.batch`)."""
+        return batch(cast(orm.Session, self), on_complete, **args)
 
     def signal(self, run_id: int, name: str, payload: Any = None, /, *,
                schema: str | None = None) -> Signalled:

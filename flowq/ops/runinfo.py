@@ -137,6 +137,7 @@ class RunInfo:
     # `CHECKPOINTS_SHOWN`).
     checkpoints: tuple[CheckpointInfo, ...] = ()
     forked_from: int | None = None  # the run this one was forked from (`flowq.ops.fork`)
+    deadline: datetime | None = None  # the run's `deadline=` (None: none), on each of its rows
 
     @property
     def current_step(self) -> StepInfo:
@@ -283,7 +284,8 @@ def _run_of(run_id: int, rows: list[Any], schema: str) -> RunInfo:
         finished_at=max(finished) if done and finished else None,
         result=_result(steps, definition) if status == "succeeded" else None, steps=steps,
         graph=_graph(steps, definition),
-        forked_from=next((r.forked_from for r in rows if r.forked_from is not None), None))
+        forked_from=next((r.forked_from for r in rows if r.forked_from is not None), None),
+        deadline=max((r.deadline for r in rows if r.deadline is not None), default=None))
 
 
 def read_run(conn: sa.Connection, q: Queries, run_id: int) -> RunInfo:

@@ -30,9 +30,11 @@ ALLOWED_CYCLES: dict[frozenset[str], str] = {
     # `Task.enqueue` / `.options(...).enqueue` / `.aenqueue` (flowq.define.pipeline) call the
     # enqueue layer, which imports the definitions: the one documented upward import.
     # The enqueue modules import the definitions (`Pipeline`, and `find_definition` to check
-    # an enqueue by name), so the component holds flowq.define.app as well.
+    # an enqueue by name), so the component holds flowq.define.app as well; and
+    # flowq.enqueueing.batch, which every enqueue tells of the runs it created.
     frozenset({"flowq.define.app", "flowq.define.pipeline", "flowq.enqueueing.prepare",
-               "flowq.enqueueing.sync", "flowq.enqueueing.aio", "flowq.enqueueing.signals"}):
+               "flowq.enqueueing.sync", "flowq.enqueueing.aio", "flowq.enqueueing.signals",
+               "flowq.enqueueing.batch"}):
         "Task.enqueue",
 }
 # The run-time imports out of flowq/define/ into a layer above, as (importer, imported).

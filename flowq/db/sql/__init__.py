@@ -8,7 +8,8 @@ one instance per process (each statement compiles once, on first use):
   reap), fenced on (id, lease); `jobs`: enqueue and the reads of job rows outside a claim;
 - `queues`, `permits`, `signals`, `workers`, `uniques`, `schedules`, `checkpoints`: the
   table of that name;
-- `runs`: the rows of one run (inspection, cancel, retry, filters, redrive);
+- `runs`: the rows of one run (inspection, cancel, retry, filters, redrive); `deadlines`:
+  cancelling the runs whose deadline passed (the reaper's); `batches`: `session.batch()`;
 - `admin`: the database itself (schema check, locks, clocks, health);
 - `dashboard`: the dashboard's bounded reads (activity over time, running jobs, search).
 
@@ -26,9 +27,11 @@ from __future__ import annotations
 from functools import cache
 
 from flowq.db.sql.admin import AdminStatements
+from flowq.db.sql.batches import BatchStatements
 from flowq.db.sql.checkpoints import CheckpointStatements
 from flowq.db.sql.claims import ClaimStatements
 from flowq.db.sql.dashboard import DashboardStatements
+from flowq.db.sql.deadlines import DeadlineStatements
 from flowq.db.sql.jobs import JobStatements
 from flowq.db.sql.permits import PermitStatements
 from flowq.db.sql.queues import QueueStatements
@@ -44,7 +47,7 @@ __all__ = ["Queries", "queries"]
 class Queries(ClaimStatements, JobStatements, QueueStatements, PermitStatements,
               SignalStatements, WorkerStatements, RunStatements, UniqueStatements,
               ScheduleStatements, AdminStatements, DashboardStatements,
-              CheckpointStatements):
+              CheckpointStatements, DeadlineStatements, BatchStatements):
     """The statements for one flowq schema, every table's."""
 
 

@@ -25,9 +25,11 @@ __all__ = [
     "ATTEMPT_LOG_LENGTH",
     "CALL",
     "CALL_COLUMNS",
+    "CANCELLABLE",
     "CLAIMED",
     "CLAIM_KEY",
     "CONTROLLED",
+    "DEADLINE",
     "DUE",
     "FENCE",
     "FIND_RUN_BY_KEY",
@@ -41,6 +43,7 @@ __all__ = [
     "S",
     "Statements",
     "bind_rows",
+    "cancel",
     "log_attempt",
     "mark_keyed",
     "notify_ended",
@@ -123,13 +126,18 @@ def log_attempt(error: str) -> str:
 # The W3C trace context an enqueue stores with its rows (JSON text, NULL: not traced; see
 # flowq.tracing). The steps a run creates later copy it from the row that creates them.
 TRACE = "CAST(:trace_context AS jsonb)"
+# The run's deadline (revision 0013): :deadline_at, else now + :deadline_in (both NULL: none).
+# Every row of the run carries it: the steps a run creates later copy it from the row that
+# creates them, and the reaper cancels the unfinished ones once it passes (`deadlines`).
+DEADLINE = ("COALESCE(CAST(:deadline_at AS timestamptz), "
+            "now() + CAST(:deadline_in AS interval))")
 # What every enqueued row takes from the call, typed (a driver that prepares statements, such
 # as asyncpg, must know each parameter's type), and its due time: :run_at, else now + :delay.
 CALL = f"""CAST(:task AS text), CAST(:step AS text), CAST(:queue AS text),
                     CAST(:priority AS smallint), CAST(:max_attempts AS int),
-                    CAST(:key_limit AS int), {TRACE}"""
+                    CAST(:key_limit AS int), {TRACE}, {DEADLINE}"""
 # The columns `CALL` fills, in its order.
-CALL_COLUMNS = "task, step, queue, priority, max_attempts, key_limit, trace_context"
+CALL_COLUMNS = "task, step, queue, priority, max_attempts, key_limit, trace_context, deadline"
 DUE = "COALESCE(CAST(:run_at AS timestamptz), now() + CAST(:delay AS interval))"
 
 
@@ -286,7 +294,7 @@ def succeed(single: bool) -> str:
                   FROM {claims}
                  WHERE {FENCE}
                 RETURNING j.id, j.lease, j.run_id, j.priority, j.cancel_requested,
-                          j.trace_context, j.step, j.map_index"""
+                          j.trace_context, j.step, j.map_index, j.deadline"""
 
 
 # The run holding :idempotency_key, as (id, run_id, created = false).
@@ -296,6 +304,25 @@ FIND_RUN_BY_KEY: Final = f"""
 
 # The job states in which a run is active (holds its unique key).
 ACTIVE: Final = "('pending', 'running', 'waiting')"
+
+# The rows a run's cancellation still changes: those not yet ended, or running and not yet
+# asked to stop. `CANCEL` is what it does to them (pending and waiting steps end
+# `cancelled` with `error`, an SQL expression; running ones get `cancel_requested`: they
+# finish, but create no successor and count towards no join, and their handler sees
+# `ctx.cancelled` at its worker's next heartbeat). One rule for `flowq runs cancel` and a
+# run's deadline.
+CANCELLABLE: Final = ("(status IN ('pending', 'waiting') "
+                      "OR (status = 'running' AND NOT cancel_requested))")
+
+
+def cancel(error: str) -> str:
+    """The SET items of a run's cancellation (see `CANCELLABLE`) for rows of alias `j`."""
+    return f"""status = CASE WHEN j.status = 'running' THEN j.status ELSE 'cancelled' END,
+                   finished_at = CASE WHEN j.status = 'running' THEN j.finished_at
+                                      ELSE now() END,
+                   last_error = CASE WHEN j.status = 'running' THEN j.last_error
+                                     ELSE {error} END,
+                   cancel_requested = true"""
 
 RUN_STATUS = """CASE WHEN bool_or(status = 'cancelled' OR cancel_requested)
                            THEN 'cancelled'
@@ -319,7 +346,7 @@ def start_run(head: str, source: str, where: str, run_id: str, tail: str) -> str
              "WITH ORDINALITY AS r(step, step_index, queue, max_attempts, delay, signal, "
              "wait, n)")
     columns = """run_id, task, step, step_index, queue, priority, max_attempts, args,
-                 status, run_at, trace_context"""
+                 status, run_at, trace_context, deadline"""
 
     def values(run: str) -> str:
         return f"""{run}, CAST(:task AS text), r.step, r.step_index, r.queue,
@@ -327,7 +354,7 @@ def start_run(head: str, source: str, where: str, run_id: str, tail: str) -> str
                  CASE WHEN r.signal IS NULL THEN 'pending' ELSE 'waiting' END,
                  CASE WHEN r.signal IS NULL
                       THEN {DUE} + make_interval(secs => r.delay)
-                      ELSE now() + make_interval(secs => r.wait) END, {TRACE}"""
+                      ELSE now() + make_interval(secs => r.wait) END, {TRACE}, {DEADLINE}"""
 
     return f"""{head},
         first AS (

@@ -6,7 +6,7 @@ from functools import cached_property
 
 from sqlalchemy.sql.elements import TextClause
 
-from flowq.db.sql.fragments import RUN_STATUS, S, Statements, notify_ended_row
+from flowq.db.sql.fragments import CANCELLABLE, RUN_STATUS, S, Statements, cancel, notify_ended_row
 
 __all__ = ["RunStatements"]
 
@@ -24,7 +24,7 @@ class RunStatements(Statements):
             SELECT id, run_id, task, step, step_index, queue, status, priority, attempts,
                    max_attempts, args, result, last_error, idempotency_key, cancel_requested,
                    run_at, locked_at, heartbeat_at, locked_by, created_at, finished_at,
-                   map_index, started_at, attempt_log, progress, forked_from
+                   map_index, started_at, attempt_log, progress, forked_from, deadline
               FROM {S}.jobs WHERE run_id = :run_id
              ORDER BY step_index, map_index NULLS FIRST, id""")
 
@@ -56,16 +56,10 @@ class RunStatements(Statements):
         with :error, running ones get `cancel_requested` (they finish, but create no
         successor and count towards no join)."""
         return self.sql(f"""
-            UPDATE {S}.jobs
-               SET status = CASE WHEN status = 'running' THEN status ELSE 'cancelled' END,
-                   finished_at = CASE WHEN status = 'running' THEN finished_at ELSE now() END,
-                   last_error = CASE WHEN status = 'running' THEN last_error ELSE :error END,
-                   cancel_requested = true
-             WHERE run_id = :run_id
-               AND (status IN ('pending', 'waiting')
-                    OR (status = 'running' AND NOT cancel_requested))
+            UPDATE {S}.jobs j SET {cancel("CAST(:error AS text)")}
+             WHERE run_id = :run_id AND {CANCELLABLE}
             RETURNING id, status,
-                      {notify_ended_row("status = 'cancelled'", "run_id")} AS ended""")
+                      {notify_ended_row("j.status = 'cancelled'")} AS ended""")
 
     @cached_property
     def retry_dead_jobs(self) -> TextClause:

@@ -26,10 +26,12 @@ any key.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import types
 import typing
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Literal, Union
 
 from flowq.define.step import Step
@@ -45,6 +47,12 @@ _JSON_KINDS: Final[dict[type, type]] = {
 }
 
 
+# Resolved annotations by handler: a step is looked at as a child and again as each child's
+# parent, and resolving string annotations (~50 us a handler) would otherwise be most of the
+# time it takes to define a step. Weak, so that a discarded app's handlers are not kept.
+_RESOLVED: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
 class _Annotations:
     """One annotation to resolve on its own, with a function's globals (`get_type_hints`
     reads any object's `__annotations__`)."""
@@ -53,10 +61,21 @@ class _Annotations:
         self.__annotations__ = {name: annotation}
 
 
-def declared_types(fn: Callable[..., Any]) -> dict[str, Any]:
+def declared_types(fn: Callable[..., Any]) -> Mapping[str, Any]:
     """The resolved annotations of `fn` ('return' for its return type); the ones that do not
     resolve (a forward reference to a `TYPE_CHECKING` import, a typo) are left out, the
     others kept. Never raises: a handler without annotations has none."""
+    try:
+        return _RESOLVED[fn]
+    except (KeyError, TypeError):  # TypeError: not weakly referable, resolved every time
+        pass
+    resolved = _resolve(fn)
+    with contextlib.suppress(TypeError):
+        _RESOLVED[fn] = resolved
+    return resolved
+
+
+def _resolve(fn: Callable[..., Any]) -> dict[str, Any]:
     try:
         return typing.get_type_hints(fn)
     except Exception:  # one bad annotation: resolve the others one by one
@@ -158,7 +177,7 @@ def _maybe_mapped(parent: Step[Any, Any],
     return grandparent is None or _may_map(grandparent)
 
 
-def _check_join(step: Step[Any, Any], hints: dict[str, Any], parent: Step[Any, Any]) -> None:
+def _check_join(step: Step[Any, Any], hints: Mapping[str, Any], parent: Step[Any, Any]) -> None:
     returns = declared_types(parent.fn).get("return")
     param = step.signature.parameters.get(parent.name)
     if returns is None or param is None or parent.name not in hints:
@@ -171,7 +190,7 @@ def _check_join(step: Step[Any, Any], hints: dict[str, Any], parent: Step[Any, A
             "as a keyword named after that parent)")
 
 
-def _check_chain(step: Step[Any, Any], hints: dict[str, Any], parent: Step[Any, Any]) -> None:
+def _check_chain(step: Step[Any, Any], hints: Mapping[str, Any], parent: Step[Any, Any]) -> None:
     returns = declared_types(parent.fn).get("return")
     if returns is None:
         return
@@ -199,7 +218,7 @@ def _check_chain(step: Step[Any, Any], hints: dict[str, Any], parent: Step[Any, 
                 any(p.kind is p.VAR_KEYWORD for p in params))
 
 
-def _check_keys(step: Step[Any, Any], hints: dict[str, Any], parent: Step[Any, Any],
+def _check_keys(step: Step[Any, Any], hints: Mapping[str, Any], parent: Step[Any, Any],
                 returns: type, takes: dict[str, inspect.Parameter], required: list[str],
                 any_keyword: bool) -> None:
     """A parent returning a TypedDict: its keys are the step's keyword arguments."""

@@ -6,6 +6,7 @@ annotations are never one.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar
 
@@ -220,3 +221,54 @@ def test_a_typed_pipeline_is_checked_the_same_way() -> None:
     with pytest.raises(flowq.ConfigurationError, match=r"step 'ship' takes order_id: str"):
         @create.step()
         def ship(ctx: flowq.Context, order_id: str, note: str) -> None: ...
+
+
+def test_declared_types_never_raises_on_odd_handlers() -> None:
+    class Handler:
+        def __call__(self, ctx: flowq.Context, x: int) -> int:
+            return x
+
+        __hash__ = None  # type: ignore[assignment]  # neither hashable nor cached
+
+    assert declared_types(functools.partial(print)) == {}
+    assert declared_types(Handler()) == {}
+    assert declared_types(Handler().__call__)["x"] is int
+
+
+# -- the pipeline created from its first step ----------------------------------------------
+
+
+def test_the_decorator_form_names_the_pipeline_after_its_first_step() -> None:
+    app = flowq.FlowQ()
+
+    @app.pipeline(queue="signups", priority=2, retry=flowq.Retry(), timeout=5)
+    def signup(ctx: flowq.Context, email: str) -> None: ...
+
+    assert app.get("signup") is signup and isinstance(signup, flowq.Pipeline)
+    assert (signup.queue, signup.priority) == ("signups", 2)
+    assert [(s.name, s.timeout, s.retry_given) for s in signup.steps] == [("signup", 5, True)]
+    with pytest.raises(flowq.ConfigurationError, match="already registered"):
+        app.pipeline(name="signup")(signup.first.fn)
+
+
+@pytest.mark.parametrize("options", [{"retry": flowq.Retry()}, {"timeout": 5},
+                                     {"name": "other"}])
+def test_a_pipeline_by_name_takes_no_first_step_options(options: dict[str, Any]) -> None:
+    app = flowq.FlowQ()
+    with pytest.raises(flowq.ConfigurationError, match="for a first step"):
+        app.pipeline("p", **options)  # type: ignore[call-overload]
+    assert "p" not in app
+
+
+def test_several_roots_are_typed_by_the_first_and_checked_at_enqueue() -> None:
+    app = flowq.FlowQ()
+
+    @app.pipeline()
+    def fetch(ctx: flowq.Context, url: str, retries: int = 1) -> None: ...
+
+    @fetch.step(parents=[])
+    def audit(ctx: flowq.Context, url: str) -> None: ...
+
+    fetch.check_start_arguments({"url": "u"})
+    with pytest.raises(flowq.InvalidArgumentsError, match="step 'audit'"):
+        fetch.check_start_arguments({"url": "u", "retries": 2})

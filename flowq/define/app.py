@@ -1,7 +1,8 @@
 """The registry: `FlowQ` holds the tasks and pipelines a worker can run and producers enqueue.
 
 Names are stable identifiers stored in rows: a task's name is its function's `__name__` unless
-`name=` is given, a pipeline's is the name it is created with; two registrations of one name
+`name=` is given, a pipeline's is the name it is created with (`app.pipeline("name")`), or
+its first step function's `__name__` (`@app.pipeline()` above it); two registrations of one name
 in an app are an error at definition time. Besides the definitions, an app holds the settings
 producers and workers share (`schema`, `default_queue`), its queues' declared limits
 (`queue()`) and its schedules (`periodic()`).

@@ -15,9 +15,10 @@ pipeline created from its first step (`@app.pipeline()` above that step's functi
 after it exists, so it is a `Pipeline[...]`: any arguments type-check, and are checked at
 run time like every enqueue. With several roots a run's arguments go to every root; the
 type is the first step's (`check_start_arguments` still refuses, at enqueue, what another
-root cannot take). They are thin: the
-validation and SQL are `flowq.enqueue`'s, imported when first called (the one run-time
-import of a definition module from the layer above it).
+root cannot take). They are thin: the validation and SQL are `flowq.enqueue`'s, imported
+when first called (the one run-time import of a definition module from the layer above
+it). What a step is declared to return is checked against the step after it when that step
+is added (`flowq.define.typecheck`).
 """
 
 from __future__ import annotations

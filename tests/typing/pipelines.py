@@ -74,3 +74,16 @@ def annotate(s: flowq.Session, p: flowq.Pipeline, typed: flowq.Pipeline[[int]]) 
     p.enqueue(s, 1, anything=2)  # a bare Pipeline is Pipeline[...]
     typed.enqueue(s, 1)
     typed.enqueue(s, "x")  # expect error
+
+
+@app.pipeline()
+async def fetch(ctx: object, url: str) -> None: ...
+
+
+async def produce_fetch(s: AsyncSession) -> None:
+    await fetch.aenqueue(s, url="https://example.com")
+    await fetch.aenqueue(s, uri="https://example.com")  # expect error
+
+
+@app.pipeline()  # expect error
+def no_context(url: str) -> None: ...

@@ -87,3 +87,17 @@ async def produce_fetch(s: AsyncSession) -> None:
 
 @app.pipeline()  # expect error
 def no_context(url: str) -> None: ...
+
+
+@by_name.step()
+def second(ctx: flowq.Context) -> Account:
+    return {"account_id": 1}
+
+
+def call_steps(ctx: flowq.Context) -> None:
+    # A step called directly (in a test) is typed like its handler, return type included.
+    account: Account = second(ctx)
+    send_welcome(ctx, account_id=account["account_id"])
+    send_welcome(ctx, account="x")  # expect error
+    count: int = second(ctx)  # expect error
+    print(count)

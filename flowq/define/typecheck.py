@@ -231,14 +231,14 @@ def _check_keys(step: Step[Any, Any], hints: Mapping[str, Any], parent: Step[Any
         raise ConfigurationError(
             f"step {step.name!r} requires {', '.join(map(repr, missing))}, but {of} has no "
             f"such key: a step is called with its parent's result as keyword arguments")
+    for name in takes:
+        if name in keys and name in hints and _misfits(keys[name], hints[name]):
+            raise ConfigurationError(
+                f"step {step.name!r} takes {name}: {_show(hints[name])}, but key {name!r} of "
+                f"{of} is {_show(keys[name])}")
     unknown = sorted(k for k in getattr(returns, "__required_keys__", ())
                      if k not in takes and k != step.wait_for)
     if unknown and not any_keyword:
         raise ConfigurationError(
             f"{of} has key(s) {', '.join(map(repr, unknown))}, which step {step.name!r} "
             f"{step.signature} does not take")
-    for name in takes:
-        if name in keys and name in hints and _misfits(keys[name], hints[name]):
-            raise ConfigurationError(
-                f"step {step.name!r} takes {name}: {_show(hints[name])}, but key {name!r} of "
-                f"{of} is {_show(keys[name])}")

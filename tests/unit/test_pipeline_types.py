@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar
 
 import pytest
@@ -24,6 +25,11 @@ T = TypeVar("T")
 class Order(TypedDict):
     order_id: int
     note: str
+
+
+class Account(TypedDict):  # module level: annotations are strings, resolved in the globals
+    account_id: int
+    email: str
 
 
 class Partial(TypedDict, total=False):
@@ -272,3 +278,22 @@ def test_several_roots_are_typed_by_the_first_and_checked_at_enqueue() -> None:
     fetch.check_start_arguments({"url": "u"})
     with pytest.raises(flowq.InvalidArgumentsError, match="step 'audit'"):
         fetch.check_start_arguments({"url": "u", "retries": 2})
+
+
+def test_the_documented_message() -> None:
+    """docs/pipelines.md (Types) quotes it: a wrong type is named before a key not taken."""
+    app = flowq.FlowQ()
+
+    @app.pipeline(name="signup")
+    def create_account(ctx: flowq.Context, email: str) -> Account:
+        return {"account_id": 7, "email": email}
+
+    with pytest.raises(flowq.ConfigurationError) as refused:
+        @create_account.step()
+        def charge(ctx: flowq.Context, account_id: str) -> None: ...
+
+    assert str(refused.value) == (
+        "step 'charge' takes account_id: str, but key 'account_id' of Account (what step "
+        "'create_account' is declared to return) is int")
+    docs = (Path(__file__).parents[2] / "docs" / "pipelines.md").read_text()
+    assert " ".join(str(refused.value).split()) in " ".join(docs.split())

@@ -1,7 +1,8 @@
 """The registry: `FlowQ` holds the tasks and pipelines a worker can run and producers enqueue.
 
 Names are stable identifiers stored in rows: a task's name is its function's `__name__` unless
-`name=` is given, a pipeline's is the name it is created with; two registrations of one name
+`name=` is given, a pipeline's is the name it is created with (`app.pipeline("name")`), or
+its first step function's `__name__` (`@app.pipeline()` above it); two registrations of one name
 in an app are an error at definition time. Besides the definitions, an app holds the settings
 producers and workers share (`schema`, `default_queue`), its queues' declared limits
 (`queue()`) and its schedules (`periodic()`).
@@ -106,14 +107,49 @@ class FlowQ:
 
         return decorate
 
-    def pipeline(self, name: str, *, queue: str | None = None, priority: int = 0,
-                 deadline: float | timedelta | None = None) -> Pipeline:
-        """Create and register a pipeline; add steps with `@pipeline.step()`. `deadline`
-        (seconds or a timedelta): each run's default `deadline=`, from its enqueue."""
-        p = Pipeline(self, name, queue=queue, priority=priority)
-        p.deadline = _default_deadline(p.name, deadline)
-        self._register(p)
-        return p
+    @overload
+    def pipeline(self, name: str, /, *, queue: str | None = None, priority: int = 0,
+                 deadline: float | timedelta | None = None) -> Pipeline: ...
+
+    @overload
+    def pipeline(self, *, name: str | None = None, queue: str | None = None,
+                 priority: int = 0, retry: Retry | None = None, timeout: float | None = None,
+                 deadline: float | timedelta | None = None
+                 ) -> Callable[[Callable[Concatenate[Context, P], R]], Pipeline[P]]: ...
+
+    def pipeline(self, *named: str, name: str | None = None, queue: str | None = None,
+                 priority: int = 0, retry: Retry | None = None, timeout: float | None = None,
+                 deadline: float | timedelta | None = None
+                 ) -> Pipeline | Callable[[Callable[Concatenate[Context, P], R]], Pipeline[P]]:
+        """Create and register a pipeline; add steps with `@pipeline.step()`.
+
+        `app.pipeline("name")` is a pipeline without steps yet, so a type checker cannot know
+        its arguments (`Pipeline[...]`). Above a function, `@app.pipeline()` makes that
+        function its first step (with `retry=`, `timeout=`) and names the pipeline after it
+        unless `name=` is given; the pipeline is then a `Pipeline[P]`, typed like a task by
+        the first step's parameters after `ctx`, so its `enqueue` is checked. `deadline`
+        (seconds or a timedelta): each run's default `deadline=`, from its enqueue.
+        """
+        # `*named`: the name positional-only, beside a keyword `name` (the decorator's).
+        if named:
+            if len(named) > 1 or name is not None or retry is not None or timeout is not None:
+                raise ConfigurationError(
+                    "app.pipeline(name) takes queue= and priority=; retry= and timeout= are "
+                    "for a first step: @app.pipeline(name=..., retry=...) above its function")
+            p: Pipeline = Pipeline(self, named[0], queue=queue, priority=priority)
+            p.deadline = _default_deadline(p.name, deadline)
+            self._register(p)
+            return p
+
+        def decorate(fn: Callable[Concatenate[Context, P], R]) -> Pipeline[P]:
+            typed: Pipeline[P] = Pipeline(self, str(name or getattr(fn, "__name__", "")),
+                                          queue=queue, priority=priority)
+            typed.deadline = _default_deadline(typed.name, deadline)
+            typed.step(retry=retry, timeout=timeout)(fn)
+            self._register(typed)
+            return typed
+
+        return decorate
 
     @overload
     def periodic(self, target: D, /, *, cron: str | None = None,

@@ -8,10 +8,17 @@ handler's parameters after `ctx` (`P`). Which steps a run starts with is decided
 
 Definitions also enqueue themselves: `add.enqueue(session, a=1)`, with options through
 `add.options(**EnqueueOptions)` and an async twin `await add.aenqueue(async_session, a=1)`.
-On a `Task[P, R]` these are typed by `P`, so a type checker refuses a misspelt or mistyped
-argument; a `Pipeline`'s are untyped (its steps are added one by one). They are thin: the
-validation and SQL are `flowq.enqueue`'s, imported when first called (the one run-time
-import of a definition module from the layer above it).
+They are typed by `P`, the first step's parameters after `ctx`, so a type checker refuses a
+misspelt, missing or mistyped argument: a `Task[P, R]` is typed by its handler, and a
+pipeline created from its first step (`@app.pipeline()` above that step's function) is a
+`Pipeline[P]`. A pipeline created by name (`app.pipeline("name")`) gets its steps only
+after it exists, so it is a `Pipeline[...]`: any arguments type-check, and are checked at
+run time like every enqueue. With several roots a run's arguments go to every root; the
+type is the first step's (`check_start_arguments` still refuses, at enqueue, what another
+root cannot take). They are thin: the validation and SQL are `flowq.enqueue`'s, imported
+when first called (the one run-time import of a definition module from the layer above
+it). What a step is declared to return is checked against the step after it when that step
+is added (`flowq.define.typecheck`).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, ParamSpec, TypeVar
 from flowq.define.options import EnqueueOptions
 from flowq.define.retry import Retry
 from flowq.define.step import MAX_STEP_INDEX, Step, as_seconds, make_step
+from flowq.define.typecheck import check_step_types
 from flowq.errors import ConfigurationError, InvalidArgumentsError
 from flowq.jsonargs import JSONError, dumps_checked
 from flowq.names import validate_name, validate_priority, validate_queue
@@ -40,7 +48,19 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_WAIT_TIMEOUT", "Pipeline", "Task", "WithOptions", "as_keywords"]
 
-P = ParamSpec("P")
+if TYPE_CHECKING:
+    # A bare `Pipeline` means `Pipeline[...]` (any arguments), not an error under --strict:
+    # a ParamSpec default (PEP 696) is in typing_extensions, which type checkers read here;
+    # at run time the plain ParamSpec does, so flowq needs no typing_extensions of its own.
+    from typing_extensions import ParamSpec as ParamSpecWithDefault
+    from typing_extensions import TypeVar as TypeVarWithDefault
+
+    P = ParamSpecWithDefault("P", default=...)
+    T = TypeVarWithDefault("T", default=Any)  # a task's return type; `Task` is `Task[..., Any]`
+else:
+    P = ParamSpec("P")
+    T = TypeVar("T")
+Q = ParamSpec("Q")
 R = TypeVar("R")
 
 # A waiting step's default timeout: a week, so a forgotten signal ends the run (by its
@@ -81,11 +101,11 @@ class WithOptions(Generic[P]):
     """A task or pipeline with enqueue options, from `definition.options(...)`; enqueue it with
     `.enqueue(session_or_connection, ...)` or `await .aenqueue(async_session, ...)`.
 
-    Typed by the handler's parameters after `ctx` (`P`) when it comes from a `Task`. The
-    options mean what they mean to `flowq.enqueue`, and are checked there, when enqueueing.
+    Typed by the first step's parameters after `ctx` (`P`), like the definition it comes
+    from. The options mean what they mean to `flowq.enqueue`, and are checked there, when enqueueing.
     """
 
-    definition: Pipeline
+    definition: Pipeline[...]
     options: EnqueueOptions
 
     def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> PreparedCall[Enqueued]:
@@ -136,11 +156,12 @@ class _StepIndex:
             self.roots.append(step)
 
 
-class Pipeline:
+class Pipeline(Generic[P]):
     """An ordered chain of steps run as one run; each step's dict result feeds the next.
 
     Steps run in definition order. Enqueue a pipeline exactly like a task; its first step's
-    signature validates the arguments.
+    signature validates the arguments, and types them (`P`) when the pipeline was created
+    from that step (see the module).
     """
 
     def __init__(self, app: FlowQ, name: str, *, queue: str | None = None,
@@ -190,7 +211,7 @@ class Pipeline:
              parents: Sequence[Step[Any, Any] | str] | None = None,
              wait_for: str | None = None, wait_timeout: float | timedelta | None = None,
              delay: float | timedelta | None = None
-             ) -> Callable[[Callable[P, R]], Step[P, R]]:
+             ) -> Callable[[Callable[Q, R]], Step[Q, R]]:
         """Register the decorated function as a step of this pipeline.
 
         Without `parents=` it follows the step defined before it (a chain); `parents=[a, b]`
@@ -199,9 +220,11 @@ class Pipeline:
         names a signal it waits for (its payload arrives as a keyword of that name), at most
         `wait_timeout` (default 7 days); `delay=` starts it that long after its parents
         finished. Parents must be defined before their children, so a graph has no cycles.
+        A step whose declared return type certainly does not fit what its children take is
+        refused here too (`flowq.define.typecheck`).
         """
 
-        def decorate(fn: Callable[P, R]) -> Step[P, R]:
+        def decorate(fn: Callable[Q, R]) -> Step[Q, R]:
             if len(self.steps) > MAX_STEP_INDEX:
                 raise ConfigurationError(
                     f"pipeline {self.name!r} already has {MAX_STEP_INDEX + 1:,} steps, the "
@@ -231,6 +254,8 @@ class Pipeline:
                     f"step {s.name!r}: wait_for and delay cannot be combined (a waiting step "
                     "starts when its signal arrives)")
             self._check_inputs(s)
+            check_step_types(s, [self._indexed().by_name[p] for p in s.parents],
+                             self.step_named)
             self.steps.append(s)  # indexed when next looked up
             return s
 
@@ -360,41 +385,13 @@ class Pipeline:
                 index.add(s)
         return index
 
-    def options(self, **options: Unpack[EnqueueOptions]) -> WithOptions[...]:
-        """This pipeline with enqueue options (see `flowq.enqueue`), to `.enqueue(...)`."""
-        return WithOptions(self, options)
-    # Untyped: a pipeline's arguments are its first step's, known only once it is added.
-    def enqueue(self, target: Target, /, *args: Any, **kwargs: Any) -> Enqueued:
-        """Enqueue a run in the transaction of `target`; `flowq.enqueue(target, self, ...)`
-        without options (use `.options(...)` for them)."""
-        return WithOptions(self, EnqueueOptions()).enqueue(target, *args, **kwargs)
-
-    async def aenqueue(self, target: AsyncTarget, /, *args: Any, **kwargs: Any) -> Enqueued:
-        """`enqueue` for an AsyncSession or AsyncConnection."""
-        return await WithOptions(self, EnqueueOptions()).aenqueue(target, *args, **kwargs)
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name!r} steps={[s.name for s in self.steps]}>"
-
-
-class Task(Pipeline, Generic[P, R]):
-    """A pipeline of exactly one step; calling it calls the handler directly (handy in tests).
-
-    `P` is the handler's parameters after `ctx`, which are what enqueue takes: `enqueue`,
-    `aenqueue` and `options(...).enqueue` are checked against them by a type checker.
-    """
-
-    def __call__(self, ctx: Context, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        result: R = self.steps[0].fn(ctx, *args, **kwargs)
-        return result
-
     def options(self, **options: Unpack[EnqueueOptions]) -> WithOptions[P]:
-        """This task with enqueue options (see `flowq.enqueue`), to `.enqueue(...)`."""
+        """This pipeline with enqueue options (see `flowq.enqueue`), to `.enqueue(...)`."""
         return WithOptions(self, options)
 
     def enqueue(self, target: Target, /, *args: P.args, **kwargs: P.kwargs) -> Enqueued:
         """Enqueue a run in the transaction of `target` (a Session or Connection), with the
-        handler's arguments after `ctx`; `.options(...)` for enqueue options."""
+        first step's arguments after `ctx`; `.options(...)` for enqueue options."""
         return self.options().enqueue(target, *args, **kwargs)
 
     async def aenqueue(self, target: AsyncTarget, /, *args: P.args,
@@ -402,3 +399,17 @@ class Task(Pipeline, Generic[P, R]):
         """`enqueue` for an AsyncSession or AsyncConnection."""
         return await self.options().aenqueue(target, *args, **kwargs)
 
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} steps={[s.name for s in self.steps]}>"
+
+
+class Task(Pipeline[P], Generic[P, T]):
+    """A pipeline of exactly one step; calling it calls the handler directly (handy in tests).
+
+    `P` is the handler's parameters after `ctx`, which are what enqueue takes: `enqueue`,
+    `aenqueue` and `options(...).enqueue` are checked against them by a type checker.
+    """
+
+    def __call__(self, ctx: Context, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        result: T = self.steps[0].fn(ctx, *args, **kwargs)
+        return result

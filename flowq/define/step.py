@@ -60,8 +60,10 @@ class Step(Generic[P, R]):
     # depends on the names alone, and binding (~5 us) is most of checking a small call.
     _fitting_names: set[tuple[str, ...]] = field(default_factory=set, init=False, repr=False)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.fn(*args, **kwargs)
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """The handler itself (handy in tests), typed like it: `P` includes `ctx`."""
+        result: R = self.fn(*args, **kwargs)
+        return result
 
     def check_arguments(self, args: dict[str, Any], what: str = "arguments") -> None:
         """Raise InvalidArgumentsError unless `args` bind to the handler after `ctx`."""

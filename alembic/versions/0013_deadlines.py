@@ -64,6 +64,8 @@ def upgrade() -> None:
     )
     op.create_index("batches_open_idx", "batches", ["id"], schema=S,
                     postgresql_where=sa.text("fired_at IS NULL"))
+    op.create_index("batches_fired_idx", "batches", ["fired_at"], schema=S,
+                    postgresql_where=sa.text("fired_at IS NOT NULL"))
     op.create_table(
         "batch_runs",
         sa.Column("batch_id", sa.BigInteger, primary_key=True),
@@ -75,6 +77,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     S = revision_schema()
     op.drop_table("batch_runs", schema=S)
+    op.drop_index("batches_fired_idx", table_name="batches", schema=S)
     op.drop_index("batches_open_idx", table_name="batches", schema=S)
     op.drop_table("batches", schema=S)
     op.execute(sa.schema.DropSequence(sa.Sequence("batch_id_seq", schema=S)))

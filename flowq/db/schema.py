@@ -361,6 +361,8 @@ batches = sa.Table(
     sa.Column("callback_run_id", sa.BigInteger),
     # The batches whose callback is still to come: what the pass reads.
     sa.Index("batches_open_idx", "id", postgresql_where=sa.text("fired_at IS NULL")),
+    # The fired ones by age: the pruner deletes them after the retention.
+    sa.Index("batches_fired_idx", "fired_at", postgresql_where=sa.text("fired_at IS NOT NULL")),
 )
 batch_runs = sa.Table(
     "batch_runs",

@@ -21,6 +21,7 @@ from flowq.db.sql import Queries
 from flowq.db.store import Store
 from flowq.ops.runs import cancel_run, get_run
 from flowq.testing import drain, job_rows, wait_until
+from flowq.worker.pruner import Pruner
 from flowq.worker.reaper import Reaper
 
 Q = Queries("flowq")
@@ -128,6 +129,24 @@ def test_an_empty_batch_enqueues_its_callback_at_exit_with_zero_counts(
     assert calls == [{"batch_id": batch.id, "succeeded": 0, "dead": 0, "cancelled": 0,
                       "tag": "empty"}]
     assert reap(engine) == 0
+
+
+def test_the_pruner_deletes_fired_batches_after_the_retention_and_no_open_one(
+        Session: sessionmaker[flowq.Session]) -> None:
+    app, _ = make_app()
+    engine = Session.kw["bind"]
+    with Session.begin() as s:
+        with s.batch(app.get("done"), tag="old") as old:
+            pass
+        with s.batch(app.get("done"), tag="open") as still_open:
+            s.enqueue(app.get("work"), n=1)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE flowq.batches SET fired_at = now() - interval '2 days' "
+                             "WHERE id = :id"), {"id": old.id})
+    Pruner(engine, Q, retention=86400.0).run_once()
+    with engine.connect() as conn:
+        left = conn.execute(sa.text("SELECT id FROM flowq.batches ORDER BY id")).scalars().all()
+    assert left == [still_open.id]
 
 
 def test_concurrent_passes_enqueue_the_callback_exactly_once(

@@ -187,7 +187,9 @@ class JobStatements(Statements):
         (:dead_retention for runs with a dead step). Whole runs only, so a retained run keeps
         its history and its idempotency key. A unique key still held by a pruned run goes
         with it (`flowq.uniques` has no index on run_id: a scan of that small table per
-        batch)."""
+        batch). Batches (`session.batch`) whose callback was enqueued longer ago than
+        :retention go too, up to :limit per statement (`batches_fired_idx`): the callback's
+        run is a run of its own, kept by these same rules."""
         return self.sql(f"""
             WITH old AS (
                 SELECT DISTINCT j.run_id FROM {S}.jobs j
@@ -208,4 +210,8 @@ class JobStatements(Statements):
             , signals AS (DELETE FROM {S}.signals WHERE run_id IN (SELECT run_id FROM old))
             , held_keys AS (DELETE FROM {S}.uniques WHERE run_id IN (SELECT run_id FROM old))
             , marks AS (DELETE FROM {S}.checkpoints WHERE run_id IN (SELECT run_id FROM old))
+            , fired AS (DELETE FROM {S}.batches WHERE id IN (
+                  SELECT id FROM {S}.batches
+                   WHERE fired_at < now() - make_interval(secs => :retention)
+                   ORDER BY fired_at LIMIT :limit))
             SELECT count(*) FROM gone""")

@@ -32,6 +32,7 @@ __all__ = [
     "STATUSES",
     "TERMINAL_STATUSES",
     "Status",
+    "definitions",
     "jobs",
     "join_shards",
     "joins",
@@ -109,6 +110,10 @@ jobs = sa.Table(
     # appended by the fenced retry and end statements (NULL while no attempt failed).
     sa.Column("started_at", sa.DateTime(timezone=True)),
     sa.Column("attempt_log", JSONB),
+    # Deploys (revision 0011, flowq.define.shape): the fingerprint of the definition the run
+    # started under (NULL: enqueued by name without it, or before 0011); copied to the steps
+    # it creates, like `trace_context`.
+    sa.Column("fingerprint", sa.Text),
     sa.CheckConstraint(
         "status IN ('pending', 'running', 'succeeded', 'dead', 'cancelled', 'waiting')",
         name="jobs_status_check",
@@ -165,6 +170,23 @@ workers = sa.Table(
     # worker of an earlier release (`CAPABILITIES`): a change of how workers share a table
     # is used only while every registered worker understands it.
     sa.Column("capabilities", ARRAY(sa.Text)),
+    # What it serves (revision 0011): {pipeline: [{"version": N, "fingerprint": F}, ...]};
+    # NULL for a worker of an earlier release. The shapes are in `definitions`.
+    sa.Column("definitions", JSONB),
+)
+
+# Every definition a worker ever served (revision 0011): its shape by fingerprint, written
+# once per fingerprint at worker start (ON CONFLICT DO NOTHING), so that the deploy check
+# knows the shape a run in flight started under after the code that served it stopped.
+definitions = sa.Table(
+    "definitions",
+    metadata,
+    sa.Column("fingerprint", sa.Text, primary_key=True),
+    sa.Column("pipeline", sa.Text, nullable=False),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("shape", JSONB, nullable=False),
+    sa.Column("first_seen", sa.DateTime(timezone=True), nullable=False,
+              server_default=sa.func.now()),
 )
 
 # What this release's workers understand, registered with each (`workers.capabilities`):

@@ -236,6 +236,13 @@ class Store:
         return read_one(Retry, self.run(self.q.retry_job, {
             "id": job_id, "lease": lease, "delay": delay, "error": error}))
 
+    def hand_over(self, claim: Claim, delay: float, note: str) -> Retry | None:
+        """Leave a claim to another worker after `delay` seconds, its attempt not counted;
+        None if the claim is no longer ours."""
+        job_id, lease = claim
+        return read_one(Retry, self.run(self.q.hand_over_job, {
+            "id": job_id, "lease": lease, "delay": delay, "error": note}))
+
     def end(self, claim: Claim, status: Literal["dead", "cancelled"], error: str
             ) -> str | None:
         """End a claim as `status` with `error`; its status, or None if no longer ours."""

@@ -50,7 +50,8 @@ class FlowQ:
                  ) -> None:
         self.schema = validate_schema_name(schema)
         self.default_queue = validate_queue(default_queue)
-        self._registry: dict[str, Pipeline] = {}
+        self._registry: dict[str, Pipeline] = {}  # the newest version of each name
+        self._versions: dict[str, list[Pipeline]] = {}  # every version, oldest first
         self._queues: dict[str, QueueConfig] = {}
         self._schedules: dict[str, Schedule] = {}
         _APPS.add(self)
@@ -102,11 +103,25 @@ class FlowQ:
 
         return decorate
 
-    def pipeline(self, name: str, *, queue: str | None = None, priority: int = 0) -> Pipeline:
-        """Create and register a pipeline; add steps with `@pipeline.step()`."""
-        p = Pipeline(self, name, queue=queue, priority=priority)
+    def pipeline(self, name: str, *, queue: str | None = None, priority: int = 0,
+                 version: int = 1) -> Pipeline:
+        """Create and register a pipeline; add steps with `@pipeline.step()`.
+
+        `version` (default 1): several versions of one name may be defined side by side. New
+        runs start on the newest; a run continues on the version it started under for as
+        long as the code keeps it (docs/pipelines.md, "Deploying changes")."""
+        p = Pipeline(self, name, queue=queue, priority=priority, version=version)
         self._register(p)
         return p
+
+    def versions(self, name: str) -> list[Pipeline]:
+        """Every version of the pipeline (or task) `name`, oldest first ([] if none)."""
+        return list(self._versions.get(name, ()))
+
+    @property
+    def definitions(self) -> list[Pipeline]:
+        """Every version of every task and pipeline, by name then version."""
+        return [p for n in sorted(self._versions) for p in self._versions[n]]
 
     @overload
     def periodic(self, target: D, /, *, cron: str | None = None,
@@ -161,12 +176,17 @@ class FlowQ:
         return [self._schedules[n] for n in sorted(self._schedules)]
 
     def _register(self, p: Pipeline) -> None:
-        if p.name in self._registry:
+        versions = self._versions.get(p.name, [])
+        if any(v.version == p.version for v in versions) or (
+                versions and (isinstance(p, Task) or isinstance(versions[0], Task))):
             raise ConfigurationError(
                 f"a task or pipeline named {p.name!r} is already registered in this app "
-                "(pass name=... to tell them apart)."
+                "(pass name=... to tell them apart, or version=... for a new version of a "
+                "pipeline)."
             )
-        self._registry[p.name] = p
+        versions = sorted([*versions, p], key=lambda v: v.version)
+        self._versions[p.name] = versions
+        self._registry[p.name] = versions[-1]
 
     def get(self, name: str) -> Pipeline | None:
         """The task or pipeline registered under `name`, or None."""
@@ -181,12 +201,12 @@ class FlowQ:
     @property
     def queues(self) -> list[str]:
         """Every queue a task or step of this app runs on, sorted."""
-        return sorted({s.queue for p in self._registry.values() for s in p.steps})
+        return sorted({s.queue for p in self.definitions for s in p.steps})
 
     def check(self) -> None:
         """Raise ConfigurationError if a pipeline has no steps, or a schedule's arguments do
         not fit its pipeline (workers call this at start)."""
-        for p in self._registry.values():
+        for p in self.definitions:
             if not p.steps:
                 raise ConfigurationError(
                     f"pipeline {p.name!r} has no steps: add one with @{p.name}.step()"

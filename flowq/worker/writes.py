@@ -49,6 +49,9 @@ def write_outcome(store: Store, job: ClaimedJob,
     The status is `pending` for a retry, unless the run was cancelled meanwhile."""
     if isinstance(outcome, Cancelled):
         return end_job(store, job, "cancelled", f"CancelRun: {outcome.reason}")
+    if isinstance(outcome, Retried) and outcome.handed_over:
+        handed = store.hand_over(job.claim, outcome.delay, outcome.reason)
+        return (handed.status, outcome.delay) if handed is not None else None
     if isinstance(outcome, Retried):
         delay: float | None = outcome.delay
         error = f"RetryStep: {outcome.reason}"

@@ -114,10 +114,11 @@ class ClaimStatements(Statements):
         return self.sql(f"""
             WITH done AS ({succeed(single)}), inserted AS (
                 INSERT INTO {S}.jobs (run_id, task, step, step_index, queue, priority,
-                                        max_attempts, args, map_index, run_at, trace_context)
+                                        max_attempts, args, map_index, run_at, trace_context,
+                                        fingerprint)
                 SELECT d.run_id, n.task, n.step, n.step_index, n.queue, d.priority,
                        n.max_attempts, n.args, n.map_index,
-                       now() + make_interval(secs => n.delay), d.trace_context
+                       now() + make_interval(secs => n.delay), d.trace_context, d.fingerprint
                   FROM done d JOIN {successors} ON n.id = d.id AND n.lease = d.lease
                  WHERE NOT d.cancel_requested
                 RETURNING queue, run_at
@@ -149,7 +150,8 @@ class ClaimStatements(Statements):
         waits = "r.signal IS NOT NULL AND m.sent_at IS NULL"
         return self.sql(f"""
             WITH done AS ({succeed(single)}), spawn AS (
-                SELECT d.run_id, d.priority, d.trace_context, d.step AS done_step,
+                SELECT d.run_id, d.priority, d.trace_context, d.fingerprint,
+                       d.step AS done_step,
                        d.map_index AS instance, n.*
                   FROM done d JOIN {spawns} ON n.id = d.id AND n.lease = d.lease
                  WHERE NOT d.cancel_requested
@@ -212,14 +214,16 @@ class ClaimStatements(Statements):
                 RETURNING run_id, step, remaining, inputs
             ), ready AS (
                 SELECT run_id, priority, task, step, step_index, queue, max_attempts, args,
-                       map_index, delay, signal, wait, false AS joined, trace_context
+                       map_index, delay, signal, wait, false AS joined, trace_context,
+                       fingerprint
                   FROM spawn WHERE parents = 0
                 UNION ALL
                 SELECT * FROM (
                     SELECT DISTINCT ON (s.run_id, s.step)
                            s.run_id, s.priority, s.task, s.step, s.step_index, s.queue,
                            s.max_attempts, c.inputs, NULL::int, s.delay, s.signal, s.wait, true,
-                           s.trace_context  -- the context of the parent completing the join
+                           s.trace_context,  -- the context of the parent completing the join
+                           s.fingerprint
                       FROM spawn s JOIN counted c ON c.run_id = s.run_id AND c.step = s.step
                      WHERE s.parents > 0 AND c.remaining = 0) joined
             ), met AS (
@@ -232,7 +236,7 @@ class ClaimStatements(Statements):
             ), inserted AS (
                 INSERT INTO {S}.jobs (run_id, task, step, step_index, queue, priority,
                                         max_attempts, args, map_index, joined, status, run_at,
-                                        trace_context)
+                                        trace_context, fingerprint)
                 SELECT r.run_id, r.task, r.step, r.step_index, r.queue, r.priority,
                        r.max_attempts,
                        CASE WHEN m.sent_at IS NULL THEN r.args
@@ -241,7 +245,7 @@ class ClaimStatements(Statements):
                        CASE WHEN {waits} THEN 'waiting' ELSE 'pending' END,
                        now() + make_interval(secs => CASE WHEN {waits} THEN r.wait
                                                           ELSE r.delay END),
-                       r.trace_context
+                       r.trace_context, r.fingerprint
                   FROM ready r LEFT JOIN met m ON m.run_id = r.run_id AND m.name = r.signal
                 RETURNING queue, status, run_at
             )
@@ -282,6 +286,23 @@ class ClaimStatements(Statements):
                    finished_at = CASE WHEN cancel_requested THEN now() END,
                    run_at = now() + make_interval(secs => :delay),
                    last_error = :error, {log_attempt("CAST(:error AS text)")}, {UNLOCK}
+              FROM {rows("c", CLAIM_KEY, single=True)}
+             WHERE {FENCE}
+            RETURNING j.status, j.run_at""")
+
+    @cached_property
+    def hand_over_job(self) -> TextClause:
+        """Leave a claimed job to another worker after a delay, its attempt given back, fenced.
+
+        `retry_job` for a job this worker's definition cannot run while another live worker
+        serves one that can (`flowq.worker.attempt.resolve`): pending again after :delay
+        seconds with :error as its note, the attempt not counted (it never ran)."""
+        return self.sql(f"""
+            UPDATE {S}.jobs j
+               SET status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'pending' END,
+                   finished_at = CASE WHEN cancel_requested THEN now() END,
+                   run_at = now() + make_interval(secs => :delay),
+                   attempts = greatest(j.attempts - 1, 0), last_error = :error, {UNLOCK}
               FROM {rows("c", CLAIM_KEY, single=True)}
              WHERE {FENCE}
             RETURNING j.status, j.run_at""")

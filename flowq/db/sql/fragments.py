@@ -74,7 +74,7 @@ CLAIMED = """j.id, j.lease, j.run_id, j.task, j.step, j.step_index, j.queue, j.p
     j.scheduled_at,
     extract(epoch FROM now() - j.run_at)::float8 AS pickup_delay,
     j.trace_context::text AS trace_context, j.created_at AS enqueued_at,
-    j.locked_at AS claimed_at"""
+    j.locked_at AS claimed_at, j.fingerprint"""
 
 # The fence's status check, written so that no partial index can serve it (the planner cannot
 # prove `status = 'running'` from `... IS TRUE`). A fenced write must find its rows through the
@@ -118,9 +118,11 @@ TRACE = "CAST(:trace_context AS jsonb)"
 # as asyncpg, must know each parameter's type), and its due time: :run_at, else now + :delay.
 CALL = f"""CAST(:task AS text), CAST(:step AS text), CAST(:queue AS text),
                     CAST(:priority AS smallint), CAST(:max_attempts AS int),
-                    CAST(:key_limit AS int), {TRACE}"""
-# The columns `CALL` fills, in its order.
-CALL_COLUMNS = "task, step, queue, priority, max_attempts, key_limit, trace_context"
+                    CAST(:key_limit AS int), {TRACE}, CAST(:fingerprint AS text)"""
+# The columns `CALL` fills, in its order. `fingerprint` (revision 0011): of the definition
+# the run starts under (`flowq.define.shape`), copied to the steps it creates like the trace.
+CALL_COLUMNS = ("task, step, queue, priority, max_attempts, key_limit, trace_context, "
+                "fingerprint")
 DUE = "COALESCE(CAST(:run_at AS timestamptz), now() + CAST(:delay AS interval))"
 
 
@@ -249,7 +251,7 @@ def succeed(single: bool) -> str:
                   FROM {claims}
                  WHERE {FENCE}
                 RETURNING j.id, j.lease, j.run_id, j.priority, j.cancel_requested,
-                          j.trace_context, j.step, j.map_index"""
+                          j.trace_context, j.fingerprint, j.step, j.map_index"""
 
 
 # The run holding :idempotency_key, as (id, run_id, created = false).
@@ -282,7 +284,7 @@ def start_run(head: str, source: str, where: str, run_id: str, tail: str) -> str
              "WITH ORDINALITY AS r(step, step_index, queue, max_attempts, delay, signal, "
              "wait, n)")
     columns = """run_id, task, step, step_index, queue, priority, max_attempts, args,
-                 status, run_at, trace_context"""
+                 status, run_at, trace_context, fingerprint"""
 
     def values(run: str) -> str:
         return f"""{run}, CAST(:task AS text), r.step, r.step_index, r.queue,
@@ -290,7 +292,8 @@ def start_run(head: str, source: str, where: str, run_id: str, tail: str) -> str
                  CASE WHEN r.signal IS NULL THEN 'pending' ELSE 'waiting' END,
                  CASE WHEN r.signal IS NULL
                       THEN {DUE} + make_interval(secs => r.delay)
-                      ELSE now() + make_interval(secs => r.wait) END, {TRACE}"""
+                      ELSE now() + make_interval(secs => r.wait) END, {TRACE},
+                 CAST(:fingerprint AS text)"""
 
     return f"""{head},
         first AS (

@@ -34,7 +34,7 @@ from flowq.define.app import FlowQ
 from flowq.define.shape import Shape, obstacles, pick_version, short
 
 __all__ = ["MAX_GROUPS", "DeployReport", "PipelineReport", "Stranded", "check_deploy",
-           "check_shapes", "shapes_of"]
+           "check_shapes", "served_shapes", "shapes_of"]
 
 MAX_GROUPS: Final = 100_000  # (task, fingerprint, step, argument names) groups read
 # How long a worker counts as live for the check (seconds since its last beat).
@@ -117,6 +117,33 @@ class DeployReport:
 def shapes_of(app: FlowQ) -> dict[str, list[Shape]]:
     """Every version of every definition of `app`, as shapes, by name (oldest first)."""
     return {p.name: [Shape.of(v) for v in app.versions(p.name)] for p in app}
+
+
+def served_shapes(engine: sa.Engine, *, schema: str) -> dict[str, list[Shape]]:
+    """The definitions the live workers registered, as shapes by pipeline (oldest version
+    first; two workers may serve two shapes of one version): the code `flowq doctor`
+    checks the runs in flight against."""
+    q = queries(schema)
+    with engine.connect() as conn:
+        workers = conn.execute(q.select_served_definitions, {"name": "", "stale": LIVE_S}).all()
+        served = {fp for w in workers for fp in _fingerprints(w.definitions)}
+        names = sorted({str(n) for w in workers if isinstance(w.definitions, dict)
+                        for n in w.definitions})
+        known = conn.execute(q.select_definitions, {"pipelines": names}).all() if names else []
+        conn.rollback()
+    shapes: dict[str, list[Shape]] = {}
+    for r in known:  # by pipeline, version, first sight
+        if r.fingerprint in served:
+            shapes.setdefault(r.pipeline, []).append(Shape(r.shape, r.fingerprint))
+    return shapes
+
+
+def _fingerprints(definitions: Any) -> list[str]:
+    if not isinstance(definitions, dict):
+        return []
+    return [v["fingerprint"] for versions in definitions.values()
+            if isinstance(versions, list) for v in versions
+            if isinstance(v, dict) and isinstance(v.get("fingerprint"), str)]
 
 
 def check_deploy(engine: sa.Engine, app: FlowQ, *, schema: str | None = None) -> DeployReport:

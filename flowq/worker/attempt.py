@@ -117,22 +117,26 @@ class Elsewhere:
 @dataclass(frozen=True)
 class Mismatch:
     """A job this worker's definition cannot run: `text` (the stored error: the mismatch and
-    the fix), and the live worker it is left to (`left_to`), or None: the job ends `dead`."""
+    the fix), and the live worker it is left to (`left_to`), or None: the job ends `dead`;
+    unless `unheard` (its run started under a definition this worker has not heard of: newer
+    code, whose worker may not have registered yet): then it fails as an attempt, retried
+    by the default policy up to the row's cap, so a worker that knows it can take it."""
 
     text: str
     left_to: str | None = None
+    unheard: bool = False
 
 
 def resolve(app: FlowQ, job: ClaimedJob, elsewhere: Elsewhere | None = None
             ) -> tuple[Pipeline, Step[Any, Any]] | UnknownTaskError | Mismatch:
     """The pipeline and step `job` runs, or why this worker's app cannot run it."""
     versions = app.versions(job.task)
-    elsewhere = elsewhere or Elsewhere()
+    world = elsewhere or Elsewhere()
     if not versions:
         return UnknownTaskError(
             f"no task or pipeline named {job.task!r} is registered in this worker's app "
             "(enqueued by a newer producer, or renamed?); it will be retried")
-    known = None if job.fingerprint is None else elsewhere.versions.get(job.fingerprint)
+    known = None if job.fingerprint is None else world.versions.get(job.fingerprint)
     pipeline = pick_version(versions, job.fingerprint, known, job.step)
     if pipeline is None:  # the run's version is not in this code
         return mismatch(versions[-1], job, f"version {known} of pipeline {job.task!r} is "
@@ -142,7 +146,7 @@ def resolve(app: FlowQ, job: ClaimedJob, elsewhere: Elsewhere | None = None
         return pipeline, step
     # Another definition than the run's: the deploy check's rule, for this job (its
     # arguments are bound when it is prepared).
-    old = None if job.fingerprint is None else elsewhere.shapes.get(job.fingerprint)
+    old = None if job.fingerprint is None else world.shapes.get(job.fingerprint)
     found = obstacles(Shape.of(pipeline), None if old is None else Shape(old, job.fingerprint),
                       job.step, joined=job.joined)
     if step is None or found:
@@ -153,12 +157,22 @@ def resolve(app: FlowQ, job: ClaimedJob, elsewhere: Elsewhere | None = None
 def mismatch(pipeline: Pipeline, job: ClaimedJob, problem: str, elsewhere: Elsewhere | None,
              names: Collection[str] | None = None) -> Mismatch:
     """The one rule for a job that `pipeline` (this worker's version for its run) cannot
-    run because of `problem`: left to a live worker serving a compatible definition, else
-    dead with the mismatch and the fix."""
+    run because of `problem`: left to a live worker serving a compatible definition; else,
+    for a definition the registry has never recorded, retried (newer code: its workers may
+    be starting); else dead with the mismatch and the fix. `elsewhere` None: nothing is
+    known beyond this app (the test kit), so nothing is left to others and nothing waits."""
     started = (f"started under definition {short(job.fingerprint)}" if job.fingerprint
                else "started under an unrecorded definition")
     where = f"pipeline {job.task!r} version {pipeline.version} ({short(pipeline.fingerprint)})"
     other = (elsewhere or Elsewhere()).compatible(job, names)
+    if other is None and elsewhere is not None and job.fingerprint is not None \
+            and job.fingerprint not in elsewhere.versions:
+        return Mismatch(
+            f"run {job.run_id} started under definition {short(job.fingerprint)} of "
+            f"{job.task!r}, which no worker has registered (newer code, whose workers are "
+            f"starting?): this worker's {where} cannot run step "
+            f"{job.step or pipeline.first.name!r}: {problem}; it will be retried",
+            unheard=True)
     if other is not None:
         return Mismatch(f"left to worker {other!r}, which serves the "
                         f"definition run {job.run_id} {started}: this worker's {where} "
@@ -278,6 +292,8 @@ class Attempt:
         to `found.left_to`, its attempt given back, or dead."""
         if found.left_to is not None:
             return Retried(HAND_OVER_DELAY, storable_text(found.text), handed_over=True)
+        if found.unheard:
+            return self.failure(UnknownTaskError(found.text), 0.0)
         return self.failure(UnknownTaskError(found.text),
                             0.0, permanent=True)
 

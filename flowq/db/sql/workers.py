@@ -158,3 +158,20 @@ class WorkerStatements(Statements):
              GROUP BY j.task, j.fingerprint, j.step, j.joined, names
              ORDER BY j.task, j.fingerprint, j.step
              LIMIT :limit""")
+
+    @cached_property
+    def select_handed_over_jobs(self) -> TextClause:
+        """Group the pending jobs a worker left to another worker's definition.
+
+        Pending jobs whose last note says a worker left them to another (`hand_over_job`:
+        its definition could not run them, the other's can), by task, the fingerprint their
+        run started under and the worker they were left to (the note's first quoted name);
+        up to :limit groups, largest first. Reads the pending rows: for an operator's eyes,
+        not a hot path."""
+        return self.sql(f"""
+            SELECT j.task, j.fingerprint, split_part(j.last_error, '''', 2) AS worker,
+                   count(*) AS n
+              FROM {S}.jobs j
+             WHERE j.status = 'pending' AND j.last_error LIKE 'left to worker %'
+             GROUP BY j.task, j.fingerprint, worker
+             ORDER BY count(*) DESC, j.task LIMIT :limit""")

@@ -94,13 +94,13 @@ def doctor(engine: sa.Engine, *, schema: str = DEFAULT_SCHEMA,
         checks.append(_clock(conn, schema))
         checks.append(_primary(bool(backend.in_recovery)))
         conn.rollback()
-    if revision == HEAD_REVISION:
-        checks.append(_deploy(engine, schema))
     if backend.in_recovery:
         checks.append(Check("listen", "WARN", "not checked: a standby refuses LISTEN",
                             "check the primary", {"round_trip_s": None}))
     else:
         checks.append(_listen(engine, schema))
+    if revision == HEAD_REVISION:
+        checks.append(_deploy(engine, schema))
     return checks
 
 

@@ -20,6 +20,8 @@ from flowq.db.runner import runner
 from flowq.db.sql import queries
 from flowq.db.store import Store
 from flowq.ops.deploy import check_deploy
+from flowq.ops.doctor import doctor
+from flowq.ops.status import status
 from flowq.testing import drain
 from flowq.worker.attempt import Attempt, Elsewhere, ServedBy, run_attempt
 from flowq.worker.model import Failed, Retried
@@ -124,3 +126,30 @@ def test_b_leaves_a_job_it_cannot_run_to_a_live_worker_of_a_or_ends_it_dead(
     # A job B can run (the same step, a compatible shape) it runs.
     job = _claim(engine, "v_b")
     assert isinstance(Attempt(deploy_b.app, job, elsewhere=alone).resolved, tuple)
+
+
+def test_status_says_what_was_left_to_another_worker_and_doctor_what_none_can_run(
+        engine: sa.Engine, staged: dict[str, list[int]]) -> None:
+    job = _claim(engine, "b")
+    served = Elsewhere(versions={deploy_a.chain.fingerprint: 1}, workers=(ServedBy(
+        "worker-a", frozenset({"default"}), {"chain": ((1, deploy_a.chain.fingerprint),)}),))
+    left = run_attempt(Attempt(deploy_b.app, job, elsewhere=served))
+    assert isinstance(left, Retried)
+    with engine.begin() as conn:
+        write_outcome(Store(runner(conn), "flowq"), job, left)
+    [handed] = status(engine).handed_over
+    assert (handed.task, handed.fingerprint, handed.worker, handed.jobs) == (
+        "chain", deploy_a.chain.fingerprint, "worker-a", 1)
+
+    [check] = [c for c in doctor(engine) if c.name == "deploy"]
+    assert check.level == "OK"  # worker-a (A) is live and can continue them all
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM flowq.workers"))
+    Registry(engine, queries("flowq"), worker="worker-b", queues=["default"],
+             tasks=[p.name for p in deploy_b.app], concurrency=1,
+             definitions=deploy_b.app.definitions).register()
+    [check] = [c for c in doctor(engine) if c.name == "deploy"]
+    assert check.level == "WARN"
+    assert check.found.startswith(f"{5 * RUNS:,} run(s) in flight that no live worker's "
+                                  "definition can continue")
+    assert "flowq deploy-check" in check.action

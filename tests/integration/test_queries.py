@@ -158,6 +158,8 @@ def _fenced_writes(job_id: int, lease: int) -> list[tuple[str, sa.TextClause, di
             "next_delays": [0.0], "channel": "flowq"}),
         ("retry_job", Q.retry_job, {"id": job_id, "lease": lease, "delay": 5.0,
                                     "error": "boom"}),
+        ("hand_over_job", Q.hand_over_job, {"id": job_id, "lease": lease, "delay": 1.0,
+                                            "error": "left"}),
         ("end_job", Q.end_job, {"id": job_id, "lease": lease, "status": "dead",
                                 "error": "boom"}),
         ("release_jobs", Q.release_jobs, {**arrays, "channel": "flowq"}),
@@ -165,7 +167,7 @@ def _fenced_writes(job_id: int, lease: int) -> list[tuple[str, sa.TextClause, di
 
 
 FENCED = ["heartbeat_jobs", "complete_jobs", "complete_job", "complete_steps",
-          "complete_step", "retry_job", "end_job", "release_jobs"]
+          "complete_step", "retry_job", "hand_over_job", "end_job", "release_jobs"]
 
 
 def _snapshot(engine: sa.Engine, job_id: int) -> tuple[Any, ...]:
@@ -367,9 +369,9 @@ def test_a_lease_never_repeats_so_an_old_claim_writes_nothing(engine: sa.Engine,
 # -- the statements as a list ---------------------------------------------------------------
 
 VERBS = {"advance", "beat", "cancel", "check", "claim", "compare", "complete", "declare",
-         "end", "expire", "exists", "find", "heartbeat", "insert", "lease", "list", "lock", "mark",
-         "prune", "reap", "register", "release", "retry", "select", "send", "set", "stamp",
-         "start", "try", "unregister", "wake"}
+         "end", "expire", "exists", "find", "hand", "heartbeat", "insert", "lease", "list",
+         "lock", "mark", "prune", "reap", "record", "register", "release", "retry", "select",
+         "send", "set", "stamp", "start", "try", "unregister", "wake"}
 
 
 def test_every_statement_is_a_verb_noun_with_a_one_line_description() -> None:
@@ -379,7 +381,7 @@ def test_every_statement_is_a_verb_noun_with_a_one_line_description() -> None:
 
     statements = {name: attr for cls in type(Q).__mro__ for name, attr in vars(cls).items()
                   if isinstance(attr, cached_property)}
-    assert len(statements) == 84
+    assert len(statements) == 90
     for name, prop in statements.items():
         verb, _, noun = name.partition("_")
         assert verb in VERBS and noun, name

@@ -21,6 +21,7 @@ from flowq.db.sql import queries
 from flowq.db.store import Store
 from flowq.ops.deploy import check_deploy
 from flowq.ops.doctor import doctor
+from flowq.ops.runs import list_runs
 from flowq.ops.status import status
 from flowq.testing import drain
 from flowq.worker.attempt import Attempt, Elsewhere, ServedBy, run_attempt
@@ -153,3 +154,21 @@ def test_status_says_what_was_left_to_another_worker_and_doctor_what_none_can_ru
     assert check.found.startswith(f"{5 * RUNS:,} run(s) in flight that no live worker's "
                                   "definition can continue")
     assert "flowq deploy-check" in check.action
+
+
+def test_runs_list_filters_by_the_version_a_run_started_on(
+        engine: sa.Engine, db_url: str, staged: dict[str, list[int]]) -> None:
+    with engine.begin() as conn:
+        newest = [deploy_b.versioned.enqueue(conn, n=i).id for i in range(2)]
+    Registry(engine, queries("flowq"), worker="worker-b", queues=["default"],
+             tasks=[p.name for p in deploy_b.app], concurrency=1,
+             definitions=deploy_b.app.definitions).register()
+    v1 = {r.run_id for r in list_runs(engine, task="versioned", version=1)}
+    v2 = {r.run_id for r in list_runs(engine, task="versioned", version=2)}
+    assert (v1, v2) == (set(staged["versioned"]), set(newest))
+    assert {r.run_id for r in list_runs(engine, version=2)} == set(newest)
+    assert list_runs(engine, version=3) == []
+    out = CliRunner().invoke(main, ["runs", "list", "--database-url", db_url, "--task",
+                                    "versioned", "--version", "2", "--json"])
+    assert out.exit_code == 0, out.output
+    assert {r["run_id"] for r in json.loads(out.output)["runs"]} == set(newest)

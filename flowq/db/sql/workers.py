@@ -175,3 +175,15 @@ class WorkerStatements(Statements):
              WHERE j.status = 'pending' AND j.last_error LIKE 'left to worker %'
              GROUP BY j.task, j.fingerprint, worker
              ORDER BY count(*) DESC, j.task LIMIT :limit""")
+
+    @cached_property
+    def select_version_fingerprints(self) -> TextClause:
+        """List the recorded fingerprints of one version number.
+
+        The fingerprints `flowq.definitions` records for version :version (of pipeline :task
+        only, unless NULL): what `flowq runs list --version` matches runs by."""
+        return self.sql(f"""
+            SELECT fingerprint FROM {S}.definitions
+             WHERE version = CAST(:version AS int)
+               AND (CAST(:task AS text) IS NULL OR pipeline = CAST(:task AS text))
+             ORDER BY fingerprint""")

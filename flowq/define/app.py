@@ -2,7 +2,9 @@
 
 Names are stable identifiers stored in rows: a task's name is its function's `__name__` unless
 `name=` is given, a pipeline's is the name it is created with; two registrations of one name
-in an app are an error at definition time. Besides the definitions, an app holds the settings
+in an app are an error at definition time, except versions of a pipeline
+(`pipeline(name, version=N)`, each number once): `get(name)` is the newest, on which new runs
+start, and `versions(name)` all of them, which runs in flight continue on. Besides the definitions, an app holds the settings
 producers and workers share (`schema`, `default_queue`), its queues' declared limits
 (`queue()`) and its schedules (`periodic()`).
 

@@ -6,6 +6,9 @@ signal, `delay=` starts later), and a `Task` is one with a single step, typed by
 handler's parameters after `ctx` (`P`). Which steps a run starts with is decided here, once
 (`Pipeline.starts_many`, `Pipeline.check_start_arguments`), for enqueue and the worker.
 
+A pipeline has a `version` (1 unless `FlowQ.pipeline(name, version=N)`) and a stable
+`fingerprint` of its `shape` (`flowq.define.shape`), recorded on every run it starts.
+
 Definitions also enqueue themselves: `add.enqueue(session, a=1)`, with options through
 `add.options(**EnqueueOptions)` and an async twin `await add.aenqueue(async_session, a=1)`.
 On a `Task[P, R]` these are typed by `P`, so a type checker refuses a misspelt or mistyped

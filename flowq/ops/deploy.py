@@ -167,9 +167,11 @@ def check_shapes(engine: sa.Engine, code: Mapping[str, Sequence[Shape]], *,
         entries = w.definitions if isinstance(w.definitions, dict) else {}
         for name, versions in entries.items():
             for v in versions if isinstance(versions, list) else ():
-                if isinstance(v, dict) and isinstance(v.get("fingerprint"), str):
+                # Another process's word: only entries of the shape this release writes.
+                if isinstance(v, dict) and isinstance(v.get("fingerprint"), str) \
+                        and isinstance(v.get("version"), int):
                     served.setdefault(str(name), []).append(
-                        (w.name, int(v.get("version") or 0), v["fingerprint"]))
+                        (w.name, v["version"], v["fingerprint"]))
     reports = {name: PipelineReport(name, versions=[_label(s.version, s.fingerprint)
                                                     for s in code.get(name, ())])
                for name in names}

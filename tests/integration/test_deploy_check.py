@@ -172,3 +172,22 @@ def test_runs_list_filters_by_the_version_a_run_started_on(
                                     "versioned", "--version", "2", "--json"])
     assert out.exit_code == 0, out.output
     assert {r["run_id"] for r in json.loads(out.output)["runs"]} == set(newest)
+
+
+def test_another_process_s_odd_registry_entry_is_read_without_trusting_it(
+        engine: sa.Engine, staged: dict[str, list[int]]) -> None:
+    with engine.begin() as conn:
+        conn.execute(sa.text(
+            "INSERT INTO flowq.workers (name, host, pid, queues, tasks, concurrency, version, "
+            "definitions) VALUES ('odd', 'h', 1, '{default}', '{chain}', 1, 'x', "
+            "CAST(:d AS jsonb))"), {"d": json.dumps(
+                {"chain": [{"version": "1", "fingerprint": 7}, "junk"], "rename": "junk",
+                 "{runs}": [{"version": 1, "fingerprint": "sha256:{runs}"}]})})
+    registry = Registry(engine, queries("flowq"), worker="worker-b", queues=["default"],
+                        tasks=[p.name for p in deploy_b.app], concurrency=1,
+                        definitions=deploy_b.app.definitions)
+    registry.register()
+    odd = next(w for w in registry.elsewhere.workers if w.worker == "odd")
+    assert odd.definitions["chain"] == () and "rename" not in odd.definitions
+    report = check_deploy(engine, deploy_b.app)  # no crash, the same answer
+    assert {s.pipeline for s in report.stranded} == set(deploy_a.STRANDED)

@@ -10,7 +10,7 @@ and the test kit (`flowq.testing.drain`, `run_step`) share.
   worker that serves a compatible definition (`Elsewhere`, from the registry: its attempt
   given back, due again after `HAND_OVER_DELAY`), else it ends `dead` with a sentence that
   names the mismatch and the fix.
-- `Attempt(app, job, read=..., session_factory=...)` prepares the handler's call
+- `Attempt(app, job, read=..., session_factory=..., elsewhere=...)` prepares the handler's call
   (`prepare()`: its `Context` and arguments; a join's mapped inputs and a late signal's
   payload are read from the database through `read`) and judges what came back:
   `judge(result)` by the graph rules of `flowq.worker.graph`, `judge_exception(exc)` and
@@ -107,9 +107,10 @@ class Elsewhere:
                     if fingerprint == job.fingerprint:
                         return w.worker
                     continue
-                steps = list((self.shapes.get(fingerprint) or {}).get("steps", ()))
-                found = [s for s in steps if s.get("name") == job.step] if job.step else steps[:1]
-                if found and (names is None or misfit(found[0].get("params", ()), names) is None):
+                shape = Shape(self.shapes.get(fingerprint) or {}, fingerprint)
+                step = shape.step_named(job.step)
+                if step is not None and (
+                        names is None or misfit(shape.params(step["name"]), names) is None):
                     return w.worker
         return None
 

@@ -48,7 +48,7 @@ EMPTY_TEMPLATE = "flowq_test_empty"
 # or a docs build) or injects faults: marked `slow`, so `make test-quick` (-m "not slow")
 # leaves them out. Single slow tests elsewhere carry @pytest.mark.slow themselves.
 SLOW_FILES = frozenset({
-    "test_worker_acceptance.py", "test_worker_hostile.py", "test_pipeline_faults.py",
+    "test_deploy.py", "test_worker_acceptance.py", "test_worker_hostile.py", "test_pipeline_faults.py",
     "test_workflow_faults.py", "test_pipelines.py", "test_pgbouncer.py",
     "test_examples.py", "test_examples_workflows.py", "test_docs.py", "test_docs_build.py",
     "test_dashboard_browser.py", "test_bench.py", "test_demo.py", "test_failover.py",

@@ -1,8 +1,8 @@
 """The `flowq` command: migrate, worker, reap, prune, runs, queues, schedules, demo, bench,
-status, doctor, dashboard.
+status, doctor, deploy-check, dashboard.
 
 One module per group of commands: `migrate`, `worker`, `maintenance` (reap, prune), `runs`,
-`queues`, `schedules`, `status`, `doctor`, `dashboard`, `demo`, and `bench` (which runs the
+`queues`, `schedules`, `status`, `doctor`, `deploy`, `dashboard`, `demo`, and `bench` (which runs the
 separate flowq-bench distribution, or says how to get it), each importing `common` (options,
 helpers) and `group` (the error handler). Imports go one way: this package names the
 command modules and assembles `main` (the `flowq` entry point and `python -m flowq`); nothing
@@ -41,6 +41,9 @@ COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "demo": ("flowq.cli.demo:demo",
              "Show transactional enqueue and a worker on an embedded PostgreSQL (or "
              "--database-url)."),
+    "deploy-check": ("flowq.cli.deploy:deploy_check",
+                     "Check that MODULE:APP's code can continue every run in flight; exit 1 "
+                     "if not."),
     "doctor": ("flowq.cli.doctor:doctor",
                "Check schema version, table health, long transactions, autovacuum, LISTEN, "
                "pooler and clock skew; say what to do about each finding."),

@@ -226,11 +226,13 @@ def runs() -> None:
               help="Runs per page.")
 @click.option("--before", type=click.IntRange(min=1), default=None, metavar="RUN_ID",
               help="Start below this run id: the next page (printed after each full page).")
+@click.option("--version", "version", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Only runs started on pipeline version N (with --task: of that pipeline).")
 @json_option
 def list_command(database_url: str | None, schema: str, status: str | None, task: str | None,
                  queue: str | None, since: datetime | timedelta | None,
                  until: datetime | timedelta | None, limit: int, before: int | None,
-                 as_json: bool) -> None:
+                 version: int | None, as_json: bool) -> None:
     """List runs, newest first, a page at a time; filter by status, task, queue and time."""
     from flowq.ops.runs import known_names, list_runs, unserved_jobs
 
@@ -238,7 +240,7 @@ def list_command(database_url: str | None, schema: str, status: str | None, task
     try:
         found = list_runs(engine, status=cast("Status | None", status), task=task,
                           queue=queue, since=since, until=until, before=before,
-                          limit=limit + 1, schema=schema)
+                          limit=limit + 1, schema=schema, version=version)
         unserved = unserved_jobs(engine, schema=schema)
         known = (known_names(engine, schema=schema)
                  if not found and (task is not None or queue is not None) else None)

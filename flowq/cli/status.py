@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import click
 
 from flowq.cli.common import age_cell, limits_cell, open_engine, schema_option, table, url_option
+from flowq.define.shape import short
 
 if TYPE_CHECKING:
     from flowq.ops.status import Status
@@ -47,6 +48,13 @@ def _print(st: Status) -> None:
                [[u.queue, u.task, str(u.jobs), age_cell(u.oldest_due_s)] for u in st.unserved])
     else:
         click.echo("due jobs no live worker serves: none.")
+    if st.handed_over:
+        click.echo("jobs left to a worker whose definition can run them (a deploy in "
+                   "progress; `flowq deploy-check` says which runs the new code cannot "
+                   "continue):")
+        _table(["task", "definition", "left to", "jobs"],
+               [[h.task, short(h.fingerprint), h.worker or "-", str(h.jobs)]
+                for h in st.handed_over])
 
 
 @click.command("status")

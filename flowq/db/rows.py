@@ -60,6 +60,7 @@ class ClaimedJob:
     trace_context: str | None = None  # W3C trace context (JSON text) it was enqueued under
     enqueued_at: datetime | None = None  # its row's created_at (`ctx.enqueued_at`)
     claimed_at: datetime | None = None  # this claim's database time (`ctx.started_at`)
+    fingerprint: str | None = None  # of the definition its run started under (revision 0014)
 
     @property
     def claim(self) -> Claim:

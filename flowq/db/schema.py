@@ -39,6 +39,7 @@ __all__ = [
     "batch_runs",
     "batches",
     "checkpoints",
+    "definitions",
     "jobs",
     "join_shards",
     "joins",
@@ -125,6 +126,10 @@ jobs = sa.Table(
     # Run deadlines (revision 0013): when the run's unfinished steps are cancelled (NULL:
     # never), the same on every row of the run (copied to the steps it creates later).
     sa.Column("deadline", sa.DateTime(timezone=True)),
+    # Deploys (revision 0014, flowq.define.shape): the fingerprint of the definition the run
+    # started under (NULL: enqueued by name without it, or before 0014); copied to the steps
+    # it creates, like `trace_context`.
+    sa.Column("fingerprint", sa.Text),
     sa.CheckConstraint(
         "status IN ('pending', 'running', 'succeeded', 'dead', 'cancelled', 'waiting')",
         name="jobs_status_check",
@@ -186,6 +191,23 @@ workers = sa.Table(
     # worker of an earlier release (`CAPABILITIES`): a change of how workers share a table
     # is used only while every registered worker understands it.
     sa.Column("capabilities", ARRAY(sa.Text)),
+    # What it serves (revision 0014): {pipeline: [{"version": N, "fingerprint": F}, ...]};
+    # NULL for a worker of an earlier release. The shapes are in `definitions`.
+    sa.Column("definitions", JSONB),
+)
+
+# Every definition a worker ever served (revision 0014): its shape by fingerprint, written
+# once per fingerprint at worker start (ON CONFLICT DO NOTHING), so that the deploy check
+# knows the shape a run in flight started under after the code that served it stopped.
+definitions = sa.Table(
+    "definitions",
+    metadata,
+    sa.Column("fingerprint", sa.Text, primary_key=True),
+    sa.Column("pipeline", sa.Text, nullable=False),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("shape", JSONB, nullable=False),
+    sa.Column("first_seen", sa.DateTime(timezone=True), nullable=False,
+              server_default=sa.func.now()),
 )
 
 # What this release's workers understand, registered with each (`workers.capabilities`):

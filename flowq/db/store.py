@@ -275,13 +275,19 @@ class Store:
         return str(rows[0][rows.columns.index("result")]) if rows else None
 
     def suspend(self, claim: Claim, step: str, *, until: datetime | None, delay: float,
-                snoozes: int | None) -> Retry | None:
+                snoozes: int | None, note: str | None = None) -> Retry | None:
         """Send a claim back to pending until `until` (else `delay` seconds from now) giving
-        its attempt back, storing the step's snooze count if given; None if no longer ours."""
+        its attempt back, storing the step's snooze count if given and `note` as its
+        `last_error`; None if no longer ours."""
         job_id, lease = claim
         return read_one(Retry, self.run(self.q.suspend_job, {
             "id": job_id, "lease": lease, "step": step, "until": until, "delay": delay,
-            "snoozes": snoozes}))
+            "snoozes": snoozes, "note": note}))
+
+    def hand_over(self, claim: Claim, step: str, delay: float, note: str) -> Retry | None:
+        """Leave a claim to another worker after `delay` seconds, its attempt not counted
+        (`suspend` with `note`); None if the claim is no longer ours."""
+        return self.suspend(claim, step, until=None, delay=delay, snoozes=None, note=note)
 
     def end(self, claim: Claim, status: Literal["dead", "cancelled"], error: str
             ) -> str | None:

@@ -3,7 +3,9 @@
 Names are stable identifiers stored in rows: a task's name is its function's `__name__` unless
 `name=` is given, a pipeline's is the name it is created with (`app.pipeline("name")`), or
 its first step function's `__name__` (`@app.pipeline()` above it); two registrations of one name
-in an app are an error at definition time. Besides the definitions, an app holds the settings
+in an app are an error at definition time, except versions of a pipeline
+(`pipeline(name, version=N)`, each number once): `get(name)` is the newest, on which new runs
+start, and `versions(name)` all of them, which runs in flight continue on. Besides the definitions, an app holds the settings
 producers and workers share (`schema`, `default_queue`), its queues' declared limits
 (`queue()`) and its schedules (`periodic()`).
 
@@ -52,7 +54,8 @@ class FlowQ:
                  ) -> None:
         self.schema = validate_schema_name(schema)
         self.default_queue = validate_queue(default_queue)
-        self._registry: dict[str, Pipeline] = {}
+        self._registry: dict[str, Pipeline] = {}  # the newest version of each name
+        self._versions: dict[str, list[Pipeline]] = {}  # every version, oldest first
         self._queues: dict[str, QueueConfig] = {}
         self._schedules: dict[str, Schedule] = {}
         _APPS.add(self)
@@ -109,17 +112,17 @@ class FlowQ:
 
     @overload
     def pipeline(self, name: str, /, *, queue: str | None = None, priority: int = 0,
-                 deadline: float | timedelta | None = None) -> Pipeline: ...
+                 deadline: float | timedelta | None = None, version: int = 1) -> Pipeline: ...
 
     @overload
     def pipeline(self, *, name: str | None = None, queue: str | None = None,
                  priority: int = 0, retry: Retry | None = None, timeout: float | None = None,
-                 deadline: float | timedelta | None = None
+                 deadline: float | timedelta | None = None, version: int = 1
                  ) -> Callable[[Callable[Concatenate[Context, P], R]], Pipeline[P]]: ...
 
     def pipeline(self, *named: str, name: str | None = None, queue: str | None = None,
                  priority: int = 0, retry: Retry | None = None, timeout: float | None = None,
-                 deadline: float | timedelta | None = None
+                 deadline: float | timedelta | None = None, version: int = 1
                  ) -> Pipeline | Callable[[Callable[Concatenate[Context, P], R]], Pipeline[P]]:
         """Create and register a pipeline; add steps with `@pipeline.step()`.
 
@@ -129,6 +132,10 @@ class FlowQ:
         unless `name=` is given; the pipeline is then a `Pipeline[P]`, typed like a task by
         the first step's parameters after `ctx`, so its `enqueue` is checked. `deadline`
         (seconds or a timedelta): each run's default `deadline=`, from its enqueue.
+
+        `version` (default 1): several versions of one name may be defined side by side. New
+        runs start on the newest; a run continues on the version it started under for as
+        long as the code keeps it (docs/pipelines.md, "Deploying changes").
         """
         # `*named`: the name positional-only, beside a keyword `name` (the decorator's).
         if named:
@@ -136,20 +143,30 @@ class FlowQ:
                 raise ConfigurationError(
                     "app.pipeline(name) takes queue= and priority=; retry= and timeout= are "
                     "for a first step: @app.pipeline(name=..., retry=...) above its function")
-            p: Pipeline = Pipeline(self, named[0], queue=queue, priority=priority)
+            p: Pipeline = Pipeline(self, named[0], queue=queue, priority=priority,
+                                   version=version)
             p.deadline = _default_deadline(p.name, deadline)
             self._register(p)
             return p
 
         def decorate(fn: Callable[Concatenate[Context, P], R]) -> Pipeline[P]:
             typed: Pipeline[P] = Pipeline(self, str(name or getattr(fn, "__name__", "")),
-                                          queue=queue, priority=priority)
+                                          queue=queue, priority=priority, version=version)
             typed.deadline = _default_deadline(typed.name, deadline)
             typed.step(retry=retry, timeout=timeout)(fn)
             self._register(typed)
             return typed
 
         return decorate
+
+    def versions(self, name: str) -> list[Pipeline]:
+        """Every version of the pipeline (or task) `name`, oldest first ([] if none)."""
+        return list(self._versions.get(name, ()))
+
+    @property
+    def definitions(self) -> list[Pipeline]:
+        """Every version of every task and pipeline, by name then version."""
+        return [p for n in sorted(self._versions) for p in self._versions[n]]
 
     @overload
     def periodic(self, target: D, /, *, cron: str | None = None,
@@ -204,12 +221,17 @@ class FlowQ:
         return [self._schedules[n] for n in sorted(self._schedules)]
 
     def _register(self, p: Pipeline) -> None:
-        if p.name in self._registry:
+        versions = self._versions.get(p.name, [])
+        if any(v.version == p.version for v in versions) or (
+                versions and (isinstance(p, Task) or isinstance(versions[0], Task))):
             raise ConfigurationError(
                 f"a task or pipeline named {p.name!r} is already registered in this app "
-                "(pass name=... to tell them apart)."
+                "(pass name=... to tell them apart, or version=... for a new version of a "
+                "pipeline)."
             )
-        self._registry[p.name] = p
+        versions = sorted([*versions, p], key=lambda v: v.version)
+        self._versions[p.name] = versions
+        self._registry[p.name] = versions[-1]
 
     def get(self, name: str) -> Pipeline | None:
         """The task or pipeline registered under `name`, or None."""
@@ -224,12 +246,12 @@ class FlowQ:
     @property
     def queues(self) -> list[str]:
         """Every queue a task or step of this app runs on, sorted."""
-        return sorted({s.queue for p in self._registry.values() for s in p.steps})
+        return sorted({s.queue for p in self.definitions for s in p.steps})
 
     def check(self) -> None:
         """Raise ConfigurationError if a pipeline has no steps, or a schedule's arguments do
         not fit its pipeline (workers call this at start)."""
-        for p in self._registry.values():
+        for p in self.definitions:
             if not p.steps:
                 raise ConfigurationError(
                     f"pipeline {p.name!r} has no steps: add one with @{p.name}.step()"

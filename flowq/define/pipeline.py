@@ -6,6 +6,9 @@ signal, `delay=` starts later), and a `Task` is one with a single step, typed by
 handler's parameters after `ctx` (`P`). Which steps a run starts with is decided here, once
 (`Pipeline.starts_many`, `Pipeline.check_start_arguments`), for enqueue and the worker.
 
+A pipeline has a `version` (1 unless `FlowQ.pipeline(name, version=N)`) and a stable
+`fingerprint` of its `shape` (`flowq.define.shape`), recorded on every run it starts.
+
 Definitions also enqueue themselves: `add.enqueue(session, a=1)`, with options through
 `add.options(**EnqueueOptions)` and an async twin `await add.aenqueue(async_session, a=1)`.
 They are typed by `P`, the first step's parameters after `ctx`, so a type checker refuses a
@@ -31,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, ParamSpec, TypeVar
 
 from flowq.define.options import EnqueueOptions
 from flowq.define.retry import Retry
+from flowq.define.shape import fingerprint_of, shape_of
 from flowq.define.step import MAX_STEP_INDEX, Step, as_seconds, make_step
 from flowq.define.typecheck import check_step_types
 from flowq.errors import ConfigurationError, InvalidArgumentsError
@@ -165,9 +169,17 @@ class Pipeline(Generic[P]):
     """
 
     def __init__(self, app: FlowQ, name: str, *, queue: str | None = None,
-                 priority: int = 0) -> None:
+                 priority: int = 0, version: int = 1) -> None:
         self.app = app
         self.name = validate_name("pipeline", name)
+        # Versions of one name live side by side (`FlowQ.pipeline(name, version=N)`): new
+        # runs start on the newest, a run continues on the one it started under.
+        if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= 2**31 - 1:
+            raise ConfigurationError(
+                f"version of pipeline {self.name!r} must be an integer of at least 1, "
+                f"got {version!r}")
+        self.version = version
+        self._shape: tuple[int, dict[str, Any], str] | None = None
         self.queue = validate_queue(queue or app.default_queue)
         try:  # refused when declared, not at the first enqueue
             self.priority = validate_priority(priority)
@@ -385,6 +397,23 @@ class Pipeline(Generic[P]):
                 index.add(s)
         return index
 
+    @property
+    def shape(self) -> dict[str, Any]:
+        """What a run's rows depend on: steps, parents, waits, parameters (`flowq.define.shape`)."""
+        return self._shaped()[1]
+
+    @property
+    def fingerprint(self) -> str:
+        """The stable fingerprint of `shape`, recorded on every run started on it."""
+        return self._shaped()[2]
+
+    def _shaped(self) -> tuple[int, dict[str, Any], str]:
+        # Steps are only appended: the shape is recomputed when their number changed.
+        if self._shape is None or self._shape[0] != len(self.steps):
+            shape = shape_of(self)
+            self._shape = (len(self.steps), shape, fingerprint_of(shape))
+        return self._shape
+
     def options(self, **options: Unpack[EnqueueOptions]) -> WithOptions[P]:
         """This pipeline with enqueue options (see `flowq.enqueue`), to `.enqueue(...)`."""
         return WithOptions(self, options)
@@ -400,7 +429,9 @@ class Pipeline(Generic[P]):
         return await self.options().aenqueue(target, *args, **kwargs)
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name!r} steps={[s.name for s in self.steps]}>"
+        version = f" version={self.version}" if self.version != 1 else ""
+        return (f"<{type(self).__name__} {self.name!r}{version} "
+                f"steps={[s.name for s in self.steps]}>")
 
 
 class Task(Pipeline[P], Generic[P, T]):

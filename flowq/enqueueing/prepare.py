@@ -174,7 +174,11 @@ def _deadline_params(deadline: object, default: timedelta | None,
 def _resolve(task: Pipeline | str, schema: str | None) -> tuple[str, Pipeline | None, str]:
     """(name, definition or None, schema) for what the caller passed as `task`."""
     if isinstance(task, Pipeline):
-        return task.name, task, task.app.schema if schema is None else schema
+        # New runs start on the newest version of a versioned pipeline, whichever version's
+        # object the producer holds (docs/pipelines.md, "Deploying changes").
+        newest = task.app.get(task.name)
+        definition = newest if newest is not None and newest.version > task.version else task
+        return task.name, definition, task.app.schema if schema is None else schema
     if isinstance(task, str):
         try:
             validate_name("task", task)
@@ -241,6 +245,8 @@ def _common_params(task: Pipeline | str, *, queue: str | None, priority: int | N
         "concurrency_key": None,
         "channel": notify_channel(schema),
         "trace_context": None,  # set by `execute` when tracing (flowq.tracing)
+        # The definition the run starts under (None: enqueued by name, unknown here).
+        "fingerprint": definition.fingerprint if definition is not None else None,
         **due,
         **_deadline_params(deadline, definition.deadline if definition is not None else None,
                            due),

@@ -20,6 +20,10 @@ Each `Check` is OK, WARN or FAIL, with what it found and, unless OK, what to do:
   (PgBouncer's default), or the backend pid changing between two transactions on one
   client connection (transaction pooling).
 - `clock`: this machine's clock against the database's (`clock_timestamp()`).
+- `deploy`: the deploy check (`flowq.ops.deploy`) of the runs in flight against the
+  definitions the live workers registered: runs none of them can continue (a step removed,
+  arguments that no longer bind, a join that gained a parent) WARN, with the command that
+  names them (`flowq deploy-check MODULE:APP`).
 """
 
 from __future__ import annotations
@@ -95,7 +99,32 @@ def doctor(engine: sa.Engine, *, schema: str = DEFAULT_SCHEMA,
                             "check the primary", {"round_trip_s": None}))
     else:
         checks.append(_listen(engine, schema))
+    if revision == HEAD_REVISION:
+        checks.append(_deploy(engine, schema))
     return checks
+
+
+def _deploy(engine: sa.Engine, schema: str) -> Check:
+    # Imported here: the deploy check is the one part of the doctor above the data layer.
+    from flowq.ops.deploy import check_shapes, served_shapes
+
+    code = served_shapes(engine, schema=schema)
+    if not code:
+        return Check("deploy", "OK", "no live worker registered its definitions: nothing "
+                     "to compare the runs in flight with", "", {"stranded": []})
+    report = check_shapes(engine, code, schema=schema)
+    stranded = [{"pipeline": s.pipeline, "reason": s.reason, "runs": s.runs,
+                 "example_run_id": s.example_run_id} for s in report.stranded]
+    if report.ok:
+        return Check("deploy", "OK", "the live workers' definitions can continue every run "
+                     f"in flight ({len(code)} pipeline(s))", "", {"stranded": []})
+    first = report.stranded[0]
+    return Check("deploy", "WARN",
+                 f"{sum(s.runs for s in report.stranded):,} run(s) in flight that no live "
+                 f"worker's definition can continue, e.g. {first.pipeline}: {first.reason}",
+                 "keep (or start) workers of the code those runs started on until they "
+                 "finish, or add it back as a version; `flowq deploy-check MODULE:APP` "
+                 "names them all", {"stranded": stranded})
 
 
 def _primary(in_recovery: bool) -> Check:

@@ -79,6 +79,7 @@ class RunFilters:
     queue: str | None
     since: datetime | timedelta | None
     until: datetime | timedelta | None
+    version: int | None = None  # the pipeline version the runs started on (revision 0014)
 
     def params(self, conn: sa.Connection, q: Queries) -> dict[str, Any]:
         """The bind parameters; durations ago are measured on the database's clock."""
@@ -94,19 +95,27 @@ class RunFilters:
             raise InvalidArgumentsError(
                 f"since ({since.isoformat()}) is not before until ({until.isoformat()}): no "
                 "run can match")
-        return {"task": self.task, "queue": self.queue, "since": since, "until": until}
+        # A version is a number per pipeline: its runs are those of the fingerprints
+        # recorded under it (`flowq.definitions`), none if none is.
+        fingerprints = None if self.version is None else list(conn.execute(
+            q.select_version_fingerprints, {"version": self.version, "task": self.task}
+        ).scalars())
+        return {"task": self.task, "queue": self.queue, "since": since, "until": until,
+                "fingerprints": fingerprints}
 
 
 def run_filters(task: str | None, queue: str | None, since: When | None,
-             until: When | None) -> RunFilters:
+             until: When | None, version: int | None = None) -> RunFilters:
     """Check the filters (InvalidArgumentsError naming the wrong one)."""
+    if version is not None:
+        version = check_count("version", version, 1)
     if task is not None:
         try:
             validate_name("task", task)
         except ConfigurationError as exc:
             raise InvalidArgumentsError(str(exc)) from None
     return RunFilters(task=task, queue=None if queue is None else validate_queue(queue),
-                    since=_when("since", since), until=_when("until", until))
+                    since=_when("since", since), until=_when("until", until), version=version)
 
 
 def check_count(what: str, value: object, minimum: int) -> int:

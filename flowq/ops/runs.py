@@ -169,11 +169,12 @@ def dead_steps(bind: Bind, run_ids: Sequence[int],
 def list_runs(bind: Bind, *, status: Status | None = None, task: str | None = None,
               queue: str | None = None, since: When | None = None, until: When | None = None,
               before: int | None = None, limit: int = DEFAULT_LIST_LIMIT,
-              schema: str = DEFAULT_SCHEMA) -> list[RunSummary]:
+              schema: str = DEFAULT_SCHEMA, version: int | None = None) -> list[RunSummary]:
     """The newest `limit` runs, newest first, below run id `before` if given (the next page
     starts below the last run id of this one), optionally only those with derived `status`,
-    of `task`, with a step on `queue`, created in [`since`, `until`) (see the module
-    docstring). Cost: `Queries._runs_page` (a page walks the run id index from the cursor
+    of `task`, with a step on `queue`, created in [`since`, `until`), started on pipeline
+    version `version` (by the fingerprints `flowq.definitions` records for it; a run of
+    unrecorded definition matches no version) (see the module docstring). Cost: `Queries._runs_page` (a page walks the run id index from the cursor
     until it has `limit` matches)."""
     q = Queries(schema)
     if status is not None and status not in STATUSES:
@@ -181,7 +182,7 @@ def list_runs(bind: Bind, *, status: Status | None = None, task: str | None = No
                                     f"got {status!r}")
     if before is not None:
         before = check_count("before (a run id)", before, 1)
-    filters = run_filters(task, queue, since, until)
+    filters = run_filters(task, queue, since, until, version)
     limit = max(0, int(limit))
 
     def read(conn: sa.Connection) -> list[RunSummary]:

@@ -8,7 +8,9 @@ One call reads, in one connection:
   the last hour, and the limits and paused state of `flowq.queues` (`flowq.ops.queues.list_queues`);
 - the live workers of `flowq.workers` (heartbeat younger than `stale_after`);
 - dead jobs by task;
-- due jobs that no live worker serves (`flowq.ops.runs.unserved_jobs`).
+- due jobs that no live worker serves (`flowq.ops.runs.unserved_jobs`);
+- jobs a worker left to another whose definition can run them (a deploy in progress:
+  `flowq.worker.attempt.resolve`), by task, definition and the worker they wait for.
 
 Every statement reads through an index that holds only what it counts (the partial pending,
 waiting, running and dead indexes; `jobs_finished_idx` from an hour ago on), so the time does
@@ -29,7 +31,7 @@ from flowq.names import DEFAULT_SCHEMA
 from flowq.ops.queues import QueueInfo, list_queues
 from flowq.ops.runs import UNSERVED_STALE_AFTER, UnservedJobs, unserved_jobs
 
-__all__ = ["DeadTask", "QueueStatus", "Status", "WorkerStatus", "status"]
+__all__ = ["DeadTask", "HandedOver", "QueueStatus", "Status", "WorkerStatus", "status"]
 
 Bind = sa.Engine | sa.Connection
 
@@ -74,6 +76,20 @@ class DeadTask:
 
 
 @dataclass(frozen=True)
+class HandedOver:
+    """Pending jobs of `task` (started under `fingerprint`) that a worker left to `worker`,
+    which serves a definition able to run them."""
+
+    task: str
+    fingerprint: str | None
+    worker: str | None
+    jobs: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class Status:
     """What `status` found, as of the database's `now()` (`at`)."""
 
@@ -82,13 +98,15 @@ class Status:
     workers: list[WorkerStatus] = field(default_factory=list)
     dead_by_task: list[DeadTask] = field(default_factory=list)
     unserved: list[UnservedJobs] = field(default_factory=list)
+    handed_over: list[HandedOver] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"at": self.at.isoformat(),
                 "queues": [q.to_dict() for q in self.queues],
                 "workers": [w.to_dict() for w in self.workers],
                 "dead_by_task": [d.to_dict() for d in self.dead_by_task],
-                "unserved": [u.to_dict() for u in self.unserved]}
+                "unserved": [u.to_dict() for u in self.unserved],
+                "handed_over": [h.to_dict() for h in self.handed_over]}
 
 
 def status(bind: Bind, *, schema: str = DEFAULT_SCHEMA,
@@ -132,5 +150,7 @@ def _read(conn: sa.Connection, schema: str, stale_after: float, limit: int) -> S
     dead = [DeadTask(r.task, r.jobs)
             for r in conn.execute(q.select_dead_by_task, {"limit": limit})]
     unserved = unserved_jobs(conn, schema=schema, stale_after=stale_after, limit=limit)
+    handed = [HandedOver(r.task, r.fingerprint, r.worker, r.n)
+              for r in conn.execute(q.select_handed_over_jobs, {"limit": limit})]
     return Status(at=at, queues=queue_list, workers=workers, dead_by_task=dead,
-                  unserved=unserved)
+                  unserved=unserved, handed_over=handed)

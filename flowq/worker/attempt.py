@@ -1,10 +1,16 @@
 """One attempt of a claimed job, from its row to its `Outcome`: the rules the worker's executor
 and the test kit (`flowq.testing.drain`, `run_step`) share.
 
-- `resolve(app, job)`: the job's pipeline and step, or an `UnknownTaskError` (a name this
-  worker's app does not know, or a step removed in a deploy): a failure retried later, never
-  a crash.
-- `Attempt(app, job, read=..., session_factory=...)` prepares the handler's call
+- `resolve(app, job, elsewhere)`: the job's pipeline and step (of the version its run
+  started under: `flowq.define.shape.pick_version`); an `UnknownTaskError` when this
+  worker's app has no definition of that name at all (a failure retried later: the job
+  waits for another app's workers); or a `Mismatch` when the app defines the pipeline but
+  cannot run the step (removed or renamed in a deploy; `mismatch` also judges arguments that
+  do not bind). The rule for a mismatch, never silent: the job is left to another live
+  worker that serves a compatible definition (`Elsewhere`, from the registry: its attempt
+  given back, due again after `HAND_OVER_DELAY`), else it ends `dead` with a sentence that
+  names the mismatch and the fix.
+- `Attempt(app, job, read=..., session_factory=..., elsewhere=...)` prepares the handler's call
   (`prepare()`: its `Context` and arguments; a join's mapped inputs and a late signal's
   payload are read from the database through `read`) and judges what came back:
   `judge(result)` by the graph rules of `flowq.worker.graph`, `judge_exception(exc)` and
@@ -31,8 +37,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Final
 
@@ -45,6 +51,7 @@ from flowq.db.sql import queries
 from flowq.define.app import FlowQ
 from flowq.define.pipeline import Pipeline
 from flowq.define.retry import Retry
+from flowq.define.shape import Shape, misfit, obstacles, pick_version, short
 from flowq.define.step import Step, as_seconds
 from flowq.durable import MAX_SNOOZES, Ledger, Suspend
 from flowq.errors import (
@@ -60,28 +67,130 @@ from flowq.storable import clamp_delay, delay_of, describe, first_line, storable
 from flowq.worker.graph import InvalidResultError, spawn_roots, succeeded
 from flowq.worker.model import Cancelled, Failed, Outcome, Retried, Suspended
 
-__all__ = ["SUMMARY_CHARS", "Attempt", "Call", "Reader", "arun_attempt", "resolve",
-           "run_attempt"]
+__all__ = ["HAND_OVER_DELAY", "SUMMARY_CHARS", "Attempt", "Call", "Elsewhere", "Mismatch",
+           "Reader", "ServedBy", "arun_attempt", "mismatch", "resolve", "run_attempt"]
 
 SUMMARY_CHARS: Final = 300  # of an error, in log lines (last_error keeps MAX_TEXT_CHARS)
+# A job left to another worker is due again this many seconds later (its attempt given
+# back): long enough for that worker to claim it first, short enough not to delay the run.
+HAND_OVER_DELAY: Final = 1.0
 
 Reader = Callable[[TextClause, dict[str, Any]], list[Any]]
 """Runs one workflow read (a join's mapped inputs, a signal's payload): its rows."""
 
 
-def resolve(app: FlowQ, job: ClaimedJob) -> tuple[Pipeline, Step[Any, Any]] | UnknownTaskError:
+@dataclass(frozen=True)
+class ServedBy:
+    """Another live worker, as its registry entry says: the queues it serves and, per
+    pipeline, the (version, fingerprint) of each definition it serves."""
+
+    worker: str
+    queues: frozenset[str]
+    definitions: Mapping[str, tuple[tuple[int, str], ...]]
+
+
+@dataclass(frozen=True)
+class Elsewhere:
+    """What the database knows beyond this worker's app: the version and shape of each
+    fingerprint recorded for its pipelines (`flowq.definitions`), and the other live
+    workers (`flowq.workers`). Refreshed by the registry at each beat; empty by default
+    (the test kit: no other worker)."""
+
+    versions: Mapping[str, int] = field(default_factory=dict)
+    shapes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    workers: tuple[ServedBy, ...] = ()
+
+    def compatible(self, job: ClaimedJob, names: Collection[str] | None = None) -> str | None:
+        """A live worker (its name) that serves `job`'s queue with a definition that can run
+        it: the very one its run started under, or, for a run of unknown fingerprint, one
+        with its step (taking arguments named `names`, when given). None if there is none."""
+        for w in self.workers:
+            if job.queue not in w.queues:
+                continue
+            for _version, fingerprint in w.definitions.get(job.task, ()):
+                if job.fingerprint is not None:
+                    if fingerprint == job.fingerprint:
+                        return w.worker
+                    continue
+                shape = Shape(self.shapes.get(fingerprint) or {}, fingerprint)
+                step = shape.step_named(job.step)
+                if step is not None and (
+                        names is None or misfit(shape.params(step["name"]), names) is None):
+                    return w.worker
+        return None
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """A job this worker's definition cannot run: `text` (the stored error: the mismatch and
+    the fix), and the live worker it is left to (`left_to`), or None: the job ends `dead`;
+    unless `unheard` (its run started under a definition this worker has not heard of: newer
+    code, whose worker may not have registered yet): then it fails as an attempt, retried
+    by the default policy up to the row's cap, so a worker that knows it can take it."""
+
+    text: str
+    left_to: str | None = None
+    unheard: bool = False
+
+
+def resolve(app: FlowQ, job: ClaimedJob, elsewhere: Elsewhere | None = None
+            ) -> tuple[Pipeline, Step[Any, Any]] | UnknownTaskError | Mismatch:
     """The pipeline and step `job` runs, or why this worker's app cannot run it."""
-    pipeline = app.get(job.task)
-    if pipeline is None:
+    versions = app.versions(job.task)
+    world = elsewhere or Elsewhere()
+    if not versions:
         return UnknownTaskError(
             f"no task or pipeline named {job.task!r} is registered in this worker's app "
             "(enqueued by a newer producer, or renamed?); it will be retried")
+    known = None if job.fingerprint is None else world.versions.get(job.fingerprint)
+    pipeline = pick_version(versions, job.fingerprint, known, job.step)
+    if pipeline is None:  # the run's version is not in this code
+        return mismatch(versions[-1], job, f"version {known} of pipeline {job.task!r} is "
+                        "not in this code", elsewhere)
     step = pipeline.step_named(job.step) if job.step else pipeline.first
-    if step is None:
-        return UnknownTaskError(
-            f"pipeline {job.task!r} has no step named {job.step!r} (removed or renamed in "
-            "a deploy?); it will be retried")
+    if step is not None and job.fingerprint in (None, pipeline.fingerprint):
+        return pipeline, step
+    # Another definition than the run's: the deploy check's rule, for this job (its
+    # arguments are bound when it is prepared).
+    old = None if job.fingerprint is None else world.shapes.get(job.fingerprint)
+    found = obstacles(Shape.of(pipeline), None if old is None else Shape(old, job.fingerprint),
+                      job.step, joined=job.joined)
+    if step is None or found:
+        return mismatch(pipeline, job, "; ".join(o.text for o in found), elsewhere)
     return pipeline, step
+
+
+def mismatch(pipeline: Pipeline, job: ClaimedJob, problem: str, elsewhere: Elsewhere | None,
+             names: Collection[str] | None = None) -> Mismatch:
+    """The one rule for a job that `pipeline` (this worker's version for its run) cannot
+    run because of `problem`: left to a live worker serving a compatible definition; else,
+    for a definition the registry has never recorded, retried (newer code: its workers may
+    be starting); else dead with the mismatch and the fix. `elsewhere` None: nothing is
+    known beyond this app (the test kit), so nothing is left to others and nothing waits."""
+    started = (f"started under definition {short(job.fingerprint)}" if job.fingerprint
+               else "started under an unrecorded definition")
+    where = f"pipeline {job.task!r} version {pipeline.version} ({short(pipeline.fingerprint)})"
+    other = (elsewhere or Elsewhere()).compatible(job, names)
+    if other is None and elsewhere is not None and job.fingerprint is not None \
+            and job.fingerprint not in elsewhere.versions:
+        return Mismatch(
+            f"run {job.run_id} started under definition {short(job.fingerprint)} of "
+            f"{job.task!r}, which no worker has registered (newer code, whose workers are "
+            f"starting?): this worker's {where} cannot run step "
+            f"{job.step or pipeline.first.name!r}: {problem}; it will be retried",
+            unheard=True)
+    if other is not None:
+        return Mismatch(f"left to worker {other!r}, which serves the "
+                        f"definition run {job.run_id} {started}: this worker's {where} "
+                        f"cannot run step {job.step or pipeline.first.name!r}: {problem}",
+                        other)
+    return Mismatch(
+        f"run {job.run_id} ({started}) cannot continue on this worker's "
+        f"{where}: {problem}; no live worker serves a definition that can run it. Fix: deploy "
+        f"code that can (keep the step, or the version the run started on beside the new "
+        f"one: app.pipeline({job.task!r}, version=N)) and `flowq runs retry {job.run_id}`, "
+        f"or `flowq runs fork {job.run_id}` to continue it on the new definition "
+        "(`flowq deploy-check` names such runs before a deploy)")
 
 
 @dataclass(frozen=True)
@@ -108,11 +217,12 @@ class Attempt:
 
     def __init__(self, app: FlowQ, job: ClaimedJob, *, read: Reader | None = None,
                  session_factory: Callable[[], StepSession] | None = None,
-                 skip_sleeps: bool = False) -> None:
+                 skip_sleeps: bool = False, elsewhere: Elsewhere | None = None) -> None:
         self.app = app
         self.skip_sleeps = skip_sleeps  # the test kit's skip_waits: a sleep is due at once
         self.job = job
-        self.resolved = resolve(app, job)
+        self.elsewhere = elsewhere
+        self.resolved = resolve(app, job, elsewhere)
         self.read = read
         self.session_factory = session_factory
         self.started = self.claimed = time.monotonic()
@@ -145,14 +255,19 @@ class Attempt:
         """The handler's call, or the outcome the attempt has without one: an unknown step,
         the start of a run that spawns its roots, arguments that do not bind, a signal that
         did not come. A database error of a read propagates (`run_attempt` judges it)."""
+        if isinstance(self.resolved, Mismatch):
+            return self.mismatched(self.resolved)
         if not isinstance(self.resolved, tuple):
             return self.failure(self.resolved, 0.0)
         pipeline, step = self.resolved
         job = self.job
         try:
             started = spawn_roots(pipeline, job)
-        except (ValueError, InvalidArgumentsError) as exc:
+        except ValueError as exc:
             return self.failure(exc, 0.0)
+        except InvalidArgumentsError as exc:
+            return self.mismatched(mismatch(pipeline, job, str(exc), self.elsewhere,
+                                            _names(job.args)))
         if started is not None:
             return started
         try:
@@ -163,11 +278,14 @@ class Attempt:
                 self._gather(step, args)
             if step.wait_for is not None and step.wait_for not in args:
                 args = self._receive(step, args)
-            step.check_arguments(args, what=f"stored arguments of job {job.id}")
         except ValueError as exc:
             return self.failure(InvalidArgumentsError(f"job {job.id}: {exc}"), 0.0)
         except (InvalidArgumentsError, SignalTimeout) as exc:
             return self.failure(exc, 0.0)
+        try:
+            step.check_arguments(args, what=f"stored arguments of job {job.id}")
+        except InvalidArgumentsError as exc:  # produced by a step of another definition
+            return self.mismatched(mismatch(pipeline, job, str(exc), self.elsewhere, args))
         started_at = None if job.claimed_at is None else job.claimed_at + timedelta(
             seconds=max(0.0, self.started - self.claimed))
         # Without a session factory (no database), the checkpoints are kept in memory.
@@ -180,6 +298,16 @@ class Attempt:
                            scheduled_at=job.scheduled_at, cancelled=self._cancel_seen,
                            enqueued_at=job.enqueued_at, started_at=started_at, ledger=ledger)
         return Call(step, self.ctx, args)
+
+    def mismatched(self, found: Mismatch) -> Outcome:
+        """The outcome of a job this worker's definition cannot run (`mismatch`'s rule): left
+        to `found.left_to`, its attempt given back, or dead."""
+        if found.left_to is not None:
+            return Retried(HAND_OVER_DELAY, storable_text(found.text), handed_over=True)
+        if found.unheard:
+            return self.failure(UnknownTaskError(found.text), 0.0)
+        return self.failure(UnknownTaskError(found.text),
+                            0.0, permanent=True)
 
     def _cancel_seen(self) -> bool:
         return self.cancelled or self.job.cancel_requested
@@ -293,6 +421,15 @@ class Attempt:
             return Failed(text, None, summary)
         # A wait without a `max` grows past any date (wait_exponential at attempt 50): clamp.
         return Failed(text, None if delay is None else clamp_delay(delay), summary)
+
+
+def _names(args: str) -> list[str] | None:
+    """The argument names of stored arguments (JSON text), or None if they are no object."""
+    try:
+        value = json.loads(args)
+    except ValueError:
+        return None
+    return list(value) if isinstance(value, dict) else None
 
 
 def run_attempt(attempt: Attempt, *, call: Callable[[Call], Any] | None = None,

@@ -37,7 +37,7 @@ from flowq.context import StepSession
 from flowq.db.rows import Claim, ClaimedJob
 from flowq.define.app import FlowQ
 from flowq.storable import describe, first_line, safe_str
-from flowq.worker.attempt import SUMMARY_CHARS, Attempt, arun_attempt, run_attempt
+from flowq.worker.attempt import SUMMARY_CHARS, Attempt, Elsewhere, arun_attempt, run_attempt
 from flowq.worker.completer import Completer
 from flowq.worker.logs import ERROR, INFO, WARNING, log_event
 from flowq.worker.model import Failed, Outcome, Succeeded
@@ -70,8 +70,10 @@ class Executor:
                  session_factory: Callable[[], StepSession],
                  on_slot_free: Callable[[int], None],
                  on_start: Callable[[ClaimedJob, float], None] | None = None,
-                 end_backend: Callable[[int], None] | None = None) -> None:
+                 end_backend: Callable[[int], None] | None = None,
+                 elsewhere: Callable[[], Elsewhere] | None = None) -> None:
         self.app = app
+        self.elsewhere = elsewhere  # what other workers serve (`attempt.resolve`)
         self.completer = completer
         self.concurrency = concurrency
         self.session_factory = session_factory
@@ -171,7 +173,8 @@ class Executor:
         """Start `job` now if fewer than `concurrency` handlers run, else keep it ready (the
         claim-ahead buffer): it starts as soon as a handler finishes, on that handler's
         thread's hand-off, without a round trip to the database."""
-        attempt = Attempt(self.app, job, read=self._read, session_factory=self.session_factory)
+        attempt = Attempt(self.app, job, read=self._read, session_factory=self.session_factory,
+                          elsewhere=self.elsewhere() if self.elsewhere is not None else None)
         rec = _Running(attempt, queued=time.monotonic())
         with self._lock:
             self._running[job.claim] = rec

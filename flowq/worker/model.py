@@ -10,7 +10,8 @@ texts without NUL or lone surrogates and capped in length, delays finite and in 
 - `Succeeded`: the result (JSON text) and, in a pipeline, what it spawns: the steps it
   creates, and its share in the joins it counts towards (`Spawn`).
 - `Failed`: the error text; `retry_in` seconds until the next attempt, or None for `dead`.
-- `Retried`: the handler raised `RetryStep` and has attempts left.
+- `Retried`: the handler raised `RetryStep` and has attempts left; or (`handed_over`) the
+  job is left to another live worker that serves a definition able to run it.
 - `Cancelled`: the handler raised `CancelRun`.
 - `Suspended`: the handler slept durably (`ctx.sleep`) or raised `Snooze`: back to pending
   until `until` (else `delay` seconds from now), its attempt given back; a snooze carries
@@ -74,6 +75,9 @@ class Failed:
 class Retried:
     delay: float
     reason: str
+    # Left to another worker whose definition can run it (`attempt.resolve`): the attempt
+    # is given back, and `reason` is the row's note as it stands.
+    handed_over: bool = False
 
 
 @dataclass(frozen=True)

@@ -19,16 +19,18 @@ worker serves by default, they would wait forever).
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import socket
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
 from flowq.db.sql import Queries
 from flowq.storable import first_line
+from flowq.worker.attempt import Elsewhere, ServedBy
 from flowq.worker.config import (
     DEFAULT_HEARTBEAT_INTERVAL,
     DEFAULT_REAP_INTERVAL,
@@ -39,6 +41,7 @@ from flowq.worker.logs import WARNING, log_event
 from flowq.worker.services import Service
 
 if TYPE_CHECKING:
+    from flowq.define.pipeline import Pipeline
     from flowq.define.queues import QueueConfig
 
 __all__ = ["Registry", "WorkerExpirer", "flowq_version", "warn_stranded"]
@@ -59,7 +62,9 @@ class Registry(Service):
 
     def __init__(self, engine: sa.Engine, queries: Queries, *, worker: str,
                  queues: Sequence[str], tasks: Sequence[str], concurrency: int,
-                 interval: float = DEFAULT_HEARTBEAT_INTERVAL) -> None:
+                 interval: float = DEFAULT_HEARTBEAT_INTERVAL,
+                 definitions: Sequence[Pipeline] = (),
+                 stale: float = 2 * DEFAULT_STALE_AFTER) -> None:
         super().__init__(interval=interval)
         self.engine = engine
         self.queries = queries
@@ -67,14 +72,52 @@ class Registry(Service):
         self.queues = list(queues)
         self.tasks = list(tasks)
         self.concurrency = concurrency
+        self.definitions = list(definitions)
+        self.stale = stale
+        # What the other live workers serve, for `attempt.resolve` (read at each beat).
+        self.elsewhere = Elsewhere()
 
     def register(self) -> None:
-        """Enter (or refresh: a restart under the same name) this worker's entry."""
+        """Enter (or refresh: a restart under the same name) this worker's entry, with the
+        definitions it serves (their shapes recorded once per fingerprint)."""
+        served: dict[str, list[dict[str, Any]]] = {}
+        for p in self.definitions:
+            served.setdefault(p.name, []).append({"version": p.version,
+                                                  "fingerprint": p.fingerprint})
         with self.engine.begin() as conn:
+            if self.definitions:
+                conn.execute(self.queries.record_definitions, {
+                    "fingerprints": [p.fingerprint for p in self.definitions],
+                    "pipelines": [p.name for p in self.definitions],
+                    "versions": [p.version for p in self.definitions],
+                    "shapes": [json.dumps(p.shape) for p in self.definitions]})
             conn.execute(self.queries.register_worker, {
                 "name": self.worker, "host": socket.gethostname(), "pid": os.getpid(),
                 "queues": self.queues, "tasks": self.tasks, "concurrency": self.concurrency,
-                "version": flowq_version()})
+                "version": flowq_version(), "definitions": json.dumps(served)})
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Read what the other live workers serve (`elsewhere`); on a database error the
+        previous reading stays."""
+        if not self.definitions:
+            return
+        names = sorted({p.name for p in self.definitions})
+        try:
+            with self.engine.connect() as conn:
+                known = conn.execute(self.queries.select_definitions,
+                                     {"pipelines": names}).all()
+                workers = conn.execute(self.queries.select_served_definitions,
+                                       {"name": self.worker, "stale": self.stale}).all()
+        except DB_ERRORS as exc:
+            log_event(WARNING, "could not read the definitions other workers serve",
+                      error=first_line(exc))
+            return
+        self.elsewhere = Elsewhere(
+            versions={r.fingerprint: r.version for r in known},
+            shapes={r.fingerprint: r.shape for r in known},
+            workers=tuple(ServedBy(r.name, frozenset(r.queues), _served(r.definitions))
+                          for r in workers))
 
     def declare_queues(self, declared: Sequence[QueueConfig], keyed: Sequence[str]) -> None:
         """Write the app's queue declarations (limits) and which of its queues key their jobs
@@ -101,6 +144,7 @@ class Registry(Service):
         with self.engine.begin() as conn:
             beaten = conn.execute(self.queries.beat_worker, {"name": self.worker}).first()
         if beaten is not None:
+            self.refresh()
             return 0
         self.register()  # expired while this worker was stalled: enter it again
         return 1
@@ -140,6 +184,21 @@ class WorkerExpirer(Service):
             log_event(WARNING, "removed workers that stopped heartbeating from the registry",
                       workers=",".join(expired))
         return len(expired)
+
+
+def _served(definitions: Any) -> dict[str, tuple[tuple[int, str], ...]]:
+    """A registry entry's `definitions` as `ServedBy` holds them; what is not of the shape
+    this release writes is left out (an entry is another process's word, not trusted)."""
+    served: dict[str, tuple[tuple[int, str], ...]] = {}
+    if not isinstance(definitions, dict):
+        return served
+    for name, versions in definitions.items():
+        if isinstance(versions, list):
+            served[str(name)] = tuple(
+                (v["version"], v["fingerprint"]) for v in versions
+                if isinstance(v, dict) and isinstance(v.get("version"), int)
+                and isinstance(v.get("fingerprint"), str))
+    return served
 
 
 def warn_stranded(engine: sa.Engine, queries: Queries, tasks: Sequence[str],

@@ -152,7 +152,8 @@ class Worker:
             # Behind PgBouncer a session's backend pid is PgBouncer's own (not a server's):
             # never terminate by it. An abandoned attempt's transaction then ends when its
             # handler does.
-            end_backend=None if pgb else self._end_backend)
+            end_backend=None if pgb else self._end_backend,
+            elsewhere=lambda: self.registry.elsewhere)
         self.claimer = Claimer(self.claim_conn, self.q, self.queues, c.name,
                                self.executor.submit, held=self._held_claims)
         self.producer = Producer(c, self.claimer, self.executor, self.completer, self.q,
@@ -173,7 +174,8 @@ class Worker:
             on_cancelled=self.executor.cancel)
         self.registry = Registry(maintain, self.q, worker=c.name, queues=self.queues,
                                  tasks=[p.name for p in app], concurrency=c.concurrency,
-                                 interval=c.heartbeat_interval)
+                                 interval=c.heartbeat_interval,
+                                 definitions=app.definitions, stale=2 * c.stale_after)
         stopping = self._stopping
         self.reaper = Reaper(maintain, self.q, stale_after=c.stale_after,
                              interval=c.reap_interval, first_delay=FIRST_REAP,

@@ -61,6 +61,9 @@ def write_outcome(store: Store, job: ClaimedJob,
         return suspended.status, clamp_delay(left)
     if isinstance(outcome, Cancelled):
         return end_job(store, job, "cancelled", f"CancelRun: {outcome.reason}")
+    if isinstance(outcome, Retried) and outcome.handed_over:
+        handed = store.hand_over(job.claim, job.step, outcome.delay, outcome.reason)
+        return (handed.status, outcome.delay) if handed is not None else None
     if isinstance(outcome, Retried):
         delay: float | None = outcome.delay
         error = f"RetryStep: {outcome.reason}"

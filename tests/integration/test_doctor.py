@@ -25,7 +25,8 @@ from flowq.ops.doctor import Check, doctor
 from flowq.testing import wait_until
 
 NO_ENV = {"FLOWQ_DATABASE_URL": None, "DATABASE_URL": None}
-NAMES = ["schema", "table", "xmin", "autovacuum", "pooler", "clock", "primary", "listen"]
+NAMES = ["schema", "table", "xmin", "autovacuum", "pooler", "clock", "primary", "listen",
+         "deploy"]
 
 
 def cli(*args: str) -> Result:
@@ -73,6 +74,7 @@ def test_json_keys_are_stable(db_url: str) -> None:
         "clock": {"skew_s", "uncertainty_s"},
         "primary": {"in_recovery"},
         "listen": {"round_trip_s"},
+        "deploy": {"stranded"},
     }
 
 

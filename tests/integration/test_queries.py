@@ -162,7 +162,8 @@ def _fenced_writes(job_id: int, lease: int) -> list[tuple[str, sa.TextClause, di
                                 "error": "boom"}),
         ("release_jobs", Q.release_jobs, {**arrays, "channel": "flowq"}),
         ("suspend_job", Q.suspend_job, {"id": job_id, "lease": lease, "step": "s",
-                                        "until": None, "delay": 5.0, "snoozes": 1}),
+                                        "until": None, "delay": 5.0, "snoozes": 1,
+                                        "note": None}),
         ("record_checkpoint", Q.record_checkpoint, {
             "id": job_id, "lease": lease, "run_id": 1, "step": "s", "map_index": None,
             "name": "n", "position": 0, "result": "1", "sleep": None, "until": None}),
@@ -170,7 +171,7 @@ def _fenced_writes(job_id: int, lease: int) -> list[tuple[str, sa.TextClause, di
 
 
 FENCED = ["heartbeat_jobs", "complete_jobs", "complete_job", "complete_steps",
-          "complete_step", "retry_job", "end_job", "release_jobs"]
+          "complete_step", "retry_job", "suspend_job", "end_job", "release_jobs"]
 
 
 def _snapshot(engine: sa.Engine, job_id: int) -> tuple[Any, ...]:
@@ -372,9 +373,9 @@ def test_a_lease_never_repeats_so_an_old_claim_writes_nothing(engine: sa.Engine,
 # -- the statements as a list ---------------------------------------------------------------
 
 VERBS = {"advance", "beat", "cancel", "check", "claim", "compare", "complete", "declare",
-         "end", "expire", "exists", "find", "heartbeat", "insert", "lease", "list", "lock", "mark",
-         "prune", "reap", "record", "register", "release", "retry", "select", "send", "set",
-         "stamp", "start", "suspend", "try", "unregister", "wake"}
+         "end", "expire", "exists", "find", "heartbeat", "insert", "lease", "list",
+         "lock", "mark", "prune", "reap", "record", "register", "release", "retry", "select",
+         "send", "set", "stamp", "start", "suspend", "try", "unregister", "wake"}
 
 
 def test_every_statement_is_a_verb_noun_with_a_one_line_description() -> None:
@@ -384,7 +385,7 @@ def test_every_statement_is_a_verb_noun_with_a_one_line_description() -> None:
 
     statements = {name: attr for cls in type(Q).__mro__ for name, attr in vars(cls).items()
                   if isinstance(attr, cached_property)}
-    assert len(statements) == 95
+    assert len(statements) == 101
     for name, prop in statements.items():
         verb, _, noun = name.partition("_")
         assert verb in VERBS and noun, name

@@ -141,7 +141,7 @@ def test_json_keys_are_stable(engine: sa.Engine, db_url: str) -> None:
     result = cli("status", "--database-url", db_url, "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
-    assert set(data) == {"at", "queues", "workers", "dead_by_task", "unserved"}
+    assert set(data) == {"at", "queues", "workers", "dead_by_task", "unserved", "handed_over"}
     [q] = data["queues"]
     assert set(q) == QUEUE_KEYS
     assert (q["name"], q["pending"], q["dead"], q["dead_last_hour"]) == ("q", 1, 1, 1)

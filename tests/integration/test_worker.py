@@ -343,8 +343,10 @@ def test_unknown_task_is_retried_later_with_a_clear_error(app: flowq.FlowQ, engi
     assert "retried" in row.last_error
 
 
-def test_removed_step_is_retried_later_with_a_clear_error(app: flowq.FlowQ, engine: sa.Engine,
-                                                         db_url: str) -> None:
+def test_removed_step_ends_dead_with_the_mismatch_and_the_fix(app: flowq.FlowQ,
+                                                             engine: sa.Engine,
+                                                             db_url: str) -> None:
+    """No live worker serves a definition with the step: never a silent wait (issue 23)."""
     pipe = app.pipeline("p")
 
     @pipe.step()
@@ -355,9 +357,13 @@ def test_removed_step_is_retried_later_with_a_clear_error(app: flowq.FlowQ, engi
         conn.execute(sa.text("INSERT INTO flowq.jobs (task, step, step_index) "
                              "VALUES ('p', 'gone', 1)"))
     run_until_idle(app, db_url, horizon=0)
-    row = only_row(engine, "run_at > now()")
-    assert (row.status, row.attempts) == ("pending", 1)
-    assert row.last_error.startswith("UnknownTaskError: pipeline 'p' has no step named 'gone'")
+    row = only_row(engine)
+    assert (row.status, row.attempts) == ("dead", 1)
+    assert row.last_error.startswith("UnknownTaskError: run 1 (started under an unrecorded "
+                                     "definition) cannot continue on this worker's pipeline "
+                                     "'p' version 1 (")
+    assert "step 'gone' was removed" in row.last_error
+    assert "`flowq runs fork 1`" in row.last_error
 
 
 # -- claiming ------------------------------------------------------------------------------

@@ -82,9 +82,11 @@ class CheckpointStatements(Statements):
     def suspend_job(self) -> TextClause:
         """Send a running claim back to pending until a time, giving its attempt back, fenced.
 
-        A durable sleep or a snooze: back to `pending` (or `cancelled` if its run was
-        cancelled meanwhile) due at :until (else `now()` plus :delay seconds), its attempt
-        given back (a suspension is not a failure), nothing appended to `attempt_log`.
+        A durable sleep, a snooze, or a job this worker's definition cannot run left to
+        another live worker's (`flowq.worker.attempt.resolve`, with :note as its
+        `last_error`): back to `pending` (or `cancelled` if its run was cancelled meanwhile)
+        due at :until (else `now()` plus :delay seconds), its attempt given back (a
+        suspension is not a failure), nothing appended to `attempt_log`.
         With :snoozes set, the step's snooze count is stored as checkpoint `flowq.snoozes`
         of :step in the same statement. Returns the new status and run_at, or nothing if
         the claim is no longer ours."""
@@ -97,6 +99,7 @@ class CheckpointStatements(Statements):
                        attempts = greatest(j.attempts - 1, 0),
                        run_at = COALESCE(CAST(:until AS timestamptz),
                                          now() + make_interval(secs => CAST(:delay AS float8))),
+                       last_error = COALESCE(CAST(:note AS text), j.last_error),
                        {UNLOCK}
                   FROM {rows("c", CLAIM_KEY, single=True)}
                  WHERE {FENCE}

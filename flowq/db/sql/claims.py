@@ -142,10 +142,11 @@ class ClaimStatements(Statements):
             WITH done AS ({succeed(single)}), inserted AS (
                 INSERT INTO {S}.jobs (run_id, task, step, step_index, queue, priority,
                                         max_attempts, args, map_index, run_at, trace_context,
-                                        deadline)
+                                        deadline, fingerprint)
                 SELECT d.run_id, n.task, n.step, n.step_index, n.queue, d.priority,
                        n.max_attempts, n.args, n.map_index,
-                       now() + make_interval(secs => n.delay), d.trace_context, d.deadline
+                       now() + make_interval(secs => n.delay), d.trace_context, d.deadline,
+                       d.fingerprint
                   FROM done d JOIN {successors} ON n.id = d.id AND n.lease = d.lease
                  WHERE NOT d.cancel_requested
                 RETURNING run_id, queue, run_at
@@ -178,7 +179,8 @@ class ClaimStatements(Statements):
         waits = "r.signal IS NOT NULL AND m.sent_at IS NULL"
         return self.sql(f"""
             WITH done AS ({succeed(single)}), spawn AS (
-                SELECT d.run_id, d.priority, d.trace_context, d.step AS done_step,
+                SELECT d.run_id, d.priority, d.trace_context, d.fingerprint,
+                       d.step AS done_step,
                        d.map_index AS instance, d.deadline, n.*
                   FROM done d JOIN {spawns} ON n.id = d.id AND n.lease = d.lease
                  WHERE NOT d.cancel_requested
@@ -242,7 +244,7 @@ class ClaimStatements(Statements):
             ), ready AS (
                 SELECT run_id, priority, task, step, step_index, queue, max_attempts, args,
                        map_index, delay, signal, wait, false AS joined, trace_context,
-                       deadline
+                       deadline, fingerprint
                   FROM spawn WHERE parents = 0
                 UNION ALL
                 SELECT * FROM (
@@ -250,7 +252,7 @@ class ClaimStatements(Statements):
                            s.run_id, s.priority, s.task, s.step, s.step_index, s.queue,
                            s.max_attempts, c.inputs, NULL::int, s.delay, s.signal, s.wait, true,
                            s.trace_context,  -- the context of the parent completing the join
-                           s.deadline
+                           s.deadline, s.fingerprint
                       FROM spawn s JOIN counted c ON c.run_id = s.run_id AND c.step = s.step
                      WHERE s.parents > 0 AND c.remaining = 0) joined
             ), met AS (
@@ -263,7 +265,7 @@ class ClaimStatements(Statements):
             ), inserted AS (
                 INSERT INTO {S}.jobs (run_id, task, step, step_index, queue, priority,
                                         max_attempts, args, map_index, joined, status, run_at,
-                                        trace_context, deadline)
+                                        trace_context, deadline, fingerprint)
                 SELECT r.run_id, r.task, r.step, r.step_index, r.queue, r.priority,
                        r.max_attempts,
                        CASE WHEN m.sent_at IS NULL THEN r.args
@@ -272,7 +274,7 @@ class ClaimStatements(Statements):
                        CASE WHEN {waits} THEN 'waiting' ELSE 'pending' END,
                        now() + make_interval(secs => CASE WHEN {waits} THEN r.wait
                                                           ELSE r.delay END),
-                       r.trace_context, r.deadline
+                       r.trace_context, r.deadline, r.fingerprint
                   FROM ready r LEFT JOIN met m ON m.run_id = r.run_id AND m.name = r.signal
                 RETURNING run_id, queue, status, run_at
             )

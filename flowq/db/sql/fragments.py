@@ -86,7 +86,7 @@ CLAIMED = """j.id, j.lease, j.run_id, j.task, j.step, j.step_index, j.queue, j.p
     j.scheduled_at,
     extract(epoch FROM now() - j.run_at)::float8 AS pickup_delay,
     j.trace_context::text AS trace_context, j.created_at AS enqueued_at,
-    j.locked_at AS claimed_at"""
+    j.locked_at AS claimed_at, j.fingerprint"""
 
 # The fence's status check, written so that no partial index can serve it (the planner cannot
 # prove `status = 'running'` from `... IS TRUE`). A fenced write must find its rows through the
@@ -135,9 +135,11 @@ DEADLINE = ("COALESCE(CAST(:deadline_at AS timestamptz), "
 # as asyncpg, must know each parameter's type), and its due time: :run_at, else now + :delay.
 CALL = f"""CAST(:task AS text), CAST(:step AS text), CAST(:queue AS text),
                     CAST(:priority AS smallint), CAST(:max_attempts AS int),
-                    CAST(:key_limit AS int), {TRACE}, {DEADLINE}"""
-# The columns `CALL` fills, in its order.
-CALL_COLUMNS = "task, step, queue, priority, max_attempts, key_limit, trace_context, deadline"
+                    CAST(:key_limit AS int), {TRACE}, {DEADLINE}, CAST(:fingerprint AS text)"""
+# The columns `CALL` fills, in its order. `fingerprint` (revision 0014): of the definition
+# the run starts under (`flowq.define.shape`), copied to the steps it creates like the trace.
+CALL_COLUMNS = ("task, step, queue, priority, max_attempts, key_limit, trace_context, "
+                "deadline, fingerprint")
 DUE = "COALESCE(CAST(:run_at AS timestamptz), now() + CAST(:delay AS interval))"
 
 
@@ -294,7 +296,7 @@ def succeed(single: bool) -> str:
                   FROM {claims}
                  WHERE {FENCE}
                 RETURNING j.id, j.lease, j.run_id, j.priority, j.cancel_requested,
-                          j.trace_context, j.step, j.map_index, j.deadline"""
+                          j.trace_context, j.fingerprint, j.step, j.map_index, j.deadline"""
 
 
 # The run holding :idempotency_key, as (id, run_id, created = false).
@@ -346,7 +348,7 @@ def start_run(head: str, source: str, where: str, run_id: str, tail: str) -> str
              "WITH ORDINALITY AS r(step, step_index, queue, max_attempts, delay, signal, "
              "wait, n)")
     columns = """run_id, task, step, step_index, queue, priority, max_attempts, args,
-                 status, run_at, trace_context, deadline"""
+                 status, run_at, trace_context, deadline, fingerprint"""
 
     def values(run: str) -> str:
         return f"""{run}, CAST(:task AS text), r.step, r.step_index, r.queue,
@@ -354,7 +356,8 @@ def start_run(head: str, source: str, where: str, run_id: str, tail: str) -> str
                  CASE WHEN r.signal IS NULL THEN 'pending' ELSE 'waiting' END,
                  CASE WHEN r.signal IS NULL
                       THEN {DUE} + make_interval(secs => r.delay)
-                      ELSE now() + make_interval(secs => r.wait) END, {TRACE}, {DEADLINE}"""
+                      ELSE now() + make_interval(secs => r.wait) END, {TRACE}, {DEADLINE},
+                 CAST(:fingerprint AS text)"""
 
     return f"""{head},
         first AS (

@@ -86,8 +86,8 @@ class RunStatements(Statements):
         """Up to :limit runs matching the filters, one row each, in run id order from a
         cursor (exclusive; NULL: from the start): newest first below :before, or oldest
         first above :after. Filters (NULL: any): derived status `status` (an SQL expression),
-        :task, :queue (any of its steps on it), created (its first row) in
-        [:since, :until).
+        :task, :fingerprints (the definitions its run started under: a version), :queue (any
+        of its steps on it), created (its first row) in [:since, :until).
 
         The plan walks the run ids of `jobs_run_id_idx` in order from the cursor, keeping
         the rows that could make their run match (its task; created since :since; a row
@@ -106,6 +106,8 @@ class RunStatements(Statements):
                  WHERE (CAST(:{param} AS bigint) IS NULL
                         OR j.run_id {op} CAST(:{param} AS bigint))
                    AND (CAST(:task AS text) IS NULL OR j.task = CAST(:task AS text))
+                   AND (CAST(:fingerprints AS text[]) IS NULL
+                        OR j.fingerprint = ANY(CAST(:fingerprints AS text[])))
                    AND (CAST(:since AS timestamptz) IS NULL
                         OR j.created_at >= CAST(:since AS timestamptz))
                    AND (CAST({status} AS text) IS NULL

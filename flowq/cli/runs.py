@@ -104,6 +104,11 @@ def _describe(run: RunInfo) -> str:
         lines.append(f"forked from run {run.forked_from} (`flowq runs show {run.forked_from}`)")
     if run.deadline is not None:
         lines.append(f"deadline {_when(run.deadline)}")
+    if run.fingerprint is not None:
+        from flowq.define.shape import short  # here: `--help` imports no definitions
+
+        version = "an unrecorded version" if run.version is None else f"version {run.version}"
+        lines.append(f"started on {version} ({short(run.fingerprint)})")
     if run.status == "succeeded":
         lines.append(f"result {json.dumps(run.result)}")
     by_step = {g.step: g for g in run.graph}

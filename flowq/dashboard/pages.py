@@ -51,7 +51,18 @@ MAX_STEP_ROWS: Final = 500
 
 def _filters(request: Request) -> dict[str, str | None]:
     return {k: (request.query_params.get(k) or "").strip() or None
-            for k in ("status", "task", "queue")}
+            for k in ("status", "task", "queue", "version")}
+
+
+def _version(f: dict[str, str | None]) -> int | None:
+    """The runs filter's pipeline version: a whole number of at least 1 (the rule of
+    `flowq runs list --version`, `flowq.ops.filters`), else one sentence."""
+    text = f["version"]
+    if text is None:
+        return None
+    if not text.isascii() or not text.isdigit() or len(text) > 10:
+        raise InvalidArgumentsError(f"version must be a whole number, got {text[:40]!r}")
+    return int(text)
 
 
 def _before(request: Request) -> int | None:
@@ -129,7 +140,8 @@ def page_routes(d: Dashboard) -> list[Route]:
                            "search with a more selective value.")
                 matches = []
         found = await d.read(runs_api.list_runs, status=f["status"], task=f["task"],
-                             queue=f["queue"], before=_before(request), limit=PAGE_SIZE)
+                             queue=f["queue"], before=_before(request), limit=PAGE_SIZE,
+                             version=_version(f))
         due = await d.read(reads.due_times, [r.run_id for r in found if r.status == "pending"])
         older = _older(f, found)
         return d.render(request, "runs.html", page="runs", found=found, filters=f, find="",

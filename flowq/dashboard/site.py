@@ -32,6 +32,7 @@ from flowq.cli.common import age_cell, limits_cell
 from flowq.dashboard.auth import CSRF_COOKIE, SESSION_COOKIE, SESSION_MAX_AGE, Guard
 from flowq.db import mask_secrets
 from flowq.db.schema import STATUSES
+from flowq.define.shape import short
 from flowq.errors import (
     ConfigurationError,
     DatabaseUnavailableError,
@@ -142,7 +143,8 @@ class Dashboard:
             autoescape=True, undefined=jinja2.StrictUndefined)
         self.env.filters.update(shown=_shown, when=_when, age=age_cell, duration=_duration,
                                 first_line=lambda text: first_line(text)[:300])
-        self.env.globals.update(limits=limits_cell, statuses=STATUSES)
+        self.env.globals.update(limits=limits_cell, statuses=STATUSES,
+                                short_fingerprint=short)
 
     # -- rendering ------------------------------------------------------------------------
 

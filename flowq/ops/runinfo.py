@@ -138,6 +138,10 @@ class RunInfo:
     checkpoints: tuple[CheckpointInfo, ...] = ()
     forked_from: int | None = None  # the run this one was forked from (`flowq.ops.fork`)
     deadline: datetime | None = None  # the run's `deadline=` (None: none), on each of its rows
+    # The definition the run started under (revision 0014, `flowq.define.shape`): its
+    # fingerprint, and the pipeline version a worker recorded it as (None: unrecorded).
+    fingerprint: str | None = None
+    version: int | None = None
 
     @property
     def current_step(self) -> StepInfo:
@@ -285,7 +289,8 @@ def _run_of(run_id: int, rows: list[Any], schema: str) -> RunInfo:
         result=_result(steps, definition) if status == "succeeded" else None, steps=steps,
         graph=_graph(steps, definition),
         forked_from=next((r.forked_from for r in rows if r.forked_from is not None), None),
-        deadline=max((r.deadline for r in rows if r.deadline is not None), default=None))
+        deadline=max((r.deadline for r in rows if r.deadline is not None), default=None),
+        fingerprint=rows[0].fingerprint, version=rows[0].version)
 
 
 def read_run(conn: sa.Connection, q: Queries, run_id: int) -> RunInfo:

@@ -174,6 +174,50 @@ def test_runs_list_filters_by_the_version_a_run_started_on(
     assert {r["run_id"] for r in json.loads(out.output)["runs"]} == set(newest)
 
 
+def test_a_run_shows_the_version_it_started_on_in_runs_show_and_the_dashboard(
+        engine: sa.Engine, db_url: str, staged: dict[str, list[int]]) -> None:
+    import warnings
+
+    from flowq.dashboard import create_app
+    from flowq.ops.runs import get_run
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from starlette.testclient import TestClient
+
+    with engine.begin() as conn:
+        newest = deploy_b.versioned.enqueue(conn, n=7).id
+        by_name = conn.execute(sa.text(
+            "INSERT INTO flowq.jobs (task, step, queue) VALUES ('versioned', '', 'default') "
+            "RETURNING run_id")).scalar_one()  # enqueued without the definition
+    Registry(engine, queries("flowq"), worker="worker-b", queues=["default"],
+             tasks=[p.name for p in deploy_b.app], concurrency=1,
+             definitions=deploy_b.app.definitions).register()
+    old = staged["versioned"][0]
+    assert (get_run(engine, old).version, get_run(engine, newest).version) == (1, 2)
+    newest_definition = deploy_b.app.get("versioned")
+    assert newest_definition.version == 2
+    assert get_run(engine, newest).fingerprint == newest_definition.fingerprint
+    assert (get_run(engine, by_name).version, get_run(engine, by_name).fingerprint) == (None,
+                                                                                         None)
+    short = newest_definition.fingerprint.removeprefix("sha256:")[:12]
+    shown = CliRunner().invoke(main, ["runs", "show", str(newest), "--database-url", db_url])
+    assert shown.exit_code == 0 and f"started on version 2 ({short})" in shown.output
+    as_json = CliRunner().invoke(main, ["runs", "show", str(newest), "--database-url", db_url,
+                                        "--json"])
+    assert json.loads(as_json.output)["version"] == 2
+    c = TestClient(create_app(engine), base_url="http://127.0.0.1:8080")
+    page = c.get(f"/runs/{newest}")
+    assert page.status_code == 200 and 'id="version">2' in page.text and short in page.text
+    assert 'id="version"' not in c.get(f"/runs/{by_name}").text
+    listed = c.get("/runs?task=versioned&version=2")
+    assert listed.status_code == 200 and f"/runs/{newest}" in listed.text
+    assert f"/runs/{old}\"" not in listed.text
+    assert f"/runs/{old}" in c.get("/runs?task=versioned&version=1").text
+    for hostile in ("two", "-1", "1e3", "\u0661", "9" * 40):
+        bad = c.get("/runs", params={"version": hostile})
+        assert bad.status_code == 400 and "version must be a whole number" in bad.text, hostile
+
+
 def test_another_process_s_odd_registry_entry_is_read_without_trusting_it(
         engine: sa.Engine, staged: dict[str, list[int]]) -> None:
     with engine.begin() as conn:

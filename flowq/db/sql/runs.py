@@ -18,14 +18,19 @@ class RunStatements(Statements):
     def select_run_jobs(self) -> TextClause:
         """Read every row of a run, in step order.
 
-        Every row of run :run_id, in step order. One statement, so one snapshot: a step's
-        success and its successor's insert (one transaction) are seen together or not at all."""
+        Every row of run :run_id, in step order, with the pipeline version its definition's
+        fingerprint was recorded under (`flowq.definitions`, a primary key lookup; NULL when
+        none was). One statement, so one snapshot: a step's success and its successor's
+        insert (one transaction) are seen together or not at all."""
         return self.sql(f"""
             SELECT id, run_id, task, step, step_index, queue, status, priority, attempts,
                    max_attempts, args, result, last_error, idempotency_key, cancel_requested,
                    run_at, locked_at, heartbeat_at, locked_by, created_at, finished_at,
-                   map_index, started_at, attempt_log, progress, forked_from, deadline
-              FROM {S}.jobs WHERE run_id = :run_id
+                   map_index, started_at, attempt_log, progress, forked_from, deadline,
+                   fingerprint,
+                   (SELECT d.version FROM {S}.definitions d
+                     WHERE d.fingerprint = j.fingerprint) AS version
+              FROM {S}.jobs j WHERE run_id = :run_id
              ORDER BY step_index, map_index NULLS FIRST, id""")
 
     @cached_property

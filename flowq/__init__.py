@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from flowq.errors import (
         CancelRun,
         CheckpointError,
+        ChildFailed,
         ConfigurationError,
         DatabaseUnavailableError,
         EmbeddedPostgresError,
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CancelRun",
     "CheckpointError",
+    "ChildFailed",
     "ConfigurationError",
     "Context",
     "DatabaseUnavailableError",
@@ -109,6 +111,7 @@ _EXPORTS: Final[dict[str, tuple[str, ...]]] = {
         "FlowqError", "InvalidArgumentsError", "InvalidQueueError", "RetryStep",
         "RunNotFoundError", "RunStateError", "SchemaMissingError", "SignalError",
         "SignalTimeout", "UnknownTaskError", "WorkflowError", "CheckpointError", "Snooze",
+        "ChildFailed",
     ),
     "flowq.db.migrations": ("migrate",),
     "flowq.worker": ("Worker", "WorkerConfig"),
@@ -119,6 +122,7 @@ _EXPORTS: Final[dict[str, tuple[str, ...]]] = {
 # enqueueing/ and ops/; imported on first use (the async one needs greenlet).
 _MODULES: Final[dict[str, str]] = {
     "aio": "flowq.enqueueing.aio",
+    "children": "flowq.children",
     "doctor": "flowq.ops.doctor",
     "durable": "flowq.durable",
     "queues": "flowq.ops.queues",

@@ -208,4 +208,6 @@ class JobStatements(Statements):
             , signals AS (DELETE FROM {S}.signals WHERE run_id IN (SELECT run_id FROM old))
             , held_keys AS (DELETE FROM {S}.uniques WHERE run_id IN (SELECT run_id FROM old))
             , marks AS (DELETE FROM {S}.checkpoints WHERE run_id IN (SELECT run_id FROM old))
+            , links AS (DELETE FROM {S}.children
+                         WHERE parent_run_id IN (SELECT run_id FROM old))
             SELECT count(*) FROM gone""")

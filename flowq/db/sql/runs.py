@@ -10,6 +10,12 @@ from flowq.db.sql.fragments import RUN_STATUS, S, Statements
 
 __all__ = ["RunStatements"]
 
+# The columns of a run's rows that `flowq.ops.runinfo` reads.
+RUN_JOB_COLUMNS = """id, run_id, task, step, step_index, queue, status, priority, attempts,
+                   max_attempts, args, result, last_error, idempotency_key, cancel_requested,
+                   run_at, locked_at, heartbeat_at, locked_by, created_at, finished_at,
+                   map_index, started_at, attempt_log"""
+
 
 class RunStatements(Statements):
     """The statements on the rows of a run, for one schema."""
@@ -21,12 +27,19 @@ class RunStatements(Statements):
         Every row of run :run_id, in step order. One statement, so one snapshot: a step's
         success and its successor's insert (one transaction) are seen together or not at all."""
         return self.sql(f"""
-            SELECT id, run_id, task, step, step_index, queue, status, priority, attempts,
-                   max_attempts, args, result, last_error, idempotency_key, cancel_requested,
-                   run_at, locked_at, heartbeat_at, locked_by, created_at, finished_at,
-                   map_index, started_at, attempt_log
-              FROM {S}.jobs WHERE run_id = :run_id
+            SELECT {RUN_JOB_COLUMNS} FROM {S}.jobs WHERE run_id = :run_id
              ORDER BY step_index, map_index NULLS FIRST, id""")
+
+    @cached_property
+    def select_runs_jobs(self) -> TextClause:
+        """Read every row of several runs, by run and in step order.
+
+        `select_run_jobs` for the runs :run_ids (a parent reading its children), in one
+        statement, so in one snapshot."""
+        return self.sql(f"""
+            SELECT {RUN_JOB_COLUMNS} FROM {S}.jobs
+             WHERE run_id = ANY(CAST(:run_ids AS bigint[]))
+             ORDER BY run_id, step_index, map_index NULLS FIRST, id""")
 
     @cached_property
     def lock_run_jobs(self) -> TextClause:
@@ -40,21 +53,21 @@ class RunStatements(Statements):
 
     @cached_property
     def cancel_run_jobs(self) -> TextClause:
-        """Cancel a run: end its waiting rows, flag its running ones.
+        """Cancel runs: end their waiting rows, flag their running ones.
 
-        Cancel run :run_id (rows locked first): pending and waiting steps end `cancelled`
-        with :error, running ones get `cancel_requested` (they finish, but create no
-        successor and count towards no join)."""
+        Cancel the runs :run_ids (a run, or its descendants; rows locked first): pending
+        and waiting steps end `cancelled` with :error, running ones get `cancel_requested`
+        (they finish, but create no successor and count towards no join)."""
         return self.sql(f"""
             UPDATE {S}.jobs
                SET status = CASE WHEN status = 'running' THEN status ELSE 'cancelled' END,
                    finished_at = CASE WHEN status = 'running' THEN finished_at ELSE now() END,
                    last_error = CASE WHEN status = 'running' THEN last_error ELSE :error END,
                    cancel_requested = true
-             WHERE run_id = :run_id
+             WHERE run_id = ANY(CAST(:run_ids AS bigint[]))
                AND (status IN ('pending', 'waiting')
                     OR (status = 'running' AND NOT cancel_requested))
-            RETURNING id, status""")
+            RETURNING id, run_id, status""")
 
     @cached_property
     def retry_dead_jobs(self) -> TextClause:

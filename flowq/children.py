@@ -16,11 +16,15 @@
   step suspends (`flowq.durable.Ledger.suspend`: back to pending, no slot held, its
   attempt given back) and runs again after a re-check delay, its checkpoints replaying.
 
-The re-check is a bounded backoff, not a wake-up sent by the child's completion: the delay
-is the time since the newest waited-on child was started, at least `MIN_RECHECK` and at
-most `MAX_RECHECK` seconds (0.5, 1, 2, 4, then every 5 s): a parent learns of its children
-within about twice their run time for short children, within `MAX_RECHECK` for long ones.
-Each re-check is one claim, one read of the step's checkpoints and one of the children.
+Two ways a waiting parent learns that its children finished. The completion that ends a
+child's step (`flowq.db.sql.children.wake_parents`, part of every success statement) makes
+the parent's suspended job due now and notifies its queue: measured with a `-c 4` worker,
+a parent ends a median 15 ms after its one 1.2 s child (0.86 s by the re-check alone). And
+a bounded re-check, for what the wake-up misses (a child that ends dead, by the reaper, or
+while the parent is still running its wait): the delay is the time since the newest
+waited-on child was started, at least `MIN_RECHECK` and at most `MAX_RECHECK` seconds
+(0.5, 1, 2, 4, then every 5 s). Each re-check is one claim, one read of the step's
+checkpoints and one of the children.
 
 Hostile handles: a handle is a run id (an int); one that is not a child of this run (of any
 of its steps) is a `WorkflowError` (not retried). At most `MAX_WAIT` distinct children per

@@ -46,14 +46,13 @@ TEMPLATE = "flowq_test_template"
 EMPTY_TEMPLATE = "flowq_test_empty"
 # Files whose every test runs real processes (`flowq worker`, PgBouncer, a browser, an example
 # or a docs build) or injects faults: marked `slow`, so `make test-quick` (-m "not slow")
-# leaves them out (a name, or folder/name where two tiers have a file of that name). Single
-# slow tests elsewhere carry @pytest.mark.slow themselves.
+# leaves them out. Single slow tests elsewhere carry @pytest.mark.slow themselves.
 SLOW_FILES = frozenset({
     "test_worker_acceptance.py", "test_worker_hostile.py", "test_pipeline_faults.py",
     "test_workflow_faults.py", "test_pipelines.py", "test_pgbouncer.py",
     "test_examples.py", "test_examples_workflows.py", "test_docs.py", "test_docs_build.py",
     "test_dashboard_browser.py", "test_bench.py", "test_demo.py", "test_failover.py",
-    "test_rolling_release.py", "test_durable.py", "acceptance/test_children.py",
+    "test_rolling_release.py", "test_durable.py", "test_child_runs.py",
 })
 
 
@@ -65,8 +64,7 @@ SERVER_FIXTURES = frozenset({"flowq_postgres", "flowq_server_url"})
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if (item.path.name in SLOW_FILES
-                or f"{item.path.parent.name}/{item.path.name}" in SLOW_FILES):
+        if item.path.name in SLOW_FILES:
             item.add_marker(pytest.mark.slow)
         needs = SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ()))
         if item.path.parent.name == "unit" and needs:

@@ -1,8 +1,9 @@
 """Child runs: `flowq.children`, which run a step started with `ctx.start_child`.
 
 One row per child run (its run id, the primary key), naming its parent: the parent's run,
-step and map instance (`map_index` -1 outside a mapped step, as in `flowq.checkpoints`) and
-the checkpoint that started it (`flowq.child.N`). Written in the transaction that enqueues the
+step and map instance (`map_index` -1 outside a mapped step, as in `flowq.checkpoints`), that
+step's job row (the one its retries and suspensions keep: what the completion ending the
+child makes due, by primary key) and the checkpoint that started it (`flowq.child.N`). Written in the transaction that enqueues the
 child and records that checkpoint; read by `ctx.wait`, by the cancel of a run (its children,
 recursively) and by `flowq runs show`. The pruner deletes a run's rows (as a parent) with the
 run. Older workers never read it.
@@ -35,6 +36,7 @@ def upgrade() -> None:
         sa.Column("parent_run_id", sa.BigInteger, nullable=False),
         sa.Column("parent_step", sa.Text, nullable=False),
         sa.Column("parent_map_index", sa.Integer, nullable=False),
+        sa.Column("parent_job_id", sa.BigInteger, nullable=False),
         sa.Column("name", sa.Text, nullable=False),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False,
                   server_default=sa.func.now()),

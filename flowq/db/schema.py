@@ -315,7 +315,8 @@ checkpoints = sa.Table(
 
 # Which runs a step started with `ctx.start_child` (revision 0012, see flowq.children): one
 # row per child run, naming its parent's run, step and map instance (`NO_MAP_INDEX` outside a
-# mapped step) and the checkpoint that started it. Written with the child's enqueue and that
+# mapped step), that step's job (woken by the child's completion) and the checkpoint that
+# started it. Written with the child's enqueue and that
 # checkpoint, in one transaction; pruned with the parent.
 children = sa.Table(
     "children",
@@ -324,6 +325,7 @@ children = sa.Table(
     sa.Column("parent_run_id", sa.BigInteger, nullable=False),
     sa.Column("parent_step", sa.Text, nullable=False),
     sa.Column("parent_map_index", sa.Integer, nullable=False),
+    sa.Column("parent_job_id", sa.BigInteger, nullable=False),
     sa.Column("name", sa.Text, nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False,
               server_default=sa.func.now()),

@@ -214,6 +214,7 @@ class Store:
         done = sorted(completions, key=lambda c: c.id)
         single = len(done) == 1
         params = bind_rows((*CLAIM_KEY, ("result", "jsonb")), done, single=single)
+        params["channel"] = self.channel  # new successors', and waiting parents' (children)
         if not successors:
             statement = self.q.complete_job if single else self.q.complete_jobs
         else:
@@ -224,7 +225,6 @@ class Store:
             params.update(bind_rows(SPAWN if flow else SUCCESSOR,
                                     [_full(s) for s in successors] if flow else successors,
                                     single=False, prefix="next_"))
-            params["channel"] = self.channel
             if flow:
                 statement = self.q.complete_flow if single else self.q.complete_flows
             else:

@@ -1,4 +1,4 @@
-"""A test app for child runs (tests/acceptance/test_children.py): a parent starting `count`
+"""A test app for child runs (tests/acceptance/test_child_runs.py): a parent starting `count`
 children, slowly on its first attempt (so that its worker can be killed mid-way), then
 waiting on all of them; each start and each child call is logged on a connection of its own
 (`children_calls`, whatever becomes of it), and each child's and the parent's effects are
@@ -66,3 +66,4 @@ def fan_out(ctx: flowq.Context, count: int) -> dict[str, Any]:
     log(ctx.run_id, "results", ctx.attempt)
     effect(ctx, "fan_out", str(len(results)))
     return {"squares": [r["n"] for r in results], "children": children}
+

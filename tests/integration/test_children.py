@@ -2,7 +2,7 @@
 worker's own parts: a child is started once, a wait returns results in order, a dead child
 fails the wait, a cancel goes down the tree, hostile handles and arguments are refused, and
 `flowq runs show` links parent and children. The real-process guarantees (a SIGKILL among
-100 children, a `-c 1` worker) are in tests/acceptance/test_children.py."""
+100 children, a `-c 1` worker) are in tests/acceptance/test_child_runs.py."""
 
 from __future__ import annotations
 
@@ -117,6 +117,15 @@ def test_a_parent_gets_its_childrens_results_in_order_and_a_retry_starts_none_tw
         assert info.parent.step == "parent" and info.parent.name == f"flowq.child.{i}"
     assert [c.run_id for c in parent.children] == sorted(children)
     assert {c.status for c in parent.children} == {"succeeded"}
+
+
+def test_the_completion_ending_a_child_wakes_its_waiting_parent(engine: sa.Engine,
+                                                                app: flowq.FlowQ) -> None:
+    """Without skipping waits, the parent's re-check is due later; the child's completion
+    makes it due now, so one drain runs the child and then the parent to its end."""
+    run_id = enqueue(engine, app.get("parent"), count=2)
+    drain(engine, app, skip_waits=False)
+    assert run_of(engine, run_id).status == "succeeded"
 
 
 def test_a_dead_child_fails_the_wait_with_child_failed(engine: sa.Engine,

@@ -141,9 +141,10 @@ def _fenced_writes(job_id: int, lease: int) -> list[tuple[str, sa.TextClause, di
     arrays = {"ids": [job_id], "leases": [lease]}
     return [
         ("heartbeat_jobs", Q.heartbeat_jobs, arrays),
-        ("complete_jobs", Q.complete_jobs, {**arrays, "results": ['{"ok": 1}']}),
+        ("complete_jobs", Q.complete_jobs, {**arrays, "results": ['{"ok": 1}'],
+                                            "channel": "flowq"}),
         ("complete_job", Q.complete_job, {"id": job_id, "lease": lease,
-                                          "result": '{"ok": 1}'}),
+                                          "result": '{"ok": 1}', "channel": "flowq"}),
         ("complete_steps", Q.complete_steps, {
             **arrays, "results": ["{}"], "next_ids": [job_id], "next_leases": [lease],
             "next_tasks": ["t"],
@@ -228,7 +229,8 @@ def test_complete_and_end_and_release_with_a_matching_claim(engine: sa.Engine) -
         a, b, c = claim(conn)
     with engine.begin() as conn:
         [done] = conn.execute(Q.complete_jobs, {"ids": [a.id], "leases": [a.lease],
-                                                "results": ['{"x": 1}']}).all()
+                                                "results": ['{"x": 1}'],
+                                                "channel": "flowq"}).all()
         assert done.id == a.id and done.cancel_requested is False
         [ended] = conn.execute(Q.end_job, {"id": b.id, "lease": b.lease, "status": "dead",
                                            "error": "E"}).all()
@@ -298,7 +300,8 @@ def test_hot_statements_stay_index_lookups_on_a_table_analyzed_empty(engine: sa.
         "claim_jobs": {"queue": "default", "limit": 100, "worker": "w"},
         "heartbeat_jobs": {"ids": batch, "leases": leases},
         "release_jobs": {"ids": batch, "leases": leases, "channel": "flowq"},
-        "complete_jobs": {"ids": batch, "leases": leases, "results": ["{}"] * 200},
+        "complete_jobs": {"ids": batch, "leases": leases, "results": ["{}"] * 200,
+                          "channel": "flowq"},
         "complete_steps": {"ids": batch, "leases": leases, "results": ["{}"] * 200,
                            "next_ids": batch, "next_leases": leases,
                            "next_tasks": ["t"] * 200,
@@ -306,7 +309,7 @@ def test_hot_statements_stay_index_lookups_on_a_table_analyzed_empty(engine: sa.
                            "next_queues": ["q"] * 200, "next_max_attempts": [3] * 200,
                            "next_args": ["{}"] * 200, "next_map_indexes": [None] * 200,
                            "next_delays": [0.0] * 200, "channel": "flowq"},
-        "complete_job": {"id": ids[0], "lease": ids[0], "result": "{}"},
+        "complete_job": {"id": ids[0], "lease": ids[0], "result": "{}", "channel": "flowq"},
         "complete_step": {"id": ids[0], "lease": ids[0], "result": "{}", "next_ids": [ids[0]],
                           "next_leases": [ids[0]],
                           "next_tasks": ["t"], "next_steps": ["s"], "next_step_indexes": [1],
@@ -384,7 +387,7 @@ def test_every_statement_is_a_verb_noun_with_a_one_line_description() -> None:
 
     statements = {name: attr for cls in type(Q).__mro__ for name, attr in vars(cls).items()
                   if isinstance(attr, cached_property)}
-    assert len(statements) == 88
+    assert len(statements) == 93
     for name, prop in statements.items():
         verb, _, noun = name.partition("_")
         assert verb in VERBS and noun, name

@@ -19,10 +19,32 @@ from sqlalchemy.sql.elements import TextClause
 from flowq.db.schema import NO_MAP_INDEX
 from flowq.db.sql.fragments import RUN_STATUS, S, Statements
 
-__all__ = ["ChildStatements"]
+__all__ = ["ChildStatements", "wake_parents"]
 
 # Whether a run's rows are all finished (none pending, running or waiting), over its rows.
 FINISHED = "NOT bool_or(status IN ('pending', 'running', 'waiting'))"
+
+
+def wake_parents(done: str) -> str:
+    """A CTE `woken_parents` making the waiting parents of the child runs in `done` (a FROM
+    item with `run_id`: the rows a completion just ended) due now, and waking the workers of
+    their queues (:channel): the completion that ends a child's run ends its parent's wait
+    at once, instead of at its next re-check. Two primary-key lookups per completed row
+    (its link, the parent's job), none past the first for a run that is nobody's child.
+    Only a parent step that is pending and due
+    later (suspended in `ctx.wait`) is moved; a row another transaction holds is skipped
+    (`SKIP LOCKED`: a claim, a cancel, or another completion waking it), so a completion
+    never waits for, nor deadlocks on, a parent's row. A parent that was running its wait
+    when the child ended is not woken: its re-check finds the child finished."""
+    return f"""woken_parents AS (
+                UPDATE {S}.jobs p SET run_at = now()
+                 WHERE p.id IN (
+                       SELECT q.id FROM {done} d
+                         JOIN {S}.children c ON c.run_id = d.run_id
+                         JOIN {S}.jobs q ON q.id = c.parent_job_id
+                        WHERE q.status = 'pending' AND q.run_at > now()
+                          FOR UPDATE OF q SKIP LOCKED)
+                RETURNING pg_notify(:channel, p.queue))"""
 
 
 class ChildStatements(Statements):
@@ -34,7 +56,7 @@ class ChildStatements(Statements):
 
         Lock the parent's job :job_id (waiting for a cancel in flight), and, unless it has
         `cancel_requested`, record run :child_run_id as a child of (:run_id, :step,
-        :map_index) started by checkpoint :name; one row: `cancelled` (NULL when the job
+        :map_index), job :job_id, started by checkpoint :name; one row: `cancelled` (NULL when the job
         row does not exist: the test kit's synthetic job) and `linked` (0 or 1)."""
         return self.sql(f"""
             WITH parent AS (
@@ -43,10 +65,10 @@ class ChildStatements(Statements):
                          WHERE j.id = CAST(:job_id AS bigint) FOR NO KEY UPDATE OF j) p
             ), linked AS (
                 INSERT INTO {S}.children (run_id, parent_run_id, parent_step,
-                                          parent_map_index, name)
+                                          parent_map_index, parent_job_id, name)
                 SELECT CAST(:child_run_id AS bigint), CAST(:run_id AS bigint),
                        CAST(:step AS text), COALESCE(CAST(:map_index AS int), {NO_MAP_INDEX}),
-                       CAST(:name AS text)
+                       CAST(:job_id AS bigint), CAST(:name AS text)
                   FROM parent WHERE parent.cancelled IS NOT TRUE
                 RETURNING run_id)
             SELECT (SELECT cancelled FROM parent) AS cancelled,

@@ -7,6 +7,7 @@ from functools import cached_property
 from sqlalchemy.sql.elements import TextClause
 
 from flowq.db.schema import JOIN_SHARDS, JOIN_SHARDS_CAPABILITY
+from flowq.db.sql.children import wake_parents
 from flowq.db.sql.fragments import (
     CLAIM_KEY,
     CONTROLLED,
@@ -89,7 +90,7 @@ class ClaimStatements(Statements):
 
     def _complete(self, *, single: bool) -> TextClause:
         return self.sql(f"""
-            WITH done AS ({succeed(single)})
+            WITH done AS ({succeed(single)}), {wake_parents("done")}
             SELECT id, cancel_requested FROM done""")
 
     @cached_property
@@ -112,7 +113,7 @@ class ClaimStatements(Statements):
         # Successors are always a batch: one success may create many (a map's instances).
         successors = rows("n", SUCCESSOR, single=False, prefix="next_")
         return self.sql(f"""
-            WITH done AS ({succeed(single)}), inserted AS (
+            WITH done AS ({succeed(single)}), {wake_parents("done")}, inserted AS (
                 INSERT INTO {S}.jobs (run_id, task, step, step_index, queue, priority,
                                         max_attempts, args, map_index, run_at, trace_context)
                 SELECT d.run_id, n.task, n.step, n.step_index, n.queue, d.priority,
@@ -148,7 +149,7 @@ class ClaimStatements(Statements):
         spawns = rows("n", SPAWN, single=False, prefix="next_")
         waits = "r.signal IS NOT NULL AND m.sent_at IS NULL"
         return self.sql(f"""
-            WITH done AS ({succeed(single)}), spawn AS (
+            WITH done AS ({succeed(single)}), {wake_parents("done")}, spawn AS (
                 SELECT d.run_id, d.priority, d.trace_context, d.step AS done_step,
                        d.map_index AS instance, n.*
                   FROM done d JOIN {spawns} ON n.id = d.id AND n.lease = d.lease

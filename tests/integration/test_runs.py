@@ -21,7 +21,7 @@ from flowq.ops.runs import cancel_run, get_run, list_runs, retry_run
 from flowq.testing import job_rows, run_until_idle, wait_until
 
 RUN_KEYS = {"run_id", "task", "status", "cancel_requested", "idempotency_key", "created_at",
-            "finished_at", "result", "steps", "graph", "checkpoints"}
+            "finished_at", "result", "steps", "graph", "checkpoints", "parent", "children"}
 STEP_KEYS = {"job_id", "step", "index", "queue", "status", "attempts", "max_attempts",
              "cancel_requested", "run_at", "created_at", "locked_at", "heartbeat_at",
              "locked_by", "finished_at", "last_error", "args", "result", "map_index",

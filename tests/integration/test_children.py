@@ -7,6 +7,7 @@ fails the wait, a cancel goes down the tree, hostile handles and arguments are r
 from __future__ import annotations
 
 import json
+import warnings
 from typing import Any
 
 import pytest
@@ -222,6 +223,26 @@ def test_runs_show_links_parent_and_children(engine: sa.Engine, app: flowq.FlowQ
     data = json.loads(out.output)
     assert data["parent"]["run_id"] == run_id and data["parent"]["name"] == "flowq.child.1"
     assert data["children"] == []
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_the_dashboards_run_page_links_parent_and_children(engine: sa.Engine,
+                                                           app: flowq.FlowQ) -> None:
+    with warnings.catch_warnings():  # it will move to httpx2; what it tests does not change
+        warnings.simplefilter("ignore")
+        from starlette.testclient import TestClient
+    from flowq.dashboard import create_app
+
+    run_id = enqueue(engine, app.get("parent"), count=2)
+    drain(engine, app)
+    children = links(engine, run_id)
+    c = TestClient(create_app(engine), base_url="http://127.0.0.1:8080")
+    page = c.get(f"/runs/{run_id}")
+    assert page.status_code == 200
+    assert 'id="children"' in page.text
+    assert all(f'href="/runs/{child}"' in page.text for child in children)
+    page = c.get(f"/runs/{children[0]}")
+    assert page.status_code == 200 and f'href="/runs/{run_id}"' in page.text
 
 
 def test_the_pruner_deletes_a_parents_links_with_it(engine: sa.Engine,

@@ -16,12 +16,13 @@
   step suspends (`flowq.durable.Ledger.suspend`: back to pending, no slot held, its
   attempt given back) and runs again after a re-check delay, its checkpoints replaying.
 
-Two ways a waiting parent learns that its children finished. The completion that ends a
-child's step (`flowq.db.sql.children.wake_parents`, part of every success statement) makes
-the parent's suspended job due now and notifies its queue: measured with a `-c 4` worker,
+Two ways a waiting parent learns that its children finished. The write that ends a child's
+step (`flowq.db.sql.children.wake_parents`, part of every success statement and of
+`end_job`, which ends a step dead or cancelled) makes the parent's suspended job due now
+and notifies its queue: measured with a `-c 4` worker,
 a parent ends a median 15 ms after its one 1.2 s child (0.86 s by the re-check alone). And
-a bounded re-check, for what the wake-up misses (a child that ends dead, by the reaper, or
-while the parent is still running its wait): the delay is the time since the newest
+a bounded re-check, for what the wake-up misses (a child ended by the reaper or by a
+cancel, or one that ends while its parent is still running up to its wait): the delay is the time since the newest
 waited-on child was started, at least `MIN_RECHECK` and at most `MAX_RECHECK` seconds
 (0.5, 1, 2, 4, then every 5 s). Each re-check is one claim, one read of the step's
 checkpoints and one of the children.

@@ -280,7 +280,7 @@ class Store:
         """End a claim as `status` with `error`; its status, or None if no longer ours."""
         job_id, lease = claim
         rows = self.run(self.q.end_job, {"id": job_id, "lease": lease, "status": status,
-                                         "error": error})
+                                         "error": error, "channel": self.channel})
         return rows[0][rows.columns.index("status")] if rows else None
 
     def release(self, claims: Sequence[Claim]) -> list[int]:

@@ -132,7 +132,7 @@ def test_the_completion_ending_a_child_wakes_its_waiting_parent(engine: sa.Engin
 def test_a_dead_child_fails_the_wait_with_child_failed(engine: sa.Engine,
                                                        app: flowq.FlowQ) -> None:
     run_id = enqueue(engine, app.get("doomed"))
-    drain(engine, app, raise_on_dead=False)
+    drain(engine, app, raise_on_dead=False, skip_waits=False)  # the dead child wakes it
     run = run_of(engine, run_id)
     assert run.status == "dead"
     error = run.steps[0].last_error or ""

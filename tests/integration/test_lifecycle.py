@@ -244,7 +244,7 @@ def fenced_write(name: str, claim: Claim) -> tuple[sa.TextClause, dict[str, Any]
         "complete_step": {**bind(done, single=True),
                           **bind(nxt, single=False, prefix="next_"), **notify},
         "retry_job": {**key[0], "delay": 0.0, "error": "late retry"},
-        "end_job": {**key[0], "status": "dead", "error": "late end"},
+        "end_job": {**key[0], "status": "dead", "error": "late end", **notify},
     }
     statement: sa.TextClause = getattr(Q, name)
     return statement, params[name]
@@ -446,7 +446,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         landing = self.landing([claim])
         with self.engine.begin() as conn:
             got = conn.execute(Q.end_job, {"id": claim.id, "lease": claim.lease,
-                                           "status": status, "error": "boom"}).all()
+                                           "status": status, "error": "boom",
+                                           "channel": CHANNEL}).all()
         self.forget(worker, [claim])
         assert len(got) == len(landing)  # (2)
         if got:

@@ -160,7 +160,7 @@ def _fenced_writes(job_id: int, lease: int) -> list[tuple[str, sa.TextClause, di
         ("retry_job", Q.retry_job, {"id": job_id, "lease": lease, "delay": 5.0,
                                     "error": "boom"}),
         ("end_job", Q.end_job, {"id": job_id, "lease": lease, "status": "dead",
-                                "error": "boom"}),
+                                "error": "boom", "channel": "flowq"}),
         ("release_jobs", Q.release_jobs, {**arrays, "channel": "flowq"}),
         ("suspend_job", Q.suspend_job, {"id": job_id, "lease": lease, "step": "s",
                                         "until": None, "delay": 5.0, "snoozes": 1}),
@@ -233,7 +233,7 @@ def test_complete_and_end_and_release_with_a_matching_claim(engine: sa.Engine) -
                                                 "channel": "flowq"}).all()
         assert done.id == a.id and done.cancel_requested is False
         [ended] = conn.execute(Q.end_job, {"id": b.id, "lease": b.lease, "status": "dead",
-                                           "error": "E"}).all()
+                                           "error": "E", "channel": "flowq"}).all()
         assert ended.status == "dead"
         [_released] = conn.execute(Q.release_jobs, {"ids": [c.id], "leases": [c.lease],
                                                     "channel": "flowq"}).all()
@@ -317,7 +317,8 @@ def test_hot_statements_stay_index_lookups_on_a_table_analyzed_empty(engine: sa.
                           "next_map_indexes": [None], "next_delays": [0.0],
                           "channel": "flowq"},
         "retry_job": {"id": ids[0], "lease": ids[0], "delay": 1.0, "error": "e"},
-        "end_job": {"id": ids[0], "lease": ids[0], "status": "dead", "error": "e"},
+        "end_job": {"id": ids[0], "lease": ids[0], "status": "dead", "error": "e",
+                    "channel": "flowq"},
     }[name]
     # The single-row writes run on the handler's own session too: no planner options there.
     single = name in ("complete_job", "complete_step", "retry_job", "end_job")
@@ -357,7 +358,7 @@ def test_a_lease_never_repeats_so_an_old_claim_writes_nothing(engine: sa.Engine,
             assert conn.execute(stmt, params).all() == []
     with engine.begin() as conn:
         conn.execute(Q.end_job, {"id": again.id, "lease": again.lease, "status": "dead",
-                                 "error": "E"})
+                                 "error": "E", "channel": "flowq"})
     retry_run(engine, again.run_id)
     with engine.begin() as conn:
         [third] = claim(conn)

@@ -292,14 +292,17 @@ class ClaimStatements(Statements):
         """End a claim as dead or cancelled, fenced.
 
         End a claim as :status (`dead` or `cancelled`) with :error, the attempt appended
-        to `attempt_log` (`fragments.log_attempt`)."""
+        to `attempt_log` (`fragments.log_attempt`); a parent waiting on its run is woken
+        (`wake_parents`, :channel), to see it failed."""
         return self.sql(f"""
-            UPDATE {S}.jobs j
-               SET status = :status, finished_at = now(), last_error = :error,
-                   {log_attempt("CAST(:error AS text)")}, {UNLOCK}
-              FROM {rows("c", CLAIM_KEY, single=True)}
-             WHERE {FENCE}
-            RETURNING j.status""")
+            WITH done AS (
+                UPDATE {S}.jobs j
+                   SET status = :status, finished_at = now(), last_error = :error,
+                       {log_attempt("CAST(:error AS text)")}, {UNLOCK}
+                  FROM {rows("c", CLAIM_KEY, single=True)}
+                 WHERE {FENCE}
+                RETURNING j.status, j.run_id), {wake_parents("done")}
+            SELECT status FROM done""")
 
     @cached_property
     def release_jobs(self) -> TextClause:

@@ -110,8 +110,10 @@ class ChildFailed(FlowqError):
 
     def __init__(self, run_id: int, status: str, step: str | None, error: str | None) -> None:
         where = f" in step {step!r}" if step else ""
+        # The first line of the child's error: its traceback stays in the child's row.
+        shown = (error or "").strip().splitlines()[0][:500] if (error or "").strip() else ""
         super().__init__(f"child run {run_id} ended {status}{where}: "
-                         f"{error or '(no error recorded)'}")
+                         f"{shown or '(no error recorded)'} (flowq runs show {run_id})")
         self.run_id, self.status, self.step, self.error = run_id, status, step, error
 
 

@@ -100,6 +100,10 @@ def app() -> flowq.FlowQ:
     return app
 
 
+def test_a_childs_checkpoint_name_is_one_of_flowqs_own() -> None:
+    assert flowq.children.CHILD_PREFIX.startswith(flowq.durable.RESERVED_PREFIX)
+
+
 def test_a_parent_gets_its_childrens_results_in_order_and_a_retry_starts_none_twice(
         engine: sa.Engine, app: flowq.FlowQ) -> None:
     run_id = enqueue(engine, app.get("parent"), count=5, fail_first=True)

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from flowq.errors import (
         CancelRun,
         CheckpointError,
+        ChildFailed,
         ConfigurationError,
         DatabaseUnavailableError,
         DeadlineExceeded,
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CancelRun",
     "CheckpointError",
+    "ChildFailed",
     "ConfigurationError",
     "Context",
     "DatabaseUnavailableError",
@@ -116,6 +118,7 @@ _EXPORTS: Final[dict[str, tuple[str, ...]]] = {
         "FlowqError", "InvalidArgumentsError", "InvalidQueueError", "RetryStep",
         "RunNotFoundError", "RunStateError", "SchemaMissingError", "SignalError",
         "SignalTimeout", "UnknownTaskError", "WorkflowError", "CheckpointError", "Snooze",
+        "ChildFailed",
     ),
     "flowq.db.migrations": ("migrate",),
     "flowq.ops.results": ("await_run", "get_result", "wait_run"),
@@ -127,6 +130,7 @@ _EXPORTS: Final[dict[str, tuple[str, ...]]] = {
 # enqueueing/ and ops/; imported on first use (the async one needs greenlet).
 _MODULES: Final[dict[str, str]] = {
     "aio": "flowq.enqueueing.aio",
+    "children": "flowq.children",
     "doctor": "flowq.ops.doctor",
     "durable": "flowq.durable",
     "queues": "flowq.ops.queues",

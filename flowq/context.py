@@ -25,6 +25,8 @@ from flowq.enqueueing.sync import Session
 from flowq.errors import CancelRun, FlowqError, InvalidArgumentsError
 
 if TYPE_CHECKING:
+    from flowq.children import Children
+    from flowq.define.pipeline import Pipeline
     from flowq.durable import Ledger
 
 __all__ = ["PROGRESS_MESSAGE_CHARS", "Context", "StepSession", "commit_step_session",
@@ -130,6 +132,7 @@ class Context:
         self._enqueued_at = enqueued_at or now
         self._started_at = started_at or now
         self._ledger = ledger
+        self._children: Children | None = None
 
     @property
     def cancelled(self) -> bool:
@@ -271,6 +274,38 @@ class Context:
         default=None, repr=False, compare=False)
     _progress_reports: int = field(default=0, repr=False, compare=False)
     _progress_taken: int = field(default=0, repr=False, compare=False)
+
+    # -- child runs (flowq.children) ----------------------------------------------------------
+
+    @property
+    def children(self) -> Children:
+        """This attempt's child runs (`flowq.children.Children`), recorded by its ledger."""
+        if self._children is None:
+            from flowq.children import Children  # it imports flowq.durable, which imports us
+
+            self._children = Children(self.ledger, self.job_id)
+        return self._children
+
+    def start_child(self, task: Pipeline | str, /, **args: Any) -> int:
+        """Start a run of `task` (a task or pipeline object, or its name with `queue=`) with
+        `args` as a child of this step, once: it commits with a checkpoint of its own, so a
+        retry or a replay gets the same child back. Returns its handle, the child's run id
+        (an int, JSON: a step may return it for a later step to wait on). Arguments and
+        options are checked like any enqueue's; `idempotency_key`, `unique`, `unique_key` and
+        `schema` are refused (see flowq.children)."""
+        return self.children.start(task, args)
+
+    def wait(self, child: int) -> Any:
+        """The result of child run `child` once it succeeded; `flowq.ChildFailed` if it ended
+        dead or cancelled. Until then the step gives its slot back without spending an
+        attempt and runs again later, its checkpoints replaying (see docs/durable.md)."""
+        return self.children.wait_all([child])[0]
+
+    def wait_all(self, children: list[int]) -> list[Any]:
+        """`wait` for every child in `children`: their results, in that order, once all
+        succeeded; `flowq.ChildFailed` for the first (in that order) that ended dead or
+        cancelled."""
+        return self.children.wait_all(children)
 
     def __getstate__(self) -> dict[str, Any]:  # pragma: no cover - contexts are not pickled
         raise TypeError("a flowq Context cannot be pickled")

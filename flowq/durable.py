@@ -35,7 +35,7 @@ import json
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 from flowq.context import StepSession, commit_step_session
 from flowq.db.rows import Claim, StoredCheckpoint
@@ -188,6 +188,32 @@ class Ledger:
                 *args, session=session, **kwargs))
         result = fn(*args, **kwargs)  # no transaction is open while `fn` runs
         return self._recorded(name, position, lambda session: result)
+
+    @staticmethod
+    def suspend(until: datetime | None, reason: str) -> NoReturn:
+        """End the handler's call: the job is due again at `until` (None: now) without
+        spending an attempt (`Suspend`; for modules that may not import this one, such as
+        `flowq.children`, which `flowq.context` imports)."""
+        raise Suspend(until, reason)
+
+    def own_checkpoint(self, name: str, make: Callable[[StepSession | None], Any]) -> Any:
+        """A checkpoint of flowq's own (`name` under `RESERVED_PREFIX`, e.g. a child run's
+        start, `flowq.children`): `make(session)` runs once per step like a checkpoint's
+        `fn`, its session's writes committed with the record, fenced on the claim; a replay
+        returns the stored result. In memory (no claim) `make` gets the test's session, or
+        None without one."""
+        if not name.startswith(RESERVED_PREFIX):
+            raise ValueError(f"{name!r} is not a name of flowq's own")
+        position = self._position(name)
+        stored = self._load().get(name)
+        if stored is not None:
+            return json.loads(stored)
+        if self.claim is None:
+            session = None if self.session_factory is None else self.session_factory()
+            text = self._checked(name, make(session))
+            self._load()[name] = text
+            return json.loads(text)
+        return self._recorded(name, position, make)
 
     def _recorded(self, name: str, position: int, make: Callable[[StepSession], Any]) -> Any:
         """Record `make(session)`'s result as checkpoint `name` in one transaction of a new

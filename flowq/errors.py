@@ -13,6 +13,7 @@ FlowqError                      root: catch this to catch everything flowq raise
 ├── EmbeddedPostgresError       the embedded PostgreSQL is missing or failed to start
 ├── RunNotFoundError            no run with that id (or it was pruned)
 ├── RunStateError               the run's state does not allow that (retry a run that is not dead)
+├── ChildFailed                 a child run a step waits on ended dead or cancelled
 └── WorkflowError               a workflow used wrongly at run time: `each()` of something
     │                           that is not a list of dicts, a mapped step with two parents
     ├── SignalError             a signal nobody waits for, sent twice, or whose payload is not JSON
@@ -37,6 +38,7 @@ from datetime import datetime, timedelta
 __all__ = [
     "CancelRun",
     "CheckpointError",
+    "ChildFailed",
     "ConfigurationError",
     "DatabaseUnavailableError",
     "DeadlineExceeded",
@@ -103,6 +105,20 @@ class RunNotFoundError(FlowqError):
 
 class RunStateError(FlowqError):
     """The run is not in a state that allows this (e.g. retrying a run that is not dead)."""
+
+
+class ChildFailed(FlowqError):
+    """A child run this step waits on (`ctx.wait`) ended dead or cancelled: the parent's
+    retry policy decides what happens next (`run_id`, `step` and `error` name the child's
+    failed step)."""
+
+    def __init__(self, run_id: int, status: str, step: str | None, error: str | None) -> None:
+        where = f" in step {step!r}" if step else ""
+        # The first line of the child's error: its traceback stays in the child's row.
+        shown = (error or "").strip().splitlines()[0][:500] if (error or "").strip() else ""
+        super().__init__(f"child run {run_id} ended {status}{where}: "
+                         f"{shown or '(no error recorded)'} (flowq runs show {run_id})")
+        self.run_id, self.status, self.step, self.error = run_id, status, step, error
 
 
 class WorkflowError(FlowqError):

@@ -52,7 +52,7 @@ SLOW_FILES = frozenset({
     "test_workflow_faults.py", "test_pipelines.py", "test_pgbouncer.py",
     "test_examples.py", "test_examples_workflows.py", "test_docs.py", "test_docs_build.py",
     "test_dashboard_browser.py", "test_bench.py", "test_demo.py", "test_failover.py",
-    "test_rolling_release.py", "test_durable.py",
+    "test_rolling_release.py", "test_durable.py", "test_child_runs.py",
 })
 
 

@@ -87,6 +87,7 @@ def _error_cell(text: str | None, earlier: bool = False) -> str:
 SHOWN_DEAD_INSTANCES: Final = 5
 # Checkpoints `runs show` lists (the rest are counted; --json has them).
 SHOWN_CHECKPOINTS: Final = 20
+SHOWN_CHILDREN: Final = 20  # of the run's children (--json has up to CHILDREN_SHOWN)
 
 
 def _counts(counts: dict[str, int]) -> str:
@@ -151,7 +152,28 @@ def _describe(run: RunInfo) -> str:
         lines += [f"  {s.step or '-'} attempt {a.attempt}: started {_when(a.started_at)} on "
                   f"{a.worker or '-'}: {_error_cell(a.error)}" for s, a in failed]
     lines += _checkpoint_lines(run)
+    lines += _family_lines(run)
     return "\n".join(lines)
+
+
+def _family_lines(run: RunInfo) -> list[str]:
+    """The run's parent and children (`ctx.start_child`): `flowq runs show ID` of each."""
+    out = []
+    if run.parent is not None:
+        p = run.parent
+        where = p.step if p.map_index is None else f"{p.step}[{p.map_index}]"
+        out += ["", f"parent: run {p.run_id} (step {_error_cell(json.dumps(where))}, "
+                    f"{p.name})"]
+    if run.children:
+        out += ["", f"children ({len(run.children)}):"]
+        for c in run.children[:SHOWN_CHILDREN]:
+            where = c.step if c.map_index is None else f"{c.step}[{c.map_index}]"
+            out.append(f"  run {c.run_id} {c.status or 'gone'} (from step "
+                       f"{_error_cell(json.dumps(where))}, {c.name})  {_when(c.created_at)}")
+        if len(run.children) > SHOWN_CHILDREN:
+            out.append(f"  ... and {len(run.children) - SHOWN_CHILDREN} more "
+                       "(--json lists them)")
+    return out
 
 
 def _checkpoint_lines(run: RunInfo) -> list[str]:
@@ -330,6 +352,10 @@ def cancel_command(run_id: int, database_url: str | None, schema: str, as_json: 
         if res.cancel_requested:
             parts.append(f"asked running job(s) {', '.join(map(str, res.cancel_requested))} "
                          "to stop after their current attempt")
+        if res.child_runs:
+            parts.append(f"cancelled {len(res.child_runs)} child run(s) "
+                         f"{', '.join(map(str, res.child_runs[:20]))}"
+                         f"{' ...' if len(res.child_runs) > 20 else ''}")
         summary = f"run {run_id}: " + "; ".join(parts) + "."
     _emit(as_json, res.to_dict(), summary + "\n\n" + _describe(res.run))
 

@@ -39,6 +39,7 @@ __all__ = [
     "batch_runs",
     "batches",
     "checkpoints",
+    "children",
     "definitions",
     "jobs",
     "join_shards",
@@ -391,6 +392,26 @@ batch_runs = sa.Table(
     metadata,
     sa.Column("batch_id", sa.BigInteger, primary_key=True),
     sa.Column("run_id", sa.BigInteger, primary_key=True),
+)
+
+
+# Which runs a step started with `ctx.start_child` (revision 0015, see flowq.children): one
+# row per child run, naming its parent's run, step and map instance (`NO_MAP_INDEX` outside a
+# mapped step), that step's job (woken by the child's completion) and the checkpoint that
+# started it. Written with the child's enqueue and that
+# checkpoint, in one transaction; pruned with the parent.
+children = sa.Table(
+    "children",
+    metadata,
+    sa.Column("run_id", sa.BigInteger, primary_key=True),
+    sa.Column("parent_run_id", sa.BigInteger, nullable=False),
+    sa.Column("parent_step", sa.Text, nullable=False),
+    sa.Column("parent_map_index", sa.Integer, nullable=False),
+    sa.Column("parent_job_id", sa.BigInteger, nullable=False),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False,
+              server_default=sa.func.now()),
+    sa.Index("children_parent_idx", "parent_run_id"),
 )
 
 

@@ -222,6 +222,7 @@ class Store:
         done = sorted(completions, key=lambda c: c.id)
         single = len(done) == 1
         params = bind_rows((*CLAIM_KEY, ("result", "jsonb")), done, single=single)
+        params["channel"] = self.channel  # new successors', and waiting parents' (children)
         if not successors:
             statement = self.q.complete_job if single else self.q.complete_jobs
         else:
@@ -232,7 +233,6 @@ class Store:
             params.update(bind_rows(SPAWN if flow else SUCCESSOR,
                                     [_full(s) for s in successors] if flow else successors,
                                     single=False, prefix="next_"))
-            params["channel"] = self.channel
             if flow:
                 statement = self.q.complete_flow if single else self.q.complete_flows
             else:
@@ -294,7 +294,7 @@ class Store:
         """End a claim as `status` with `error`; its status, or None if no longer ours."""
         job_id, lease = claim
         rows = self.run(self.q.end_job, {"id": job_id, "lease": lease, "status": status,
-                                         "error": error})
+                                         "error": error, "channel": self.channel})
         return rows[0][rows.columns.index("status")] if rows else None
 
     def release(self, claims: Sequence[Claim]) -> list[int]:

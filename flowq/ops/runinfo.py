@@ -11,6 +11,10 @@ is derived from them (`run_status`):
   created in the very transaction that records the success, so a run whose rows have all
   succeeded has reached all its leaves: no snapshot shows a success without its successors.
 
+A run started by another's step (`ctx.start_child`, see `flowq.children`) names its
+`parent` (that run, step and map instance), and a run lists the `children` its steps started
+(the first `CHILDREN_SHOWN`, each with its derived status).
+
 A succeeded run's `result` is its leaves' results: the single leaf's result, or a dict by
 step name when there are several (a mapped leaf gives the list of its instances' results).
 The leaves are known from the pipeline's definition when it is imported in this process;
@@ -32,10 +36,12 @@ from flowq.db.sql import Queries
 from flowq.define.app import find_definition
 from flowq.errors import RunNotFoundError
 
-__all__ = ["CHECKPOINTS_SHOWN", "AttemptInfo", "CheckpointInfo", "RunInfo", "RunSummary",
-           "StepGroup", "StepInfo", "attempts_of", "jsonable", "read_run", "run_status"]
+__all__ = ["CHECKPOINTS_SHOWN", "CHILDREN_SHOWN", "AttemptInfo", "CheckpointInfo", "RunInfo",
+           "RunLink", "RunSummary", "StepGroup", "StepInfo", "attempts_of", "jsonable",
+           "read_run", "read_runs", "run_status"]
 
 CHECKPOINTS_SHOWN: Final = 1000  # of a run, by `runs show` and the dashboard (the first)
+CHILDREN_SHOWN: Final = 1000  # of a run, by `runs show` and the dashboard (the first)
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,21 @@ class CheckpointInfo:
 
 
 @dataclass(frozen=True)
+class RunLink:
+    """A run's parent or one of its children (`flowq.children`): the other run's id, the
+    parent's step and map instance that started the child, the checkpoint that did
+    (`flowq.child.N`), when, and, for a child, its derived status (None: its rows are
+    gone, or for the parent, not read)."""
+
+    run_id: int
+    step: str
+    map_index: int | None
+    name: str
+    created_at: datetime
+    status: Status | None = None
+
+
+@dataclass(frozen=True)
 class StepGroup:
     """One step of a run's graph: its row, or all its map instances, aggregated."""
 
@@ -142,6 +163,10 @@ class RunInfo:
     # fingerprint, and the pipeline version a worker recorded it as (None: unrecorded).
     fingerprint: str | None = None
     version: int | None = None
+    # The run whose step started this one, and the runs this one's steps started (the
+    # first `CHILDREN_SHOWN`).
+    parent: RunLink | None = None
+    children: tuple[RunLink, ...] = ()
 
     @property
     def current_step(self) -> StepInfo:
@@ -296,7 +321,26 @@ def _run_of(run_id: int, rows: list[Any], schema: str) -> RunInfo:
 def read_run(conn: sa.Connection, q: Queries, run_id: int) -> RunInfo:
     """The run `run_id` on `conn`; RunNotFoundError if no row of it exists."""
     run = _run_of(run_id, list(conn.execute(q.select_run_jobs, {"run_id": run_id})), q.schema)
-    return replace(run, checkpoints=_checkpoints(conn, q, run_id))
+    parent: RunLink | None = None
+    children: list[RunLink] = []
+    for r in conn.execute(q.select_run_family, {"run_id": run_id, "limit": CHILDREN_SHOWN}):
+        link = RunLink(run_id=r.run_id, step=r.step, map_index=r.map_index, name=r.name,
+                       created_at=r.created_at, status=r.status)
+        if r.kind == "parent":
+            parent = link
+        else:
+            children.append(link)
+    return replace(run, checkpoints=_checkpoints(conn, q, run_id), parent=parent,
+                   children=tuple(children))
+
+
+def read_runs(conn: sa.Connection, q: Queries, run_ids: Sequence[int]) -> dict[int, RunInfo]:
+    """The runs `run_ids` that exist on `conn`, by id, read in one statement (one snapshot),
+    without their checkpoints or links: what a parent waiting on its children reads."""
+    rows: dict[int, list[Any]] = {}
+    for r in conn.execute(q.select_runs_jobs, {"run_ids": list(run_ids)}):
+        rows.setdefault(r.run_id, []).append(r)
+    return {run_id: _run_of(run_id, found, q.schema) for run_id, found in rows.items()}
 
 
 def _checkpoints(conn: sa.Connection, q: Queries, run_id: int) -> tuple[CheckpointInfo, ...]:

@@ -6,7 +6,9 @@ of `list_runs` and `retry_runs`, `flowq.ops.filters`.
 
 `cancel_run` ends pending and waiting steps `cancelled` and flags running ones with
 `cancel_requested`: their handlers finish (and their `ctx.session` writes commit) but they
-create no successor and count towards no join. Cancelling a run that is already cancelled
+create no successor and count towards no join. It does the same to the run's unfinished
+child runs (`ctx.start_child`, see `flowq.children`), theirs, and so on, in the same
+transaction (down to `flowq.children.MAX_DEPTH` levels). Cancelling a run that is already cancelled
 changes nothing; cancelling a succeeded or dead run raises `RunStateError`.
 
 `retry_run` resumes a `dead` run: every dead step (and dead map instance) goes back to
@@ -97,14 +99,18 @@ class CancelResult:
     run: RunInfo
     cancelled: tuple[int, ...]
     cancel_requested: tuple[int, ...]
+    # The descendant runs (children, grandchildren, ...) that had a step cancelled or
+    # flagged with the run.
+    child_runs: tuple[int, ...] = ()
 
     @property
     def changed(self) -> bool:
-        return bool(self.cancelled or self.cancel_requested)
+        return bool(self.cancelled or self.cancel_requested or self.child_runs)
 
     def to_dict(self) -> dict[str, Any]:
         return {"run_id": self.run.run_id, "cancelled_job_ids": list(self.cancelled),
                 "cancel_requested_job_ids": list(self.cancel_requested),
+                "cancelled_child_run_ids": list(self.child_runs),
                 "run": self.run.to_dict()}
 
 
@@ -270,9 +276,13 @@ def cancel_run(bind: Bind, run_id: int, schema: str = DEFAULT_SCHEMA, *,
     """Cancel the run: pending steps become `cancelled` (with `reason` as their last_error),
     a running step is flagged so that it creates no successor when it finishes.
 
-    A run already cancelled is left alone (nothing changed); a succeeded or dead run raises
-    RunStateError.
+    Its unfinished descendants (child runs, recursively) are cancelled with it, their
+    steps' last_error naming the run. A run already cancelled is left alone, but for
+    descendants started since (a child a step started before it saw the cancel);
+    a succeeded or dead run raises RunStateError.
     """
+    from flowq.children import MAX_DEPTH
+
     q = Queries(schema)
     run_id = check_id(run_id)
     with binds.transaction(bind) as conn:
@@ -281,12 +291,23 @@ def cancel_run(bind: Bind, run_id: int, schema: str = DEFAULT_SCHEMA, *,
             raise RunStateError(f"run {run_id} already ended {run.status}: there is nothing "
                                 "to cancel" + (" (retry it, or leave it)"
                                                if run.status == "dead" else ""))
-        rows = conn.execute(q.cancel_run_jobs, {"run_id": run_id, "error": reason}).all()
+        rows = conn.execute(q.cancel_run_jobs, {"run_ids": [run_id], "error": reason}).all()
+        # After the run's rows are locked: a child started before commits its link first
+        # (the link locks the parent's row, flowq.db.sql.children), one started after
+        # sees the cancel and starts nothing.
+        below = list(conn.execute(q.select_descendants,
+                                  {"run_id": run_id, "max_depth": MAX_DEPTH}).scalars())
+        children: set[int] = set()
+        if below:
+            _lock_runs(conn, q, below)
+            children = {r.run_id for r in conn.execute(q.cancel_run_jobs, {
+                "run_ids": below, "error": f"{reason} (with its parent run {run_id})"})}
         after = read_run(conn, q, run_id)
     return CancelResult(
         run=after,
         cancelled=tuple(sorted(r.id for r in rows if r.status == "cancelled")),
-        cancel_requested=tuple(sorted(r.id for r in rows if r.status == "running")))
+        cancel_requested=tuple(sorted(r.id for r in rows if r.status == "running")),
+        child_runs=tuple(sorted(children)))
 
 
 def retry_run(bind: Bind, run_id: int, schema: str = DEFAULT_SCHEMA) -> RetryResult:

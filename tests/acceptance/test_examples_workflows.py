@@ -48,3 +48,11 @@ def test_durable_example_charges_once_sleeps_and_snoozes(db_url: str) -> None:
             "times, every run on attempt 2 (one crash each): True") in out
     assert out.count("checkpoint flowq.sleep.0: {'until': ") == 3
     assert "checkpoint label: LBL-101" in out
+
+
+def test_children_example_fans_out_waits_fails_and_cancels(db_url: str) -> None:
+    out = run_example("children.py", db_url)
+    assert ("summary: 7 children for 3 albums, resize called 7 times, 2 children cancelled "
+            "with the archive") in out
+    assert "'thumbnails': ['beach.jpg@320', 'dunes.jpg@320', 'sunset.jpg@320']" in out
+    assert "ended dead in step 'resize': ValueError: cannot decode ice.broken" in out

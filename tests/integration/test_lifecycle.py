@@ -237,14 +237,14 @@ def fenced_write(name: str, claim: Claim) -> tuple[sa.TextClause, dict[str, Any]
     params: dict[str, dict[str, Any]] = {
         "heartbeat_jobs": bind(key, single=False),
         "release_jobs": {**bind(key, single=False), **notify},
-        "complete_jobs": bind(done, single=False),
-        "complete_job": bind(done, single=True),
+        "complete_jobs": {**bind(done, single=False), **notify},
+        "complete_job": {**bind(done, single=True), **notify},
         "complete_steps": {**bind(done, single=False),
                            **bind(nxt, single=False, prefix="next_"), **notify},
         "complete_step": {**bind(done, single=True),
                           **bind(nxt, single=False, prefix="next_"), **notify},
         "retry_job": {**key[0], "delay": 0.0, "error": "late retry"},
-        "end_job": {**key[0], "status": "dead", "error": "late end"},
+        "end_job": {**key[0], "status": "dead", "error": "late end", **notify},
     }
     statement: sa.TextClause = getattr(Q, name)
     return statement, params[name]
@@ -389,9 +389,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         results = {c: json.dumps({"by": worker, "lease": c.lease}) for c in claims}
         done = [{"id": c.id, "lease": c.lease, "result": results[c]} for c in claims]
         nexts = [n for c in claims if (n := successor(c, results[c])) is not None]
-        params = bind(done, single=single)
+        params = {**bind(done, single=single), "channel": CHANNEL}
         if nexts:
-            params.update(bind(nexts, single=False, prefix="next_"), channel=CHANNEL)
+            params.update(bind(nexts, single=False, prefix="next_"))
             stmt = Q.complete_step if single else Q.complete_steps
         else:
             stmt = Q.complete_job if single else Q.complete_jobs
@@ -446,7 +446,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         landing = self.landing([claim])
         with self.engine.begin() as conn:
             got = conn.execute(Q.end_job, {"id": claim.id, "lease": claim.lease,
-                                           "status": status, "error": "boom"}).all()
+                                           "status": status, "error": "boom",
+                                           "channel": CHANNEL}).all()
         self.forget(worker, [claim])
         assert len(got) == len(landing)  # (2)
         if got:

@@ -141,9 +141,10 @@ def _fenced_writes(job_id: int, lease: int) -> list[tuple[str, sa.TextClause, di
     arrays = {"ids": [job_id], "leases": [lease]}
     return [
         ("heartbeat_jobs", Q.heartbeat_jobs, arrays),
-        ("complete_jobs", Q.complete_jobs, {**arrays, "results": ['{"ok": 1}']}),
+        ("complete_jobs", Q.complete_jobs, {**arrays, "results": ['{"ok": 1}'],
+                                            "channel": "flowq"}),
         ("complete_job", Q.complete_job, {"id": job_id, "lease": lease,
-                                          "result": '{"ok": 1}'}),
+                                          "result": '{"ok": 1}', "channel": "flowq"}),
         ("complete_steps", Q.complete_steps, {
             **arrays, "results": ["{}"], "next_ids": [job_id], "next_leases": [lease],
             "next_tasks": ["t"],
@@ -159,7 +160,7 @@ def _fenced_writes(job_id: int, lease: int) -> list[tuple[str, sa.TextClause, di
         ("retry_job", Q.retry_job, {"id": job_id, "lease": lease, "delay": 5.0,
                                     "error": "boom"}),
         ("end_job", Q.end_job, {"id": job_id, "lease": lease, "status": "dead",
-                                "error": "boom"}),
+                                "error": "boom", "channel": "flowq"}),
         ("release_jobs", Q.release_jobs, {**arrays, "channel": "flowq"}),
         ("suspend_job", Q.suspend_job, {"id": job_id, "lease": lease, "step": "s",
                                         "until": None, "delay": 5.0, "snoozes": 1,
@@ -229,10 +230,11 @@ def test_complete_and_end_and_release_with_a_matching_claim(engine: sa.Engine) -
         a, b, c = claim(conn)
     with engine.begin() as conn:
         [done] = conn.execute(Q.complete_jobs, {"ids": [a.id], "leases": [a.lease],
-                                                "results": ['{"x": 1}']}).all()
+                                                "results": ['{"x": 1}'],
+                                                "channel": "flowq"}).all()
         assert done.id == a.id and done.cancel_requested is False
         [ended] = conn.execute(Q.end_job, {"id": b.id, "lease": b.lease, "status": "dead",
-                                           "error": "E"}).all()
+                                           "error": "E", "channel": "flowq"}).all()
         assert ended.status == "dead"
         [_released] = conn.execute(Q.release_jobs, {"ids": [c.id], "leases": [c.lease],
                                                     "channel": "flowq"}).all()
@@ -299,7 +301,8 @@ def test_hot_statements_stay_index_lookups_on_a_table_analyzed_empty(engine: sa.
         "claim_jobs": {"queue": "default", "limit": 100, "worker": "w"},
         "heartbeat_jobs": {"ids": batch, "leases": leases},
         "release_jobs": {"ids": batch, "leases": leases, "channel": "flowq"},
-        "complete_jobs": {"ids": batch, "leases": leases, "results": ["{}"] * 200},
+        "complete_jobs": {"ids": batch, "leases": leases, "results": ["{}"] * 200,
+                          "channel": "flowq"},
         "complete_steps": {"ids": batch, "leases": leases, "results": ["{}"] * 200,
                            "next_ids": batch, "next_leases": leases,
                            "next_tasks": ["t"] * 200,
@@ -307,7 +310,7 @@ def test_hot_statements_stay_index_lookups_on_a_table_analyzed_empty(engine: sa.
                            "next_queues": ["q"] * 200, "next_max_attempts": [3] * 200,
                            "next_args": ["{}"] * 200, "next_map_indexes": [None] * 200,
                            "next_delays": [0.0] * 200, "channel": "flowq"},
-        "complete_job": {"id": ids[0], "lease": ids[0], "result": "{}"},
+        "complete_job": {"id": ids[0], "lease": ids[0], "result": "{}", "channel": "flowq"},
         "complete_step": {"id": ids[0], "lease": ids[0], "result": "{}", "next_ids": [ids[0]],
                           "next_leases": [ids[0]],
                           "next_tasks": ["t"], "next_steps": ["s"], "next_step_indexes": [1],
@@ -315,7 +318,8 @@ def test_hot_statements_stay_index_lookups_on_a_table_analyzed_empty(engine: sa.
                           "next_map_indexes": [None], "next_delays": [0.0],
                           "channel": "flowq"},
         "retry_job": {"id": ids[0], "lease": ids[0], "delay": 1.0, "error": "e"},
-        "end_job": {"id": ids[0], "lease": ids[0], "status": "dead", "error": "e"},
+        "end_job": {"id": ids[0], "lease": ids[0], "status": "dead", "error": "e",
+                    "channel": "flowq"},
     }[name]
     # The single-row writes run on the handler's own session too: no planner options there.
     single = name in ("complete_job", "complete_step", "retry_job", "end_job")
@@ -355,7 +359,7 @@ def test_a_lease_never_repeats_so_an_old_claim_writes_nothing(engine: sa.Engine,
             assert conn.execute(stmt, params).all() == []
     with engine.begin() as conn:
         conn.execute(Q.end_job, {"id": again.id, "lease": again.lease, "status": "dead",
-                                 "error": "E"})
+                                 "error": "E", "channel": "flowq"})
     retry_run(engine, again.run_id)
     with engine.begin() as conn:
         [third] = claim(conn)
@@ -385,7 +389,7 @@ def test_every_statement_is_a_verb_noun_with_a_one_line_description() -> None:
 
     statements = {name: attr for cls in type(Q).__mro__ for name, attr in vars(cls).items()
                   if isinstance(attr, cached_property)}
-    assert len(statements) == 101
+    assert len(statements) == 106
     for name, prop in statements.items():
         verb, _, noun = name.partition("_")
         assert verb in VERBS and noun, name

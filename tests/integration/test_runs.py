@@ -22,7 +22,7 @@ from flowq.testing import job_rows, run_until_idle, wait_until
 
 RUN_KEYS = {"run_id", "task", "status", "cancel_requested", "idempotency_key", "created_at",
             "finished_at", "result", "steps", "graph", "checkpoints", "forked_from",
-            "deadline", "fingerprint", "version"}
+            "deadline", "fingerprint", "version", "parent", "children"}
 STEP_KEYS = {"job_id", "step", "index", "queue", "status", "attempts", "max_attempts",
              "cancel_requested", "run_at", "created_at", "locked_at", "heartbeat_at",
              "locked_by", "finished_at", "last_error", "args", "result", "map_index",

@@ -6,8 +6,8 @@ one instance per process (each statement compiles once, on first use):
 
 - `claims`: the claim and every write after it (heartbeat, complete, retry, end, release,
   reap), fenced on (id, lease); `jobs`: enqueue and the reads of job rows outside a claim;
-- `queues`, `permits`, `signals`, `workers`, `uniques`, `schedules`, `checkpoints`: the
-  table of that name;
+- `queues`, `permits`, `signals`, `workers`, `uniques`, `schedules`, `checkpoints`,
+  `children`: the table of that name;
 - `runs`: the rows of one run (inspection, cancel, retry, filters, redrive); `deadlines`:
   cancelling the runs whose deadline passed (the reaper's); `batches`: `session.batch()`;
 - `admin`: the database itself (schema check, locks, clocks, health);
@@ -29,6 +29,7 @@ from functools import cache
 from flowq.db.sql.admin import AdminStatements
 from flowq.db.sql.batches import BatchStatements
 from flowq.db.sql.checkpoints import CheckpointStatements
+from flowq.db.sql.children import ChildStatements
 from flowq.db.sql.claims import ClaimStatements
 from flowq.db.sql.dashboard import DashboardStatements
 from flowq.db.sql.deadlines import DeadlineStatements
@@ -47,7 +48,7 @@ __all__ = ["Queries", "queries"]
 class Queries(ClaimStatements, JobStatements, QueueStatements, PermitStatements,
               SignalStatements, WorkerStatements, RunStatements, UniqueStatements,
               ScheduleStatements, AdminStatements, DashboardStatements,
-              CheckpointStatements, DeadlineStatements, BatchStatements):
+              CheckpointStatements, DeadlineStatements, BatchStatements, ChildStatements):
     """The statements for one flowq schema, every table's."""
 
 

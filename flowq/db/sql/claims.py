@@ -7,6 +7,7 @@ from functools import cached_property
 from sqlalchemy.sql.elements import TextClause
 
 from flowq.db.schema import JOIN_SHARDS, JOIN_SHARDS_CAPABILITY
+from flowq.db.sql.children import wake_parents
 from flowq.db.sql.fragments import (
     CLAIM_KEY,
     CONTROLLED,
@@ -113,7 +114,7 @@ class ClaimStatements(Statements):
 
     def _complete(self, *, single: bool) -> TextClause:
         return self.sql(f"""
-            WITH done AS ({succeed(single)})
+            WITH done AS ({succeed(single)}), {wake_parents("done")}
             SELECT id, cancel_requested,
                    {notify_ended("SELECT run_id FROM done")} AS ended
               FROM done""")
@@ -139,7 +140,7 @@ class ClaimStatements(Statements):
         # Successors are always a batch: one success may create many (a map's instances).
         successors = rows("n", SUCCESSOR, single=False, prefix="next_")
         return self.sql(f"""
-            WITH done AS ({succeed(single)}), inserted AS (
+            WITH done AS ({succeed(single)}), {wake_parents("done")}, inserted AS (
                 INSERT INTO {S}.jobs (run_id, task, step, step_index, queue, priority,
                                         max_attempts, args, map_index, run_at, trace_context,
                                         deadline, fingerprint)
@@ -178,7 +179,7 @@ class ClaimStatements(Statements):
         spawns = rows("n", SPAWN, single=False, prefix="next_")
         waits = "r.signal IS NOT NULL AND m.sent_at IS NULL"
         return self.sql(f"""
-            WITH done AS ({succeed(single)}), spawn AS (
+            WITH done AS ({succeed(single)}), {wake_parents("done")}, spawn AS (
                 SELECT d.run_id, d.priority, d.trace_context, d.fingerprint,
                        d.step AS done_step,
                        d.map_index AS instance, d.deadline, n.*
@@ -326,14 +327,18 @@ class ClaimStatements(Statements):
         """End a claim as dead or cancelled, fenced.
 
         End a claim as :status (`dead` or `cancelled`) with :error, the attempt appended
-        to `attempt_log` (`fragments.log_attempt`)."""
+        to `attempt_log` (`fragments.log_attempt`); a parent waiting on its run is woken
+        (`wake_parents`, :channel), to see it failed."""
         return self.sql(f"""
-            UPDATE {S}.jobs j
-               SET status = :status, finished_at = now(), last_error = :error,
-                   {log_attempt("CAST(:error AS text)")}, {UNLOCK}
-              FROM {rows("c", CLAIM_KEY, single=True)}
-             WHERE {FENCE}
-            RETURNING j.status, {notify_ended_row("true")} AS ended""")
+            WITH done AS (
+                UPDATE {S}.jobs j
+                   SET status = :status, finished_at = now(), last_error = :error,
+                       {log_attempt("CAST(:error AS text)")}, {UNLOCK}
+                  FROM {rows("c", CLAIM_KEY, single=True)}
+                 WHERE {FENCE}
+                RETURNING j.status, j.run_id, {notify_ended_row("true")} AS ended),
+                 {wake_parents("done")}
+            SELECT status, ended FROM done""")
 
     @cached_property
     def release_jobs(self) -> TextClause:

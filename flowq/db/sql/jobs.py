@@ -214,4 +214,6 @@ class JobStatements(Statements):
                   SELECT id FROM {S}.batches
                    WHERE fired_at < now() - make_interval(secs => :retention)
                    ORDER BY fired_at LIMIT :limit))
+            , links AS (DELETE FROM {S}.children
+                         WHERE parent_run_id IN (SELECT run_id FROM old))
             SELECT count(*) FROM gone""")

@@ -10,6 +10,18 @@ from flowq.db.sql.fragments import CANCELLABLE, RUN_STATUS, S, Statements, cance
 
 __all__ = ["RunStatements"]
 
+# The columns of a run's rows that `flowq.ops.runinfo` reads.
+# A run's rows as `flowq.ops.runinfo` reads them (of `{S}.jobs j`), with the pipeline version
+# its definition's fingerprint was recorded under (`flowq.definitions`, a primary key lookup;
+# NULL when none was).
+RUN_JOB_COLUMNS = f"""id, run_id, task, step, step_index, queue, status, priority, attempts,
+                   max_attempts, args, result, last_error, idempotency_key, cancel_requested,
+                   run_at, locked_at, heartbeat_at, locked_by, created_at, finished_at,
+                   map_index, started_at, attempt_log, progress, forked_from, deadline,
+                   fingerprint,
+                   (SELECT d.version FROM {S}.definitions d
+                     WHERE d.fingerprint = j.fingerprint) AS version"""
+
 
 class RunStatements(Statements):
     """The statements on the rows of a run, for one schema."""
@@ -23,15 +35,19 @@ class RunStatements(Statements):
         none was). One statement, so one snapshot: a step's success and its successor's
         insert (one transaction) are seen together or not at all."""
         return self.sql(f"""
-            SELECT id, run_id, task, step, step_index, queue, status, priority, attempts,
-                   max_attempts, args, result, last_error, idempotency_key, cancel_requested,
-                   run_at, locked_at, heartbeat_at, locked_by, created_at, finished_at,
-                   map_index, started_at, attempt_log, progress, forked_from, deadline,
-                   fingerprint,
-                   (SELECT d.version FROM {S}.definitions d
-                     WHERE d.fingerprint = j.fingerprint) AS version
-              FROM {S}.jobs j WHERE run_id = :run_id
+            SELECT {RUN_JOB_COLUMNS} FROM {S}.jobs j WHERE run_id = :run_id
              ORDER BY step_index, map_index NULLS FIRST, id""")
+
+    @cached_property
+    def select_runs_jobs(self) -> TextClause:
+        """Read every row of several runs, by run and in step order.
+
+        `select_run_jobs` for the runs :run_ids (a parent reading its children), in one
+        statement, so in one snapshot."""
+        return self.sql(f"""
+            SELECT {RUN_JOB_COLUMNS} FROM {S}.jobs j
+             WHERE run_id = ANY(CAST(:run_ids AS bigint[]))
+             ORDER BY run_id, step_index, map_index NULLS FIRST, id""")
 
     @cached_property
     def mark_forked_run(self) -> TextClause:
@@ -55,15 +71,15 @@ class RunStatements(Statements):
 
     @cached_property
     def cancel_run_jobs(self) -> TextClause:
-        """Cancel a run: end its waiting rows, flag its running ones.
+        """Cancel runs: end their waiting rows, flag their running ones.
 
-        Cancel run :run_id (rows locked first): pending and waiting steps end `cancelled`
-        with :error, running ones get `cancel_requested` (they finish, but create no
-        successor and count towards no join)."""
+        Cancel the runs :run_ids (a run, or its descendants; rows locked first): pending
+        and waiting steps end `cancelled` with :error, running ones get `cancel_requested`
+        (they finish, but create no successor and count towards no join)."""
         return self.sql(f"""
             UPDATE {S}.jobs j SET {cancel("CAST(:error AS text)")}
-             WHERE run_id = :run_id AND {CANCELLABLE}
-            RETURNING id, status,
+             WHERE run_id = ANY(CAST(:run_ids AS bigint[])) AND {CANCELLABLE}
+            RETURNING id, run_id, status,
                       {notify_ended_row("j.status = 'cancelled'")} AS ended""")
 
     @cached_property

@@ -1,0 +1,130 @@
+"""The statements of `flowq.children`: which runs a step started with `ctx.start_child`.
+
+A child's link is written in the transaction that enqueues it and records its checkpoint
+(`flowq.children`), after locking the parent's job row (`FOR NO KEY UPDATE`, the lock the
+checkpoint's fence takes too): a cancel of the parent's run locks that row first, so either
+the cancel waits for the child and then finds its link (and cancels it), or the child's
+transaction waits for the cancel and sees `cancel_requested` (and starts nothing). A wait
+reads its children's statuses by `RUN_STATUS`, the rule `flowq.ops.runinfo.run_status`
+states; a cancel walks the links down, bounded in depth (a cycle cannot be made through
+`start_child`, whose children are new runs, but a hand-written row could).
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+from sqlalchemy.sql.elements import TextClause
+
+from flowq.db.schema import NO_MAP_INDEX
+from flowq.db.sql.fragments import RUN_STATUS, S, Statements
+
+__all__ = ["ChildStatements", "wake_parents"]
+
+# Whether a run's rows are all finished (none pending, running or waiting), over its rows.
+FINISHED = "NOT bool_or(status IN ('pending', 'running', 'waiting'))"
+
+
+def wake_parents(done: str) -> str:
+    """A CTE `woken_parents` making the waiting parents of the child runs in `done` (a FROM
+    item with `run_id`: the rows a completion just ended) due now, and waking the workers of
+    their queues (:channel): the completion that ends a child's run ends its parent's wait
+    at once, instead of at its next re-check. Two primary-key lookups per completed row
+    (its link, the parent's job), none past the first for a run that is nobody's child.
+    Only a parent step that is pending and due
+    later (suspended in `ctx.wait`) is moved; a row another transaction holds is skipped
+    (`SKIP LOCKED`: a claim, a cancel, or another completion waking it), so a completion
+    never waits for, nor deadlocks on, a parent's row. A parent that was running its wait
+    when the child ended is not woken: its re-check finds the child finished."""
+    return f"""woken_parents AS (
+                UPDATE {S}.jobs p SET run_at = now()
+                 WHERE p.id IN (
+                       SELECT q.id FROM {done} d
+                         JOIN {S}.children c ON c.run_id = d.run_id
+                         JOIN {S}.jobs q ON q.id = c.parent_job_id
+                        WHERE q.status = 'pending' AND q.run_at > now()
+                          FOR UPDATE OF q SKIP LOCKED)
+                RETURNING pg_notify(:channel, p.queue))"""
+
+
+class ChildStatements(Statements):
+    """The statements of `flowq.children`, for one schema."""
+
+    @cached_property
+    def insert_child(self) -> TextClause:
+        """Link a child run to its parent, unless the parent's run is being cancelled.
+
+        Lock the parent's job :job_id (waiting for a cancel in flight), and, unless it has
+        `cancel_requested`, record run :child_run_id as a child of (:run_id, :step,
+        :map_index), job :job_id, started by checkpoint :name; one row: `cancelled` (NULL when the job
+        row does not exist: the test kit's synthetic job) and `linked` (0 or 1)."""
+        return self.sql(f"""
+            WITH parent AS (
+                SELECT bool_or(p.cancel_requested) AS cancelled
+                  FROM (SELECT j.cancel_requested FROM {S}.jobs j
+                         WHERE j.id = CAST(:job_id AS bigint) FOR NO KEY UPDATE OF j) p
+            ), linked AS (
+                INSERT INTO {S}.children (run_id, parent_run_id, parent_step,
+                                          parent_map_index, parent_job_id, name)
+                SELECT CAST(:child_run_id AS bigint), CAST(:run_id AS bigint),
+                       CAST(:step AS text), COALESCE(CAST(:map_index AS int), {NO_MAP_INDEX}),
+                       CAST(:job_id AS bigint), CAST(:name AS text)
+                  FROM parent WHERE parent.cancelled IS NOT TRUE
+                RETURNING run_id)
+            SELECT (SELECT cancelled FROM parent) AS cancelled,
+                   (SELECT count(*) FROM linked) AS linked""")
+
+    @cached_property
+    def select_children_status(self) -> TextClause:
+        """Read the status of some children of a run, with the database's clock.
+
+        For each of the runs :run_ids that is a child of run :run_id: its id, when it was
+        started, its status derived from its rows (`RUN_STATUS`; NULL when its rows are
+        gone) and whether they have all finished; one row of NULLs but the clock when none
+        is a child."""
+        return self.sql(f"""
+            SELECT n.now, c.run_id, c.created_at, s.status, s.finished
+              FROM (SELECT now() AS now) n
+              LEFT JOIN {S}.children c
+                     ON c.parent_run_id = CAST(:run_id AS bigint)
+                    AND c.run_id = ANY(CAST(:run_ids AS bigint[]))
+              LEFT JOIN LATERAL (
+                  SELECT {RUN_STATUS} AS status, {FINISHED} AS finished
+                    FROM {S}.jobs j WHERE j.run_id = c.run_id HAVING count(*) > 0) s ON true""")
+
+    @cached_property
+    def select_descendants(self) -> TextClause:
+        """List the descendants of a run (its children, theirs, ...), bounded in depth.
+
+        Every run below run :run_id through `flowq.children`, down to :max_depth levels (a
+        guard against a cycle of hand-written links), in run id order."""
+        return self.sql(f"""
+            WITH RECURSIVE tree(run_id, depth) AS (
+                SELECT c.run_id, 1 FROM {S}.children c
+                 WHERE c.parent_run_id = CAST(:run_id AS bigint)
+              UNION
+                SELECT c.run_id, t.depth + 1 FROM tree t
+                  JOIN {S}.children c ON c.parent_run_id = t.run_id
+                 WHERE t.depth < CAST(:max_depth AS int))
+            SELECT DISTINCT run_id FROM tree
+             WHERE run_id <> CAST(:run_id AS bigint) ORDER BY run_id""")
+
+    @cached_property
+    def select_run_family(self) -> TextClause:
+        """Read a run's parent and children (inspection).
+
+        The parent of run :run_id (`kind` 'parent': its run id, the step and map instance
+        that started this one) and its first :limit children (`kind` 'child', in run id
+        order, each with its derived status; NULL when its rows are gone)."""
+        return self.sql(f"""
+            SELECT 'parent' AS kind, c.parent_run_id AS run_id, c.parent_step AS step,
+                   NULLIF(c.parent_map_index, {NO_MAP_INDEX}) AS map_index, c.name,
+                   c.created_at, CAST(NULL AS text) AS status
+              FROM {S}.children c WHERE c.run_id = CAST(:run_id AS bigint)
+            UNION ALL
+            (SELECT 'child', c.run_id, c.parent_step,
+                    NULLIF(c.parent_map_index, {NO_MAP_INDEX}), c.name, c.created_at,
+                    (SELECT {RUN_STATUS} FROM {S}.jobs j WHERE j.run_id = c.run_id
+                      HAVING count(*) > 0)
+               FROM {S}.children c WHERE c.parent_run_id = CAST(:run_id AS bigint)
+              ORDER BY c.run_id LIMIT :limit)""")

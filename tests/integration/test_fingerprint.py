@@ -34,7 +34,7 @@ def test_the_same_app_has_the_same_fingerprint_in_another_process() -> None:
                          capture_output=True, text=True).stdout
     here = {p.name: p.fingerprint for p in deploy_a.app.definitions}
     assert json.loads(out) == here
-    assert all(f.startswith("sha256:") and len(f) == 7 + 64 for f in here.values())
+    assert all(len(f) == 16 and int(f, 16) >= 0 for f in here.values())
 
 
 def _pipeline(doc: str = "", *, param: str = "n", parents: bool = False) -> flowq.Pipeline:

@@ -11,7 +11,9 @@ concurrency limit beside the same drain unlimited), rate (a rate-limited queue's
 start rate and burst), enqueue, latency, scale, and the opt-in
 soak (it runs for `--duration`), memory (worker RSS over a 1M-job drain), pressure (a
 steady load beside an open snapshot and a scanning reader, phase by phase) and overload (one
-worker offered 0.5x to 4x its peak, in its own process and in the producer's).
+worker offered 0.5x to 4x its peak, in its own process and in the producer's), checkpoint
+(jobs of ten checkpoints beside a raw loop) and sleep (N runs of one durable sleep beside N
+delayed no-op jobs, on one worker).
 Each runs in a fresh database on one server: the one at `--database-url`, or a fresh
 embedded PostgreSQL with durable defaults (fsync on); FLOWQ_DATABASE_URL and DATABASE_URL are
 never read. The bench drops only the databases it created (see `harness`).
@@ -21,7 +23,7 @@ in the same run, because absolute numbers drift from machine to machine and rati
 
 Modules: `options` (sizes and defaults), `harness` (server, databases, worker processes),
 `baselines` (raw loops), `drains` (timing a drain), `scenarios`, `limits`, `rate`, `producers`,
-`memory`, `pressure` and `overload` (the scenarios), `load` (fixed-rate load in phases, read
+`memory`, `pressure`, `overload` and `sleep` (the scenarios), `load` (fixed-rate load in phases, read
 back from the job rows: pressure's and overload's), `report` (table and JSON), `app` (the bench's handlers),
 `worker` (soak worker), `progress` (each scenario and repeat as it starts), `cli` (the
 command's options).
@@ -46,7 +48,7 @@ __all__ = ["DEFAULT_SCENARIOS", "SCENARIOS", "Options", "run_bench"]
 
 
 def _registry() -> dict[str, Callable[[Server, Options], list[Row]]]:
-    from flowq_bench import limits, memory, overload, pressure, producers, rate, scenarios
+    from flowq_bench import limits, memory, overload, pressure, producers, rate, scenarios, sleep
 
     return {"drain": scenarios.drain, "drain-session": scenarios.drain_session,
             "pipeline": scenarios.pipeline, "dag": scenarios.dag, "map": scenarios.map_run,
@@ -54,7 +56,8 @@ def _registry() -> dict[str, Callable[[Server, Options], list[Row]]]:
             "limit": limits.limit, "rate": rate.rate, "enqueue": producers.enqueue,
             "latency": producers.latency, "scale": scenarios.scale, "soak": producers.soak,
             "memory": memory.memory, "pressure": pressure.pressure,
-            "overload": overload.overload, "checkpoint": scenarios.checkpoint}
+            "overload": overload.overload, "checkpoint": scenarios.checkpoint,
+            "sleep": sleep.sleep}
 
 
 def run_bench(url: str | None, names: Sequence[str], options: Options,

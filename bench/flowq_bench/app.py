@@ -14,6 +14,8 @@ Every handler is as cheap as a handler can be, so what is measured is flowq itse
   (`FLOWQ_BENCH_QUEUE_LIMIT`, default 50) for the `limit` scenario;
 - `checkpointed`: ten checkpoints, each writing one `bench_ledger` row in its own session
   (ten commits per job, each fenced on the claim: the `checkpoint` scenario);
+- `sleeper`: one durable `ctx.sleep(seconds)` (the job gives its slot back and runs again
+  when due, its attempt given back: the `sleep` scenario);
 - `rated`: a no-op on queue `bench_rate`, declared with a rate limit
   (`FLOWQ_BENCH_RATE` starts per second, default 200) for the `rate` scenario.
 
@@ -38,7 +40,7 @@ import flowq
 from flowq.context import Context
 
 __all__ = ["CHECKPOINTS", "LIMITED_QUEUE", "LIMIT_ENV", "RATE_ENV", "RATE_QUEUE", "app",
-           "checkpointed", "dag", "fan", "ledger", "limited", "noop", "rated", "stamp", "steps"]
+           "checkpointed", "dag", "fan", "ledger", "limited", "noop", "rated", "sleeper", "stamp", "steps"]
 
 LIMITED_QUEUE: Final = "bench_limited"
 CHECKPOINTS: Final = 10  # per job of `checkpointed`
@@ -84,6 +86,12 @@ def checkpointed(ctx: Context, n: int = 0) -> None:
     """Ten checkpoints, each one `bench_ledger` row committed with its record."""
     for i in range(CHECKPOINTS):
         ctx.checkpoint(f"row-{i}", _ledger_row, ctx.job_id)
+
+
+@app.task(queue="bench")
+def sleeper(ctx: Context, n: int = 0, seconds: float = 1.0) -> None:
+    """One durable sleep: the first call suspends the job, the second returns."""
+    ctx.sleep(seconds)
 
 
 @app.task(queue="bench")

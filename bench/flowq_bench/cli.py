@@ -62,8 +62,9 @@ def _number(option: str, dest: str, help: str, default: str) -> Callable[[_F], _
               "soak, memory, pressure (a steady load beside an open snapshot, then a scanning "
               "reader), overload (one worker offered 0.5x to 4x its peak), checkpoint (jobs "
               "of 10 checkpoints against a raw loop writing 10 rows in 10 transactions; "
-              "--jobs counts rows). Default: all but limit, rate, soak, memory, pressure, "
-              "overload and checkpoint.")
+              "--jobs counts rows), sleep (2,000 runs of one ctx.sleep each on one worker, "
+              "beside as many no-op jobs delayed as long; --jobs sets the runs). Default: all "
+              "but limit, rate, soak, memory, pressure, overload, checkpoint and sleep.")
 @click.option("--jobs", "n_jobs", type=click.IntRange(1), default=None,
               help="Jobs per drain (pipeline: steps; memory: the whole drain) "
               "[default: 50000, memory 1000000; --quick: 300].")
@@ -89,6 +90,9 @@ def _number(option: str, dest: str, help: str, default: str) -> Callable[[_F], _
 @_number("--overload-phase", "overload_phase",
          "overload: how long each offered load lasts, for each worker placement",
          "20; --quick: 1")
+@_number("--sleep-seconds", "sleep_seconds",
+         "sleep: how long each run's ctx.sleep (and each reference job's delay) lasts",
+         "1; --quick: 0.5")
 @click.option("--quick", is_flag=True, help="Tiny sizes and one run: checks it works.")
 @click.option("--json", "json_out", is_flag=True, help="Print JSON instead of the table.")
 @click.option("--json-file", type=click.Path(dir_okay=False), default=None,
@@ -97,7 +101,8 @@ def bench(database_url: str | None, scenarios: tuple[str, ...], n_jobs: int | No
           processes: int | None, concurrency: int | None, drain_c: str | None,
           retained: int | None, repeat: int | None, duration: float | None,
           pressure_phase: float | None, pressure_rate: float | None,
-          pressure_rows: int | None, overload_phase: float | None, quick: bool,
+          pressure_rows: int | None, overload_phase: float | None,
+          sleep_seconds: float | None, quick: bool,
           json_out: bool, json_file: str | None) -> None:
     """Benchmark flowq against raw-SQL references on --database-url or an embedded server.
 
@@ -120,7 +125,8 @@ def bench(database_url: str | None, scenarios: tuple[str, ...], n_jobs: int | No
                         ("pressure_phase", pressure_phase),
                         ("pressure_rate", pressure_rate),
                         ("pressure_rows", pressure_rows),
-                        ("overload_phase", overload_phase)):
+                        ("overload_phase", overload_phase),
+                        ("sleep_seconds", sleep_seconds)):
         if value is not None:
             setattr(options, knob, value)
     if drain_c is not None:

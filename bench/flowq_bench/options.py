@@ -17,7 +17,7 @@ __all__ = ["BOUNDS", "DEFAULT_SCENARIOS", "OPT_IN", "SCENARIOS", "Bound", "Optio
 
 SCENARIOS: Final = ("drain", "drain-session", "pipeline", "dag", "map", "map-session",
                     "limit", "rate", "enqueue", "latency", "scale", "soak", "memory",
-                    "pressure", "overload", "checkpoint")
+                    "pressure", "overload", "checkpoint", "sleep")
 # soak runs for --duration (default 10 minutes) and memory drains a million jobs, so both are
 # opt-in: --scenario soak, --scenario memory. limit and rate take 1.5-2 minutes each at default
 # size (three drains or windows of each kind, one kind being a 15 s cap or a 10 s window, and
@@ -25,8 +25,10 @@ SCENARIOS: Final = ("drain", "drain-session", "pipeline", "dag", "map", "map-ses
 # pressure runs four phases of --pressure-phase (30 s) and then drains what piled up;
 # overload eight phases of --overload-phase (20 s) and the backlogs they leave (5-10 min).
 # checkpoint (ten commits per job: flowq's and a raw loop's) is opt-in, a durable-execution
-# figure beside the throughput ones.
-OPT_IN: Final = ("limit", "rate", "soak", "memory", "pressure", "overload", "checkpoint")
+# figure beside the throughput ones; so is sleep (N runs of one durable sleep each, beside N
+# delayed no-op jobs).
+OPT_IN: Final = ("limit", "rate", "soak", "memory", "pressure", "overload", "checkpoint",
+                 "sleep")
 DEFAULT_SCENARIOS: Final = tuple(s for s in SCENARIOS if s not in OPT_IN)
 
 
@@ -56,6 +58,9 @@ BOUNDS: Final = {
     "--pressure-rows": Bound("rows", 1, 10_000_000, integer=True),
     "--overload-phase": Bound("seconds", 0.5, 3_600.0),
     "--duration": Bound("seconds", 1.0, 86_400.0),
+    # A sleep long enough to be one (the worker's timers are in milliseconds), and at most
+    # an hour: the scenario waits for it twice per repeat.
+    "--sleep-seconds": Bound("seconds", 0.1, 3_600.0),
 }
 
 
@@ -124,6 +129,12 @@ class Options:
     # many seconds each, with the worker in its own process and in the producer's.
     overload_multiples: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
     overload_phase: float = 20.0
+    # sleep: this many runs (an explicit --jobs overrides it) each ctx.sleep(sleep_seconds)
+    # once, on one worker process of sleep_concurrency slots (-c overrides it), beside as
+    # many no-op jobs delayed by sleep_seconds.
+    sleep_runs: int = 2_000
+    sleep_seconds: float = 1.0
+    sleep_concurrency: int = 8
     # `jobs` and `concurrency` as built: memory and drain-session follow them once changed
     # (--jobs, -c), and otherwise use their own defaults above.
     _initial: tuple[int, int] = field(default=(0, 0), init=False, repr=False, compare=False)
@@ -156,6 +167,17 @@ class Options:
         return (self.concurrency if self.concurrency != self._initial[1]
                 else self.overload_concurrency)
 
+    @property
+    def sleep_n(self) -> int:
+        """Runs the sleep scenario sleeps: `--jobs` if it was given, else `sleep_runs`."""
+        return self.jobs if self.jobs != self._initial[0] else self.sleep_runs
+
+    @property
+    def sleep_c(self) -> int:
+        """sleep's concurrency: `-c` if it was given, else `sleep_concurrency`."""
+        return (self.concurrency if self.concurrency != self._initial[1]
+                else self.sleep_concurrency)
+
     def set_drain_concurrency(self, cs: tuple[int, ...]) -> None:
         """`--drain-c`: the drain runs flowq at each of `cs`, whatever `-c` says."""
         self.drain_concurrency = cs
@@ -180,7 +202,8 @@ class Options:
                    memory_chunk=500, memory_sample_every=0.2, map_items=300,
                    queue_limit=4, limit_timeout=5.0, rate_limit=50, rate_window=3.0,
                    pressure_rate=200.0, pressure_c=8, pressure_phase=2.0, pressure_rows=20_000,
-                   overload_peak_jobs=300, overload_concurrency=8, overload_phase=1.0)
+                   overload_peak_jobs=300, overload_concurrency=8, overload_phase=1.0,
+                   sleep_runs=50, sleep_seconds=0.5, sleep_concurrency=4)
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -188,4 +211,5 @@ class Options:
         del d["_drain_explicit"]
         return {**d, "memory_n": self.memory_n, "session_c": self.session_c,
                 "map_n": self.map_n, "drain_cs": list(self.drain_cs),
-                "overload_c": self.overload_c}
+                "overload_c": self.overload_c, "sleep_n": self.sleep_n,
+                "sleep_c": self.sleep_c}

@@ -1,7 +1,7 @@
 """`flowq bench --quick` end to end against the test server, so the command never rots.
 
 Real `flowq worker` processes and raw loops run every scenario but the soak (the default
-ones and the opt-in limit, rate, memory, pressure and overload) at tiny sizes, in ONE invocation that the tests
+ones and the opt-in limit, rate, memory, pressure, overload, checkpoint and sleep) at tiny sizes, in ONE invocation that the tests
 below share (`quick_run`): each scenario runs in a database of its own either way, and one
 run instead of one per test is what makes this file take about a minute and a half rather
 than seven. The tests check the shape of the JSON and the table (every scenario, every
@@ -33,7 +33,7 @@ from flowq_bench.baselines import MINIMAL_VARIANTS
 RUN_SCENARIOS = [s for s in SCENARIOS if s != "soak"]
 JOBS = 60  # --jobs: drains of 60 jobs, 15 diamond runs, a map of 60 items, memory of 60 jobs
 # The phases' lengths, given on the command line (so the options reach the scenarios).
-PRESSURE_PHASE, OVERLOAD_PHASE = 1.5, 0.75
+PRESSURE_PHASE, OVERLOAD_PHASE, SLEEP_SECONDS = 1.5, 0.75, 0.6
 RUN_TIMEOUT = 500  # seconds; the run takes about 90 on 2 busy cores
 
 pytestmark = pytest.mark.timeout(RUN_TIMEOUT + 100)  # the first test waits for the run
@@ -53,6 +53,7 @@ def quick_run(server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Quic
     done = subprocess.run(
         [sys.executable, "-m", "flowq", "bench", "--quick", "--jobs", str(JOBS), *scenarios,
          "--pressure-phase", str(PRESSURE_PHASE), "--overload-phase", str(OVERLOAD_PHASE),
+         "--sleep-seconds", str(SLEEP_SECONDS),
          "--json-file", str(out), "--database-url", server_url],
         capture_output=True, text=True, timeout=RUN_TIMEOUT, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -284,3 +285,22 @@ def test_overload_offers_multiples_of_the_peak_in_both_placements(quick_run: Qui
         # in the windows so far (the drains between phases fall outside every window).
         assert sum(p["completed"] for p in phases) <= sum(p["offered"] for p in phases)
     assert asked["own process"] == asked["producer's process"]  # the same loads for both
+
+
+def test_sleep_reports_wall_lag_and_sleepers_beside_delayed_jobs(quick_run: QuickRun) -> None:
+    """The sleep scenario at tiny size: --jobs runs of one ctx.sleep(--sleep-seconds), each
+    checked succeeded with attempts = 1 by the bench itself, beside as many delayed no-op
+    jobs. Shapes and counts only."""
+    wall, p50, p99, asleep = quick_run.doc["scenarios"]["sleep"]
+    assert f"{JOBS} runs of ctx.sleep({SLEEP_SECONDS:g})" in wall["flowq"]["name"]
+    assert "P=1 C=4" in wall["flowq"]["name"]  # --quick's sleep concurrency
+    assert [r["unit"] for r in wall["references"]] == ["s", "s"]
+    assert wall["references"][1]["values"] == [SLEEP_SECONDS]  # the ideal
+    assert f"delay={SLEEP_SECONDS:g}" in wall["references"][0]["name"]
+    for row in (p50, p99):
+        assert row["flowq"]["unit"] == "ms" and row["references"][0]["unit"] == "ms", row
+    assert p50["flowq"]["median"] <= p99["flowq"]["median"]
+    (most,) = asleep["flowq"]["values"]
+    assert 1 <= most <= JOBS, asleep  # sampled: some were asleep at once, never more than N
+    (waiting,) = asleep["references"][0]["values"]
+    assert 1 <= waiting <= JOBS, asleep  # the delayed jobs all wait from the enqueue on

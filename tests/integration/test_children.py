@@ -165,6 +165,31 @@ def test_cancelling_a_run_cancels_its_children_and_grandchildren(engine: sa.Engi
     assert "already cancelled" in out.output
 
 
+def test_a_child_gets_its_parents_deadline_and_is_cancelled_with_it(engine: sa.Engine,
+                                                                    app: flowq.FlowQ) -> None:
+    from flowq.worker.reaper import Reaper
+
+    run_id = enqueue(engine, app.get("top"), deadline=3600)
+    drain(engine, app, skip_waits=False)  # leaf waits an hour on its retry
+    (child,) = links(engine, run_id)
+    (grandchild,) = links(engine, child)
+    deadline = run_of(engine, run_id).deadline
+    assert deadline is not None
+    assert run_of(engine, child).deadline == run_of(engine, grandchild).deadline == deadline
+    with engine.begin() as conn:  # the deadline passes
+        conn.execute(sa.text("UPDATE flowq.jobs SET deadline = now() - interval '1 second' "
+                             "WHERE run_id IN (:a, :b, :c)"), {"a": run_id, "b": child,
+                                                              "c": grandchild})
+    Reaper(engine, queries("flowq"), stale_after=30).run_once()
+    for rid in (run_id, child, grandchild):
+        assert run_of(engine, rid).status == "cancelled", rid
+    # A parent without a deadline gives none.
+    free_run = enqueue(engine, app.get("top"))
+    drain(engine, app, skip_waits=False)
+    (free,) = links(engine, free_run)
+    assert run_of(engine, free).deadline is None
+
+
 def test_a_child_started_by_a_cancelled_run_is_never_started(engine: sa.Engine,
                                                              app: flowq.FlowQ) -> None:
     run_id = enqueue(engine, app.get("parent"), count=3)

@@ -57,12 +57,21 @@ class ChildStatements(Statements):
         Lock the parent's job :job_id (waiting for a cancel in flight), and, unless it has
         `cancel_requested`, record run :child_run_id as a child of (:run_id, :step,
         :map_index), job :job_id, started by checkpoint :name; one row: `cancelled` (NULL when the job
-        row does not exist: the test kit's synthetic job) and `linked` (0 or 1)."""
+        row does not exist: the test kit's synthetic job) and `linked` (0 or 1). A parent
+        with a run deadline gives it to the child, unless the child's own is earlier: the
+        deadline pass then cancels the child with its parent (the rows the child's enqueue
+        just wrote, in this transaction; none is updated when nothing changes)."""
         return self.sql(f"""
             WITH parent AS (
-                SELECT bool_or(p.cancel_requested) AS cancelled
-                  FROM (SELECT j.cancel_requested FROM {S}.jobs j
+                SELECT bool_or(p.cancel_requested) AS cancelled, max(p.deadline) AS deadline
+                  FROM (SELECT j.cancel_requested, j.deadline FROM {S}.jobs j
                          WHERE j.id = CAST(:job_id AS bigint) FOR NO KEY UPDATE OF j) p
+            ), capped AS (
+                UPDATE {S}.jobs c SET deadline = parent.deadline
+                  FROM parent
+                 WHERE c.run_id = CAST(:child_run_id AS bigint)
+                   AND parent.cancelled IS NOT TRUE AND parent.deadline IS NOT NULL
+                   AND (c.deadline IS NULL OR c.deadline > parent.deadline)
             ), linked AS (
                 INSERT INTO {S}.children (run_id, parent_run_id, parent_step,
                                           parent_map_index, parent_job_id, name)

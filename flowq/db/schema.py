@@ -51,6 +51,7 @@ __all__ = [
     "queues",
     "run_end_channel",
     "run_id_seq",
+    "run_waiters",
     "schedules",
     "schema_map",
     "signals",
@@ -412,6 +413,22 @@ children = sa.Table(
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False,
               server_default=sa.func.now()),
     sa.Index("children_parent_idx", "parent_run_id"),
+)
+
+# Who waits for a run's end (revision 0016, flowq.ops.results): one row per `wait_run` in
+# progress, naming the run, a token of that wait, and the backend pid of the process's LISTEN
+# connection. A completion announces a run's end on the run-end channel only when a row
+# names the run, so a run nobody waits for costs no NOTIFY (whose commit takes a lock every
+# notifying transaction of the database queues on). Deleted by the wait when it returns;
+# rows of a LISTEN connection that no longer exists are deleted by the pruner.
+run_waiters = sa.Table(
+    "run_waiters",
+    metadata,
+    sa.Column("run_id", sa.BigInteger, primary_key=True),
+    sa.Column("token", sa.Text, primary_key=True),
+    sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False,
+              server_default=sa.func.now()),
 )
 
 

@@ -2,15 +2,18 @@
 
 A worker announces on the schema's run-end channel (`flowq.db.schema.run_end_channel`) the
 runs whose rows reached a state that creates nothing after them, one notification per
-completing statement (`flowq.db.sql.fragments.notify_ended`). A waiter is woken by that
+completing statement (`flowq.db.sql.fragments.notify_ended`), for the runs a waiter
+registered in `flowq.run_waiters` only: a NOTIFY's commit queues on a lock of the whole
+database, which a run nobody waits for should not pay. A waiter is woken by that
 notification and reads the run again: whether it has finished is decided only where a run's
 status is (`flowq.ops.runinfo`), never from the notification, which is a hint.
 
 One LISTEN connection per database per process (`RunEndListener.shared`), opened by the first
 waiter, with a daemon thread reading its notifications; sync waiters wait on a
 `threading.Event`, async ones on an `asyncio.Event` set from that thread. The poll stays as
-the fallback: every `FALLBACK_POLL` seconds while the listener is up (a notification lost to
-a reconnect costs that much), and from `POLL[0]` backing off to `POLL[1]` while it is down
+the fallback: `RECHECK` seconds after a waiter registers (a completion whose statement
+began before the registration committed announces nothing), then every `FALLBACK_POLL`
+seconds while the listener is up (a notification lost to a reconnect costs that much), and from `POLL[0]` backing off to `POLL[1]` while it is down
 (LISTEN refused, or behind PgBouncer in transaction mode, where a LISTEN is accepted but
 never hears anything: pass `listen=False` there to spare the connection). Options:
 
@@ -26,14 +29,17 @@ import math
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any, ClassVar, Final
 
 import psycopg
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
+from sqlalchemy.sql.elements import TextClause
 
 from flowq.db.schema import ACTIVE_STATUSES
-from flowq.db.sql import queries
+from flowq.db.sql import Queries, queries
 from flowq.db.urls import to_conninfo
 from flowq.errors import InvalidArgumentsError, RunStateError
 from flowq.names import DEFAULT_SCHEMA, check_id
@@ -41,18 +47,24 @@ from flowq.ops import binds
 from flowq.ops.binds import Bind
 from flowq.ops.runinfo import RunInfo, read_run
 
-__all__ = ["FALLBACK_POLL", "POLL", "RunEndListener", "await_run", "check_timeout",
+__all__ = ["FALLBACK_POLL", "POLL", "RECHECK", "RunEndListener", "await_run", "check_timeout",
            "get_result", "listener_connection", "run_finished", "wait_run"]
 
 # How a waiter polls while no listener is up: from the first interval, doubling up to the last.
 POLL: Final = (0.02, 1.0)
 # How often a waiter reads its run anyway while the listener is up.
 FALLBACK_POLL: Final = 5.0
+# How soon a waiter reads its run again after registering: a completion in flight then (its
+# statement began before the registration committed) announces nothing, and has committed
+# by now.
+RECHECK: Final = 0.05
 # How long the listener thread blocks per read (also how soon it sees it was closed).
 _SLICE: Final = 0.5
 # After a failed connect, how long a listener is left down before a waiter tries again.
 _RETRY_AFTER: Final = 5.0
 _CONNECT_TIMEOUT: Final = 10
+# A statement's text in psycopg's own parameter style, for the registrations' connection.
+_PSYCOPG: Final = psycopg_dialect.dialect()  # type: ignore[no-untyped-call]
 
 
 def check_timeout(timeout: object) -> float | None:
@@ -83,6 +95,12 @@ def listener_connection(conninfo: str) -> psycopg.Connection[Any]:
                            application_name="flowq wait_run")
 
 
+def _writer_connection(conninfo: str) -> psycopg.Connection[Any]:
+    """The autocommit connection a `RunEndListener` writes its waiters' registrations on."""
+    return psycopg.connect(conninfo, autocommit=True, connect_timeout=_CONNECT_TIMEOUT,
+                           application_name="flowq wait_run registrations")
+
+
 Wake = Callable[[], None]
 
 
@@ -108,6 +126,10 @@ class RunEndListener:
         self._thread: threading.Thread | None = None
         self._failed_at: float | None = None
         self._pid = os.getpid()
+        # The connection registrations are written on (`register`): not the LISTEN one, whose
+        # lock the reader holds while it waits for a notification.
+        self._writer: psycopg.Connection[Any] | None = None
+        self._writer_lock = threading.Lock()
 
     @classmethod
     def shared(cls, engine: sa.Engine) -> RunEndListener:
@@ -119,6 +141,12 @@ class RunEndListener:
             if found is None or found._pid != os.getpid():
                 found = cls._shared[conninfo] = RunEndListener(conninfo)
             return found
+
+    @property
+    def backend_pid(self) -> int | None:
+        """The backend pid of the LISTEN connection (None while down)."""
+        conn = self._conn
+        return None if conn is None else conn.info.backend_pid
 
     @property
     def up(self) -> bool:
@@ -139,6 +167,37 @@ class RunEndListener:
                 waiters.discard(wake)
                 if not waiters:
                     del self._waiters[(channel, run_id)]
+
+    def register(self, q: Queries, run_id: int, token: str) -> int | None:
+        """Record in `flowq.run_waiters` that wait `token` waits for `run_id`, under the
+        current LISTEN connection (after `watch`); returns that connection's backend pid, or
+        None when the listener is down or the write failed (the waiter then polls)."""
+        with self._lock:
+            pid = None if self._conn is None else self._conn.info.backend_pid
+        if pid is None:
+            return None
+        ok = self._write(q.register_waiter, {"run_id": run_id, "token": token, "pid": pid})
+        return pid if ok else None
+
+    def unregister(self, q: Queries, run_id: int, token: str) -> None:
+        """Delete wait `token`'s registration (best effort: the pruner deletes what is left
+        once the LISTEN connection is gone)."""
+        self._write(q.unregister_waiter, {"run_id": run_id, "token": token})
+
+    def _write(self, statement: TextClause, params: dict[str, Any]) -> bool:
+        sql = str(statement.compile(dialect=_PSYCOPG))
+        with self._writer_lock:
+            try:
+                if self._writer is None or self._writer.closed:
+                    self._writer = _writer_connection(self.conninfo)
+                self._writer.execute(sql, params)
+                return True
+            except psycopg.Error:
+                if self._writer is not None:
+                    with contextlib.suppress(psycopg.Error):
+                        self._writer.close()
+                self._writer = None
+                return False
 
     def _listen(self, channel: str) -> bool:
         """Connect if down (not more often than every `_RETRY_AFTER` s after a failure) and
@@ -216,8 +275,42 @@ class RunEndListener:
             conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
+        with self._writer_lock:
+            writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
         if self._thread is not None:
             self._thread.join(timeout=2 * _SLICE)
+
+
+class _Registration:
+    """One wait's row in `flowq.run_waiters` (see `RunEndListener.register`), renewed when
+    the listener's connection changed (a notification is only sent to a registered run)."""
+
+    def __init__(self, listener: RunEndListener | None, q: Queries, run_id: int) -> None:
+        self.listener, self.q, self.run_id = listener, q, run_id
+        self.token = uuid.uuid4().hex
+        self.pid: int | None = None
+        self.fresh = False
+
+    def renew(self) -> bool:
+        """Register (again, if the LISTEN connection changed); whether registered."""
+        if self.listener is None:
+            return False
+        current = self.listener.backend_pid
+        if current is None or current != self.pid:
+            self.pid = self.listener.register(self.q, self.run_id, self.token)
+            self.fresh = self.pid is not None
+        return self.pid is not None
+
+    def next_step(self) -> float:
+        """How long to wait for a notification before reading the run again."""
+        step, self.fresh = (RECHECK if self.fresh else FALLBACK_POLL), False
+        return step
+
+    def end(self) -> None:
+        if self.listener is not None and self.pid is not None:
+            self.listener.unregister(self.q, self.run_id, self.token)
 
 
 def _engine_of(bind: Any) -> sa.Engine | None:
@@ -250,10 +343,12 @@ def wait_run(bind: Bind, run_id: int, *, timeout: float | None = None,
     engine = _engine_of(bind) if listen else None
     listener = None if engine is None else RunEndListener.shared(engine)
     woken = threading.Event()
+    wait = _Registration(listener, q, run_id)
     pause = POLL[0]
     try:
         while True:
             up = listener is not None and listener.watch(q.run_channel, run_id, woken.set)
+            up = up and wait.renew()
             woken.clear()
             run = binds.read(bind, lambda conn: read_run(conn, q, run_id))
             if run_finished(run):
@@ -261,13 +356,14 @@ def wait_run(bind: Bind, run_id: int, *, timeout: float | None = None,
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise _timed_out(run, timeout)
-            step = FALLBACK_POLL if up else pause
+            step = wait.next_step() if up else pause
             woken.wait(step if left is None else min(step, left))
             if not up:
                 pause = min(pause * 2, POLL[1])
     finally:
         if listener is not None:
             listener.unwatch(q.run_channel, run_id, woken.set)
+            wait.end()
 
 
 async def await_run(bind: Any, run_id: int, *, timeout: float | None = None,
@@ -294,12 +390,14 @@ async def await_run(bind: Any, run_id: int, *, timeout: float | None = None,
             found: RunInfo = await conn.run_sync(lambda c: read_run(c, q, run_id))
             return found
 
+    wait = _Registration(listener, q, run_id)
     pause = POLL[0]
     try:
         while True:
             # Connecting may take a while: off the event loop.
             up = listener is not None and await asyncio.to_thread(
                 listener.watch, q.run_channel, run_id, wake)
+            up = up and await asyncio.to_thread(wait.renew)
             woken.clear()
             run = await read()
             if run_finished(run):
@@ -307,7 +405,7 @@ async def await_run(bind: Any, run_id: int, *, timeout: float | None = None,
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise _timed_out(run, timeout)
-            step = FALLBACK_POLL if up else pause
+            step = wait.next_step() if up else pause
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(woken.wait(), step if left is None else min(step, left))
             if not up:
@@ -315,6 +413,7 @@ async def await_run(bind: Any, run_id: int, *, timeout: float | None = None,
     finally:
         if listener is not None:
             listener.unwatch(q.run_channel, run_id, wake)
+            await asyncio.to_thread(wait.end)
 
 
 def get_result(bind: Bind, run_id: int, schema: str = DEFAULT_SCHEMA) -> Any:

@@ -6,6 +6,8 @@ A pass (every `interval`, default 60 s) deletes in batches of at most `limit` ru
 nothing; whole runs only, so a retained run keeps its history and its idempotency key. Each
 batch is its own transaction under the advisory lock `<schema>.pruner`: one pruner at a time
 across all workers, and no batch holds its locks for long. `run_once()` is also `flowq prune`.
+Each pass also deletes up to `limit` registrations of `flowq.run_waiters` left by a waiter
+that died mid-wait (their LISTEN connection is gone).
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ class Pruner(Service):
             total += deleted
             if deleted == 0:
                 break
+        with self.engine.begin() as conn:
+            conn.execute(q.prune_waiters, {"limit": self.limit})
         if total:
             log_event(INFO, "pruned finished runs", rows=total)
         return total

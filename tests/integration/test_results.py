@@ -79,8 +79,10 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> Reads:
 
 @pytest.fixture
 def slow_poll(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A fallback poll so rare that a waiter that returns was woken by its notification."""
+    """A fallback poll (and a re-read after registering) so rare that a waiter that returns
+    was woken by its notification."""
     monkeypatch.setattr(results, "FALLBACK_POLL", 600.0)
+    monkeypatch.setattr(results, "RECHECK", 600.0)
 
 
 @pytest.fixture
@@ -330,3 +332,70 @@ def test_an_overlong_batch_names_no_run_and_wakes_every_waiter(
         drain(conn, app)
     thread.join(timeout=120)
     assert out["value"].status == "succeeded"
+
+
+def registrations(engine: sa.Engine) -> list[int]:
+    with engine.connect() as conn:
+        return list(conn.execute(sa.text("SELECT run_id FROM flowq.run_waiters")).scalars())
+
+
+def test_only_a_run_somebody_waits_for_is_announced(engine: sa.Engine) -> None:
+    """A completion notifies the run-end channel only for runs a waiter registered: a run
+    nobody waits for costs no NOTIFY (whose commit queues on a database-wide lock)."""
+    awaited = enqueue(engine, double, n=1)
+    enqueue(engine, double, n=2)  # nobody waits for this one
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO flowq.run_waiters (run_id, token, pid) "
+                             "VALUES (:r, 't', pg_backend_pid())"), {"r": awaited})
+    with psycopg.connect(engine.url.render_as_string(hide_password=False).replace(
+            "postgresql+psycopg", "postgresql"), autocommit=True) as ear:
+        ear.execute(f'LISTEN "{run_end_channel("flowq")}"')
+        with engine.begin() as conn:
+            assert drain(conn, app).succeeded == 2
+        heard = [n.payload for n in ear.notifies(timeout=2, stop_after=1)]
+    assert heard == [str(awaited)]
+
+
+def test_a_waiter_registers_and_deletes_its_registration(
+        engine: sa.Engine, reads: Reads, slow_poll: None, listener: RunEndListener) -> None:
+    run_id = enqueue(engine, double, n=4)
+    thread, out = waiting(flowq.wait_run, engine, run_id, timeout=120)
+    wait_until(lambda: reads.count == 1, message="the waiter's first read")
+    assert registrations(engine) == [run_id]
+    with engine.begin() as conn:
+        drain(conn, app)
+    thread.join(timeout=120)
+    assert out["value"].result == {"n": 8}
+    assert registrations(engine) == []
+
+
+def test_a_run_ended_by_a_statement_begun_before_the_registration_is_read_again(
+        engine: sa.Engine, reads: Reads, monkeypatch: pytest.MonkeyPatch,
+        listener: RunEndListener) -> None:
+    """A completion whose statement began before the waiter registered sends nothing: the
+    waiter's re-read `RECHECK` after registering finds the run (not the fallback poll)."""
+    monkeypatch.setattr(results, "FALLBACK_POLL", 600.0)
+    monkeypatch.setattr(results, "RECHECK", 1.0)
+    run_id = enqueue(engine, double, n=5)
+    with engine.begin() as conn:
+        assert drain(conn, app).succeeded == 1  # completed, not yet committed
+        thread, out = waiting(flowq.wait_run, engine, run_id, timeout=120)
+        wait_until(lambda: reads.count == 1, message="the waiter's first read")
+    thread.join(timeout=120)
+    assert out["value"].result == {"n": 10}
+    assert reads.count == 2 and listener.notified == 0
+
+
+def test_the_pruner_deletes_registrations_whose_connection_is_gone(
+        engine: sa.Engine) -> None:
+    from flowq.db.sql import queries
+    from flowq.worker.pruner import Pruner
+
+    with engine.connect() as conn:
+        conn.execute(sa.text("INSERT INTO flowq.run_waiters (run_id, token, pid) VALUES "
+                             "(1, 'gone', 2147483647), (2, 'here', pg_backend_pid())"))
+        conn.commit()
+        # ours is alive while this connection is: the pruner runs on another one
+        Pruner(engine, queries("flowq")).run_once()
+        assert conn.execute(sa.text(
+            "SELECT token FROM flowq.run_waiters ORDER BY token")).scalars().all() == ["here"]

@@ -7,7 +7,7 @@ one instance per process (each statement compiles once, on first use):
 - `claims`: the claim and every write after it (heartbeat, complete, retry, end, release,
   reap), fenced on (id, lease); `jobs`: enqueue and the reads of job rows outside a claim;
 - `queues`, `permits`, `signals`, `workers`, `uniques`, `schedules`, `checkpoints`,
-  `children`: the table of that name;
+  `children`, `waiters` (`flowq.run_waiters`): the table of that name;
 - `runs`: the rows of one run (inspection, cancel, retry, filters, redrive); `deadlines`:
   cancelling the runs whose deadline passed (the reaper's); `batches`: `session.batch()`;
 - `admin`: the database itself (schema check, locks, clocks, health);
@@ -40,6 +40,7 @@ from flowq.db.sql.runs import RunStatements
 from flowq.db.sql.schedules import ScheduleStatements
 from flowq.db.sql.signals import SignalStatements
 from flowq.db.sql.uniques import UniqueStatements
+from flowq.db.sql.waiters import WaiterStatements
 from flowq.db.sql.workers import WorkerStatements
 
 __all__ = ["Queries", "queries"]
@@ -48,7 +49,8 @@ __all__ = ["Queries", "queries"]
 class Queries(ClaimStatements, JobStatements, QueueStatements, PermitStatements,
               SignalStatements, WorkerStatements, RunStatements, UniqueStatements,
               ScheduleStatements, AdminStatements, DashboardStatements,
-              CheckpointStatements, DeadlineStatements, BatchStatements, ChildStatements):
+              CheckpointStatements, DeadlineStatements, BatchStatements, ChildStatements,
+              WaiterStatements):
     """The statements for one flowq schema, every table's."""
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "ACTIVE",
     "ATTEMPT_ERROR_CHARS",
     "ATTEMPT_LOG_LENGTH",
+    "AWAITED",
     "CALL",
     "CALL_COLUMNS",
     "CANCELLABLE",
@@ -185,28 +186,38 @@ def notify_new(rows: str) -> str:
 _MAX_ENDED_PAYLOAD: Final = 7900
 
 
+# The runs somebody waits for (`flowq.run_waiters`, written by `flowq.wait_run`): only their
+# ends are announced. A NOTIFY's commit takes a lock that every notifying transaction of the
+# database queues on, so a notification nobody hears is not free: measured at 1.5x the drain
+# rate of no-op jobs with it gone (docs/benchmarks.md, "Before and after durable execution").
+AWAITED: Final = f"SELECT w.run_id FROM {S}.run_waiters w"
+
+
 def notify_ended(run_ids: str) -> str:
-    """An expression telling `flowq.wait_run` that runs may have ended (a row of each reached
-    a state that creates nothing after it): ONE notification on the run-end channel for the
-    whole statement, its payload the ids of `run_ids` (a query of one column, `run_id`)
-    joined by ',', or '' ("look at every run you wait for") when they would not fit a
-    payload; nothing when `run_ids` is empty. Not DISTINCT: a repeated id is harmless, and
-    the sort cost more than the notification (measured on a batch of 100 completions). Written as an uncorrelated scalar subquery
-    (an InitPlan: run once, and only when the statement returns a row). A waiter reads the
-    run again to decide (`flowq.ops.runinfo.run_status`): a notification is a hint, never the
+    """An expression telling `flowq.wait_run` that runs it waits for may have ended (a row of
+    each reached a state that creates nothing after it): ONE notification on the run-end
+    channel for the whole statement, its payload the ids of `run_ids` (a query of one column,
+    `run_id`) that a waiter registered (`AWAITED`), joined by ',', or '' ("look at every run
+    you wait for") when they would not fit a payload; nothing when none is awaited. Not
+    DISTINCT: a repeated id is harmless, and the sort cost more than the notification
+    (measured on a batch of 100 completions). Written as an uncorrelated scalar subquery (an
+    InitPlan: run once, and only when the statement returns a row). A waiter reads the run
+    again to decide (`flowq.ops.runinfo.run_status`): a notification is a hint, never the
     run's end itself."""
     return f"""(SELECT count(pg_notify('{R}', CASE WHEN length(e.ids) < {_MAX_ENDED_PAYLOAD}
                                                   THEN e.ids ELSE '' END))
                   FROM (SELECT string_agg(x.run_id::text, ',') AS ids
-                          FROM ({run_ids}) x) e
+                          FROM ({run_ids}) x
+                         WHERE x.run_id IN ({AWAITED})) e
                  WHERE e.ids IS NOT NULL)"""
 
 
 def notify_ended_row(ended: str, run_id: str = "j.run_id") -> str:
     """`notify_ended` for one row of a RETURNING list: a notification naming `run_id` when
-    `ended` (an SQL condition on the row as written) holds. Identical notifications of one
-    transaction are delivered once."""
-    return f"CASE WHEN {ended} THEN pg_notify('{R}', {run_id}::text) END"
+    `ended` (an SQL condition on the row as written) holds and a waiter registered the run.
+    Identical notifications of one transaction are delivered once."""
+    return (f"CASE WHEN {ended} AND {run_id} IN ({AWAITED}) "
+            f"THEN pg_notify('{R}', {run_id}::text) END")
 
 
 Columns = tuple[tuple[str, str], ...]

@@ -14,9 +14,10 @@ that flowq's schema exists. `Session` (for `sessionmaker(engine, class_=flowq.Se
 
 Speed: enqueue usually sits in a short business transaction, where one more round trip is most
 of its cost. On a psycopg 3 connection the INSERT is sent directly on the session's own DBAPI
-connection; when it is the transaction's first statement, in pipeline mode, so that psycopg's
-BEGIN travels in the same network write (no extra round trip at all). SQLAlchemy's execute
-layer (about 0.1 ms of Python per statement) is skipped. The statement is the
+connection, prepared by psycopg from its 5th use on a connection (the statement text never
+varies), and SQLAlchemy's execute layer (about 0.1 ms of Python per statement) is skipped. It
+is not pipelined: psycopg waits for the reply to its implicit BEGIN even in pipeline mode, so
+a pipeline saved no round trip and cost 45 bytes and some Python per enqueue (issue 21). The statement is the
 same compiled SQL in the same transaction; SQLAlchemy's execute events and `echo` do not see
 it. Other drivers, and `enqueue_many` (whose cost is its rows, not a round trip), take the
 SQLAlchemy path.
@@ -34,7 +35,6 @@ from typing import Any, TypeVar, Union, cast
 
 import psycopg
 import sqlalchemy as sa
-from psycopg.pq import TransactionStatus
 from sqlalchemy import orm
 
 from flowq import tracing
@@ -103,9 +103,6 @@ def _connection(target: Target, call: PreparedCall[Any] | PreparedSignal) -> sa.
     )
 
 
-_PIPELINE = psycopg.Pipeline.is_supported()
-
-
 def _own_psycopg(conn: sa.Connection) -> psycopg.Connection[Any] | None:
     """The psycopg connection under `conn`, if the direct path may use it."""
     raw = conn.connection.dbapi_connection
@@ -117,11 +114,10 @@ def _send_direct(conn: sa.Connection, raw: psycopg.Connection[Any], statement: s
     """Send one of `call`'s statements on the psycopg connection itself; its first row."""
     clause = cast(sa.ClauseElement, statement)
     try:
-        # Pipelined only when it opens the transaction: psycopg's BEGIN then rides in the same
-        # write (no extra round trip); in a transaction already, a pipeline only adds overhead.
-        rows = fetch_rows(raw, clause, call.params, schema=call.schema, prepare=None,
-                          pipeline=_PIPELINE and raw.info.transaction_status
-                          == TransactionStatus.IDLE)
+        # Never pipelined: psycopg (3.1 on) syncs on its implicit BEGIN and waits for its
+        # reply before sending the statement, so a pipeline saves no round trip and costs
+        # bytes (BEGIN in the extended protocol, a Flush) and Python (measured: issue 21).
+        rows = fetch_rows(raw, clause, call.params, schema=call.schema, prepare=None)
         return rows[0] if rows else None
     except psycopg.Error as exc:
         if raw.broken or raw.closed:

@@ -21,8 +21,10 @@ Options of the direct path:
   with `prepare_threshold=None` (behind PgBouncer in transaction mode, where a prepared
   statement would outlive the transaction on a server session another client gets next)
   prepares nothing, whatever `prepare` says.
-- `pipeline=True` sends in pipeline mode, so that psycopg's implicit BEGIN travels in the same
-  network write as the statement: worth it when the statement opens a transaction.
+- `pipeline=True` sends in pipeline mode. It does not save the round trip of psycopg's
+  implicit BEGIN: psycopg 3.3 waits for BEGIN's reply before it writes the statement, even
+  in pipeline mode (seen in libpq's protocol trace; docs/benchmarks.md, "Enqueue: round
+  trips and bytes"), which is why no flowq statement uses it any more.
 """
 
 from __future__ import annotations

@@ -16,13 +16,13 @@ connection: each claim is one atomic statement. The statements, their parameters
 claimed rows (`ClaimedJob`, read by column name) are `flowq.db.store.Store`'s.
 
 A queue claimed plainly keeps a cursor: the claim key (priority, run_at, id) of the last row
-claimed of it. The next claim starts its index scan after it (`claim_jobs_after`), so it does
-not fetch again the entries its earlier claims left at the head of the pending index, which
-an open snapshot elsewhere keeps vacuum from removing (issue 21). A claim from the head
-(`claim_jobs`) still runs: the first of a queue, the first after each `refresh` (every poll
-interval), and after a cursor claim that came back short once `HEAD_SCAN_EVERY` (0.5 s) has
-passed since the last one. It takes what sorts before the cursor: a more urgent job, a run_at
-in the past, a late commit, a job another worker's claim skipped and then released.
+claimed of it. A claim starts its index scan after it (`claim_jobs_after`), so it does not
+fetch again the entries earlier claims left at the head of the pending index, which an open
+snapshot elsewhere keeps vacuum from removing (issue 21). A claim from the head (`claim_jobs`)
+runs instead when one is due: the first of a queue, the first after each `refresh` (every
+poll interval), and the first once `HEAD_SCAN_EVERY` (0.5 s) has passed since the last. It
+takes what sorts before the cursor: a more urgent job, a run_at in the past, a late commit, a
+row another transaction held locked when the cursor passed it.
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ from flowq.worker.logs import ERROR, INFO, WARNING, log_event
 
 __all__ = ["HEAD_SCAN_EVERY", "Claimer"]
 
-# The least time between two claims of a queue from the head of its pending index, when the
-# cursor claim came back short; so at most this long (while the worker claims; a poll
-# interval when it is idle) a job that sorts before the cursor waits for its turn. A claim
+# How often a worker's claims of a queue start from the head of its pending index, not after
+# its cursor: so at most this long (while the worker claims; a poll interval when it is idle
+# and gets no notification) a job that sorts before the cursor waits for its turn. A claim
 # from the head costs a heap fetch per entry claimed while a snapshot elsewhere is open.
 HEAD_SCAN_EVERY: Final = 0.5
 
@@ -204,21 +204,19 @@ class Claimer:
         return ids <= {job_id for job_id, _ in self.held()}
 
     def _claim_plain(self, queue: str, want: int) -> list[ClaimedJob]:
-        """Claim after the queue's cursor, or from the head when one is due (see the
-        module's docstring), and move the cursor to where the claims stopped."""
+        """Claim from the head when one is due, else after the queue's cursor (see the
+        module's docstring), and move the cursor to where the claim stopped."""
         cursor, last, now = self.cursors.get(queue), self.head_scans.get(queue), self.clock()
-        jobs: list[ClaimedJob] = []
-        if cursor is not None and last is not None:
+        if cursor is not None and last is not None and now - last < self.head_scan_every:
             jobs = self.store.claim(queue, want, self.name, cursor)
             self._advance(queue, jobs)
-            if len(jobs) == want or now - last < self.head_scan_every:
-                return jobs
+            return jobs
         self.head_scans[queue] = now
-        head = self.store.claim(queue, want - len(jobs), self.name)
+        jobs = self.store.claim(queue, want, self.name)
         # A full claim from the head may have left due rows between its last and the
         # cursor: the cursor goes back to its last, so the next claims take them in order.
-        self._advance(queue, head, back=len(head) == want - len(jobs))
-        return jobs + head
+        self._advance(queue, jobs, back=len(jobs) == want)
+        return jobs
 
     def _advance(self, queue: str, jobs: Sequence[ClaimedJob], *, back: bool = False) -> None:
         keys = [k for k in (j.order for j in jobs) if k is not None]

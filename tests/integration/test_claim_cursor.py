@@ -52,15 +52,15 @@ def clocked(db_url: str) -> Iterator[Clocked]:
 
 def test_a_more_urgent_job_enqueued_below_the_cursor_is_claimed(engine: sa.Engine,
                                                                  clocked: Clocked) -> None:
-    """It waits behind the cursor while claims come back full, and at most HEAD_SCAN_EVERY
-    once a claim comes back short; then it is claimed first."""
+    """It waits behind the cursor at most HEAD_SCAN_EVERY: then a claim from the head takes
+    it first."""
     with engine.begin() as conn:
         ids = insert(conn, 3)
     assert clocked.claim(2) == ids[:2]  # the first claim is from the head: the cursor is set
     with engine.begin() as conn:
         [urgent] = insert(conn, 1, priority=0)
     assert clocked.claim(1) == ids[2:]  # full, from the cursor
-    assert clocked.claim(1) == []  # short, but a head scan ran less than HEAD_SCAN_EVERY ago
+    assert clocked.claim(1) == []  # from the cursor: the last head scan was just now
     clocked.now += HEAD_SCAN_EVERY
     assert clocked.claim(1) == [urgent]
 

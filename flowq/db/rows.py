@@ -24,13 +24,15 @@ from typing import Any, TypeVar
 
 from flowq.db.runner import Rows
 
-__all__ = ["Beat", "Claim", "ClaimedJob", "Completed", "Completion", "Expired", "Fired", "Reaped",
-           "Retry", "Spawned", "StoredCheckpoint", "Successor", "column", "read", "read_one"]
+__all__ = ["Beat", "Claim", "ClaimKey", "ClaimedJob", "Completed", "Completion", "Expired", "Fired",
+           "Reaped", "Retry", "Spawned", "StoredCheckpoint", "Successor", "column", "read", "read_one"]
 
 T = TypeVar("T")
 
 Claim = tuple[int, int]
 """(job id, lease): what identifies one attempt, and what every write after the claim checks."""
+ClaimKey = tuple[int, datetime, int]
+"""(priority, run_at, id): where a job sorts in the claim's order (`jobs_pending_idx`)."""
 
 
 @dataclass(frozen=True)
@@ -61,10 +63,16 @@ class ClaimedJob:
     enqueued_at: datetime | None = None  # its row's created_at (`ctx.enqueued_at`)
     claimed_at: datetime | None = None  # this claim's database time (`ctx.started_at`)
     fingerprint: str | None = None  # of the definition its run started under (revision 0014)
+    run_at: datetime | None = None  # when it was due: with priority and id, its claim order
 
     @property
     def claim(self) -> Claim:
         return (self.id, self.lease)
+
+    @property
+    def order(self) -> ClaimKey | None:
+        """Where it sorted in the claim's order (None: built without its run_at)."""
+        return None if self.run_at is None else (self.priority, self.run_at, self.id)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from flowq.db.rows import (
     Beat,
     Claim,
     ClaimedJob,
+    ClaimKey,
     Completed,
     Completion,
     Expired,
@@ -96,12 +97,18 @@ class Store:
 
     # -- claims ------------------------------------------------------------------------------
 
-    def claim(self, queue: str, limit: int, worker: str) -> list[ClaimedJob]:
+    def claim(self, queue: str, limit: int, worker: str,
+              after: ClaimKey | None = None) -> list[ClaimedJob]:
         """Claim up to `limit` due jobs of `queue` for `worker` (none from a paused or limited
-        queue: see `claim_limited`). One statement per queue: the pending index leads with
+        queue: see `claim_limited`), only those sorting after the claim key `after` when it
+        is given (`claim_jobs_after`). One statement per queue: the pending index leads with
         the queue, so the caller visits its queues in rotation."""
-        return read(ClaimedJob, self.run(self.q.claim_jobs,
-                                         {"queue": queue, "limit": limit, "worker": worker}))
+        params: dict[str, Any] = {"queue": queue, "limit": limit, "worker": worker}
+        if after is None:
+            return read(ClaimedJob, self.run(self.q.claim_jobs, params))
+        priority, run_at, job_id = after
+        return read(ClaimedJob, self.run(self.q.claim_jobs_after, {
+            **params, "priority": priority, "run_at": run_at, "id": job_id}))
 
     def claim_any(self, queue: str, limit: int, worker: str,
                   run_ids: Sequence[int] | None = None) -> list[ClaimedJob]:

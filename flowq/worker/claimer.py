@@ -14,21 +14,38 @@ is handed to the executor as soon as its statement returns, so an error in a lat
 claim drops nothing: the rows already claimed are already running. Autocommit on a dedicated
 connection: each claim is one atomic statement. The statements, their parameters and the
 claimed rows (`ClaimedJob`, read by column name) are `flowq.db.store.Store`'s.
+
+A queue claimed plainly keeps a cursor: the claim key (priority, run_at, id) of the last row
+claimed of it. A claim starts its index scan after it (`claim_jobs_after`), so it does not
+fetch again the entries earlier claims left at the head of the pending index, which an open
+snapshot elsewhere keeps vacuum from removing (issue 21). A claim from the head (`claim_jobs`)
+runs instead when one is due: the first of a queue, the first after each `refresh` (every
+poll interval), and the first once `HEAD_SCAN_EVERY` (0.5 s) has passed since the last. It
+takes what sorts before the cursor: a more urgent job, a run_at in the past, a late commit, a
+row another transaction held locked when the cursor passed it.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from typing import Final
 
-from flowq.db.rows import Claim, ClaimedJob
+from flowq.db.rows import Claim, ClaimedJob, ClaimKey
 from flowq.db.sql import Queries
 from flowq.db.store import QueueControl, Store
 from flowq.storable import describe, first_line
 from flowq.worker.connection import DB_ERRORS, DedicatedConnection
 from flowq.worker.logs import ERROR, INFO, WARNING, log_event
 
-__all__ = ["Claimer"]
+__all__ = ["HEAD_SCAN_EVERY", "Claimer"]
+
+# How often a worker's claims of a queue start from the head of its pending index, not after
+# its cursor: so at most this long (while the worker claims; a poll interval when it is idle
+# and gets no notification) a job that sorts before the cursor waits for its turn. A claim
+# from the head costs a heap fetch per entry claimed while a snapshot elsewhere is open.
+HEAD_SCAN_EVERY: Final = 0.5
 
 
 @dataclass
@@ -47,7 +64,9 @@ class Claimer:
 
     def __init__(self, conn: DedicatedConnection, queries: Queries, queues: Sequence[str],
                  name: str, submit: Callable[[ClaimedJob], None], *,
-                 held: Callable[[], Collection[Claim]] | None = None) -> None:
+                 held: Callable[[], Collection[Claim]] | None = None,
+                 head_scan_every: float = HEAD_SCAN_EVERY,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.conn = conn
         self.store = Store(conn.execute, queries.schema)
         self.queues = list(queues)
@@ -73,6 +92,12 @@ class Claimer:
         # Set by a claim when a limit held due jobs back: capacity frees up as other
         # workers' jobs end, which no notification announces, so the worker looks again soon.
         self.held_back = False
+        # Per queue claimed plainly: the key of the last row claimed (the cursor) and when
+        # its last claim from the head ran (the `clock`'s time).
+        self.cursors: dict[str, ClaimKey] = {}
+        self.head_scans: dict[str, float] = {}
+        self.head_scan_every = head_scan_every
+        self.clock = clock
 
     @property
     def controlled(self) -> dict[str, bool]:
@@ -84,6 +109,7 @@ class Claimer:
         back the permits of queues not claimed from since the last refresh (this worker's
         handlers were busy elsewhere: its unused permits would hold the others back)."""
         self.controls = self.store.controls(self.queues)
+        self.head_scans.clear()  # every queue's next claim starts from the head
         for queue, p in list(self.permits.items()):
             if not p.used or self.controls.get(queue) != "permits":
                 self._give_back(queue, 0)
@@ -177,12 +203,35 @@ class Claimer:
             return False
         return ids <= {job_id for job_id, _ in self.held()}
 
+    def _claim_plain(self, queue: str, want: int) -> list[ClaimedJob]:
+        """Claim from the head when one is due, else after the queue's cursor (see the
+        module's docstring), and move the cursor to where the claim stopped."""
+        cursor, last, now = self.cursors.get(queue), self.head_scans.get(queue), self.clock()
+        if cursor is not None and last is not None and now - last < self.head_scan_every:
+            jobs = self.store.claim(queue, want, self.name, cursor)
+            self._advance(queue, jobs)
+            return jobs
+        self.head_scans[queue] = now
+        jobs = self.store.claim(queue, want, self.name)
+        # A full claim from the head may have left due rows between its last and the
+        # cursor: the cursor goes back to its last, so the next claims take them in order.
+        self._advance(queue, jobs, back=len(jobs) == want)
+        return jobs
+
+    def _advance(self, queue: str, jobs: Sequence[ClaimedJob], *, back: bool = False) -> None:
+        keys = [k for k in (j.order for j in jobs) if k is not None]
+        cursor = self.cursors.get(queue)
+        if keys and (back or cursor is None):
+            self.cursors[queue] = max(keys)
+        elif keys and cursor is not None:
+            self.cursors[queue] = max(cursor, *keys)
+
     def _claim(self, queue: str, want: int, limited_want: int) -> list[ClaimedJob]:
         control = self.controls.get(queue)
         if control == "paused":
             return []
         if control is None:
-            return self.store.claim(queue, want, self.name)
+            return self._claim_plain(queue, want)
         want = min(want, limited_want)
         if want <= 0:
             return []

@@ -70,6 +70,22 @@ def test_claim_uses_the_partial_pending_index(engine: sa.Engine) -> None:
     assert "jobs_pending_idx" in indexes, json.dumps(plan, indent=1)
 
 
+def test_the_cursor_claim_starts_its_index_scan_at_the_cursor(engine: sa.Engine) -> None:
+    """The row comparison of `claim_jobs_after` is a condition of the pending index's scan,
+    not a filter after it: that is what skips the dead entries an open snapshot keeps at the
+    head (issue 21)."""
+    with engine.begin() as conn:
+        insert_jobs(conn, 2_000)
+        conn.execute(sa.text("ANALYZE flowq.jobs"))
+    with engine.connect() as conn:
+        raw = conn.execute(sa.text("EXPLAIN (FORMAT JSON) " + str(Q.claim_jobs_after)), {
+            "queue": "default", "limit": 10, "worker": "w", "priority": 0,
+            "run_at": "2000-01-01T00:00:00Z", "id": 1000}).scalar()
+        conn.rollback()
+    plan = raw if isinstance(raw, list) else json.loads(str(raw))
+    scans = [n for n in _plan_nodes(plan) if n.get("Index Name") == "jobs_pending_idx"]
+    assert scans and "priority" in str(scans[0].get("Index Cond")), json.dumps(plan, indent=1)
+
 def test_claim_marks_rows_running_and_never_exceeds_the_limit(engine: sa.Engine) -> None:
     with engine.begin() as conn:
         ids = insert_jobs(conn, 7)
@@ -389,7 +405,7 @@ def test_every_statement_is_a_verb_noun_with_a_one_line_description() -> None:
 
     statements = {name: attr for cls in type(Q).__mro__ for name, attr in vars(cls).items()
                   if isinstance(attr, cached_property)}
-    assert len(statements) == 109
+    assert len(statements) == 110
     for name, prop in statements.items():
         verb, _, noun = name.partition("_")
         assert verb in VERBS and noun, name

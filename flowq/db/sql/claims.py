@@ -39,6 +39,9 @@ LOST = """format('WorkerLost: worker %s stopped heartbeating during attempt %s o
                               '(last heartbeat %s)', j.locked_by, j.attempts, j.max_attempts,
                               j.heartbeat_at)"""
 
+# The plain claim's test that the queue is neither paused nor limited (`claim_jobs`).
+UNCONTROLLED = f" AND NOT EXISTS ({CONTROLLED} AND q.name = :queue)"
+
 
 class ClaimStatements(Statements):
     """The claim and the fenced writes after it, for one schema."""
@@ -64,7 +67,21 @@ class ClaimStatements(Statements):
         waiting on each other. Claims nothing from a queue that is paused or limited
         (`flowq.queues`): those are claimed with `claim_limited_jobs` (one primary key lookup
         tells, so a worker that has not yet seen a new limit cannot break it)."""
-        return self._claim(f" AND NOT EXISTS ({CONTROLLED} AND q.name = :queue)")
+        return self._claim(UNCONTROLLED)
+
+    @cached_property
+    def claim_jobs_after(self) -> TextClause:
+        """Claim due jobs of one queue that sort after a cursor (the worker's claimer).
+
+        `claim_jobs` that starts its index scan after the key (:priority, :run_at, :id) of
+        the last row this worker claimed of :queue: a row comparison the pending index
+        serves as its start, so the claim skips the entries it already consumed, which an
+        open snapshot elsewhere keeps vacuum from removing (each would be fetched from the
+        heap, the claim's cost growing with the jobs claimed since that snapshot). Rows that
+        sort before the cursor (a more urgent priority, a run_at in the past, a late commit)
+        are taken by `claim_jobs` from the head, which the claimer still runs regularly."""
+        return self._claim(" AND (priority, run_at, id) > (CAST(:priority AS smallint), "
+                           "CAST(:run_at AS timestamptz), CAST(:id AS bigint))" + UNCONTROLLED)
 
     @cached_property
     def claim_any_jobs(self) -> TextClause:

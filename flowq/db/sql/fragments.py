@@ -87,7 +87,7 @@ CLAIMED = """j.id, j.lease, j.run_id, j.task, j.step, j.step_index, j.queue, j.p
     j.scheduled_at,
     extract(epoch FROM now() - j.run_at)::float8 AS pickup_delay,
     j.trace_context::text AS trace_context, j.created_at AS enqueued_at,
-    j.locked_at AS claimed_at, j.fingerprint"""
+    j.locked_at AS claimed_at, j.fingerprint, j.run_at"""
 
 # The fence's status check, written so that no partial index can serve it (the planner cannot
 # prove `status = 'running'` from `... IS TRUE`). A fenced write must find its rows through the

@@ -1,0 +1,125 @@
+"""The claimer's cursor against a real PostgreSQL: claims start past the rows already taken,
+and a job that sorts before the cursor is still claimed (issue 21).
+
+The claimer's clock is a list the test moves by hand: no sleeps."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+
+from flowq.db import normalize_url
+from flowq.db.rows import ClaimedJob
+from flowq.db.sql import Queries
+from flowq.worker.claimer import HEAD_SCAN_EVERY, Claimer
+from flowq.worker.connection import DedicatedConnection
+
+Q = Queries("flowq")
+
+
+def insert(conn: sa.Connection, n: int, *, priority: int = 5, run_at: str = "now()") -> list[int]:
+    return list(conn.execute(sa.text(
+        f"INSERT INTO flowq.jobs (task, step, queue, priority, run_at) SELECT 't', 't', 'q', "
+        f":p, {run_at} FROM generate_series(1, :n) RETURNING id"), {"p": priority, "n": n},
+    ).scalars())
+
+
+class Clocked:
+    """A claimer of queue `q` whose clock the test moves, with what it claimed."""
+
+    def __init__(self, db_url: str) -> None:
+        self.now = 1000.0
+        self.got: list[ClaimedJob] = []
+        self.conn = DedicatedConnection(normalize_url(db_url), "test cursor")
+        self.claimer = Claimer(self.conn, Q, ["q"], "w", self.got.append,
+                               clock=lambda: self.now)
+
+    def claim(self, n: int) -> list[int]:
+        before = len(self.got)
+        self.claimer.run_once(n)
+        return [j.id for j in self.got[before:]]
+
+    def claimed_at_the_next_head_scan(self, job_id: int) -> bool:
+        """Missed by the cursor claim now, claimed HEAD_SCAN_EVERY later from the head."""
+        missed = self.claim(5) == []  # from the cursor: the last head scan was just now
+        self.now += HEAD_SCAN_EVERY
+        return missed and self.claim(5) == [job_id]
+
+
+@pytest.fixture
+def clocked(db_url: str) -> Iterator[Clocked]:
+    c = Clocked(db_url)
+    yield c
+    c.conn.close()
+
+
+def test_a_more_urgent_job_enqueued_below_the_cursor_is_claimed(engine: sa.Engine,
+                                                                 clocked: Clocked) -> None:
+    """It waits behind the cursor at most HEAD_SCAN_EVERY: then a claim from the head takes
+    it first."""
+    with engine.begin() as conn:
+        ids = insert(conn, 3)
+    assert clocked.claim(2) == ids[:2]  # the first claim is from the head: the cursor is set
+    with engine.begin() as conn:
+        [urgent] = insert(conn, 1, priority=0)
+    assert clocked.claim(1) == ids[2:]  # full, from the cursor
+    assert clocked.claimed_at_the_next_head_scan(urgent)
+
+
+def test_a_job_due_in_the_past_is_claimed_at_the_next_refresh(engine: sa.Engine,
+                                                              clocked: Clocked) -> None:
+    with engine.begin() as conn:
+        ids = insert(conn, 2)
+    assert clocked.claim(2) == ids
+    with engine.begin() as conn:
+        [past] = insert(conn, 1, run_at="now() - interval '1 hour'")
+        later = insert(conn, 1)
+    assert clocked.claim(5) == later  # the cursor claim; the clock has not moved
+    clocked.claimer.refresh()  # every poll interval: the next claim starts from the head
+    assert clocked.claim(5) == [past]
+
+
+def test_a_job_whose_enqueue_committed_after_later_ones_is_claimed(engine: sa.Engine,
+                                                                   clocked: Clocked) -> None:
+    """Its run_at (now(): its transaction's start) and id sort before jobs that committed
+    first and were claimed first."""
+    with engine.connect() as slow:
+        slow.begin()
+        [late] = insert(slow, 1)
+        with engine.begin() as conn:
+            early = insert(conn, 2)
+        assert clocked.claim(5) == early
+        slow.commit()
+    assert clocked.claimed_at_the_next_head_scan(late)
+
+
+def test_the_cursor_survives_a_queue_that_empties_and_refills(engine: sa.Engine,
+                                                              clocked: Clocked) -> None:
+    with engine.begin() as conn:
+        first = insert(conn, 3)
+    assert clocked.claim(10) == first
+    assert clocked.claim(10) == []
+    cursor = clocked.claimer.cursors["q"]
+    with engine.begin() as conn:
+        second = insert(conn, 4)
+    # The clock has not moved, so no claim from the head runs: the cursor claim takes them.
+    assert sorted(clocked.claim(10)) == second
+    assert clocked.claimer.cursors["q"] > cursor
+
+
+def test_a_full_claim_from_the_head_moves_the_cursor_back(engine: sa.Engine,
+                                                          clocked: Clocked) -> None:
+    """Urgent jobs piled up below the cursor are taken in order by the claims after the head
+    scan, not one head scan's worth per poll interval."""
+    with engine.begin() as conn:
+        insert(conn, 1)
+    clocked.claim(1)
+    with engine.begin() as conn:
+        urgent = insert(conn, 4, priority=0)
+        insert(conn, 2)
+    clocked.claimer.refresh()
+    assert clocked.claim(2) == urgent[:2]  # from the head, full
+    assert clocked.claim(2) == urgent[2:]  # from the cursor, moved back
+

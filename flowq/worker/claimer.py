@@ -21,8 +21,9 @@ fetch again the entries earlier claims left at the head of the pending index, wh
 snapshot elsewhere keeps vacuum from removing (issue 21). A claim from the head (`claim_jobs`)
 runs instead when one is due: the first of a queue, the first after each `refresh` (every
 poll interval), and the first once `HEAD_SCAN_EVERY` (0.5 s) has passed since the last. It
-takes what sorts before the cursor: a more urgent job, a run_at in the past, a late commit, a
-row another transaction held locked when the cursor passed it.
+takes what sorts before the cursor within its priority (a more urgent job is taken by the
+cursor claim itself): a run_at in the past, a late commit, a row another transaction held
+locked when the cursor passed it.
 """
 
 from __future__ import annotations

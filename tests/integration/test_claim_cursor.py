@@ -55,17 +55,17 @@ def clocked(db_url: str) -> Iterator[Clocked]:
     c.conn.close()
 
 
-def test_a_more_urgent_job_enqueued_below_the_cursor_is_claimed(engine: sa.Engine,
-                                                                 clocked: Clocked) -> None:
-    """It waits behind the cursor at most HEAD_SCAN_EVERY: then a claim from the head takes
-    it first."""
+def test_a_more_urgent_job_enqueued_below_the_cursor_is_claimed_first(
+        engine: sa.Engine, clocked: Clocked) -> None:
+    """Priority order holds claim by claim: the cursor claim takes a more urgent job first,
+    from its own range of the index."""
     with engine.begin() as conn:
         ids = insert(conn, 3)
     assert clocked.claim(2) == ids[:2]  # the first claim is from the head: the cursor is set
     with engine.begin() as conn:
         [urgent] = insert(conn, 1, priority=0)
-    assert clocked.claim(1) == ids[2:]  # full, from the cursor
-    assert clocked.claimed_at_the_next_head_scan(urgent)
+    assert clocked.claim(1) == [urgent]  # from the cursor, the more urgent range first
+    assert clocked.claim(5) == ids[2:]
 
 
 def test_a_job_due_in_the_past_is_claimed_at_the_next_refresh(engine: sa.Engine,

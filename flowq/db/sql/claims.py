@@ -71,17 +71,35 @@ class ClaimStatements(Statements):
 
     @cached_property
     def claim_jobs_after(self) -> TextClause:
-        """Claim due jobs of one queue that sort after a cursor (the worker's claimer).
+        """Claim due jobs of one queue that sort after a cursor, or are more urgent than it.
 
         `claim_jobs` that starts its index scan after the key (:priority, :run_at, :id) of
         the last row this worker claimed of :queue: a row comparison the pending index
         serves as its start, so the claim skips the entries it already consumed, which an
         open snapshot elsewhere keeps vacuum from removing (each would be fetched from the
-        heap, the claim's cost growing with the jobs claimed since that snapshot). Rows that
-        sort before the cursor (a more urgent priority, a run_at in the past, a late commit)
-        are taken by `claim_jobs` from the head, which the claimer still runs regularly."""
-        return self._claim(" AND (priority, run_at, id) > (CAST(:priority AS smallint), "
-                           "CAST(:run_at AS timestamptz), CAST(:id AS bigint))" + UNCONTROLLED)
+        heap, the claim's cost growing with the jobs claimed since that snapshot). Jobs of a
+        more urgent priority than the cursor's come first, from their own range of the index
+        (priority order holds claim by claim); rows of the cursor's priority that sort
+        before it (a run_at in the past, a late commit) are taken by `claim_jobs` from the
+        head, which the claimer still runs regularly."""
+        def branch(where: str) -> str:
+            return f"""SELECT id FROM (
+                SELECT id FROM {S}.jobs
+                 WHERE status = 'pending' AND queue = :queue AND run_at <= now()
+                   AND {where}{UNCONTROLLED}
+                 ORDER BY priority, run_at, id
+                 LIMIT :limit
+                   FOR UPDATE SKIP LOCKED) AS b"""
+        after = ("(priority, run_at, id) > (CAST(:priority AS smallint), "
+                 "CAST(:run_at AS timestamptz), CAST(:id AS bigint))")
+        return self.sql(f"""
+            WITH picked AS (
+                {branch("priority < CAST(:priority AS smallint)")}
+                UNION ALL
+                {branch(after)}
+                LIMIT :limit
+            )
+            {take("picked")}""")
 
     @cached_property
     def claim_any_jobs(self) -> TextClause:

@@ -290,10 +290,13 @@ class Completer:
             self._log_lost(item.job, "failure")
             return
         status, delay = result
-        self._observe(item.job, status, item.duration)
+        suspended = status == "pending" and isinstance(item.outcome, Suspended)
+        # A suspension (a durable sleep, a snooze) requeues the step like a retry, but no
+        # attempt failed: it is counted apart, as the attempt's span says (flowq.tracing).
+        self._observe(item.job, "suspended" if suspended else status, item.duration)
         fields = self._fields(item.job, item.duration)
         summary = first_line(_summary(item.outcome))[:300]
-        if status == "pending" and isinstance(item.outcome, Suspended):
+        if suspended:
             log_event(INFO, "job suspended (a durable sleep or a snooze)",
                       due_in_s=round(delay, 3), reason=summary, **fields)
         elif status == "pending":

@@ -39,7 +39,7 @@ __all__ = ["MISSING_EXTRA", "OUTCOMES", "OutcomeObserver", "WorkerMetrics", "che
 
 MISSING_EXTRA: Final = ("metrics need the prometheus_client package, which is not installed: "
                         "pip install 'flowq[metrics]'")
-OUTCOMES: Final = ("succeeded", "retried", "dead", "cancelled", "lost")
+OUTCOMES: Final = ("succeeded", "retried", "suspended", "dead", "cancelled", "lost")
 # A job's status after an outcome was written, as an outcome label.
 _KIND: Final = {"succeeded": "succeeded", "pending": "retried", "dead": "dead",
                 "cancelled": "cancelled"}

@@ -190,6 +190,25 @@ def test_outcomes_durations_pickup_delay_in_flight_and_queue_gauges(
         scrape(port)
 
 
+def test_a_durable_sleep_counts_as_suspended_not_retried(
+        app: flowq.FlowQ, engine: sa.Engine, db_url: str) -> None:
+    @app.task()
+    def napping(ctx: Context) -> None:
+        ctx.sleep(0.01)
+
+    enqueue(engine, napping)
+    with running_worker(app, db_url) as w:
+        port = port_of(w)
+        wait_until(lambda: value(scrape(port), "flowq_jobs_total", task="napping",
+                                 queue="default", outcome="succeeded") == 1,
+                   message="the sleeper woke and succeeded")
+        s = scrape(port)
+    assert value(s, "flowq_jobs_total", task="napping", queue="default",
+                 outcome="suspended") == 1
+    assert value(s, "flowq_jobs_total", task="napping", queue="default",
+                 outcome="retried") is None
+
+
 def test_one_worker_at_a_time_collects_the_queue_gauges(app: flowq.FlowQ, engine: sa.Engine,
                                                         db_url: str) -> None:
     @app.task(queue="elsewhere")

@@ -129,6 +129,8 @@ def test_outcomes_durations_pickup_delay_in_flight_and_queue_gauges(
                                for r in job_rows(engine) if r.queue == "default")
                    and w.completer.queued == 0 and w.executor.in_flight == 0,
                    message="the default queue drained")
+        # A row is committed before the completer counts its outcome: wait for the counts.
+        assert w.completer.flush(10)
         wait_until(lambda: value(scrape(port), "flowq_jobs_total", task="flaky", queue="default",
                                  outcome="succeeded") == 1, message="flaky succeeded")
         enqueue(engine, hold)
@@ -183,8 +185,10 @@ def test_outcomes_durations_pickup_delay_in_flight_and_queue_gauges(
 
         wait_until(lambda: value(scrape(port), "flowq_jobs_in_flight") == 0,
                    message="nothing in flight")
-        assert value(scrape(port), "flowq_jobs_total", task="hold", queue="blocking",
-                     outcome="succeeded") == 1
+        # The slot frees before the outcome is written and counted.
+        wait_until(lambda: value(scrape(port), "flowq_jobs_total", task="hold",
+                                 queue="blocking", outcome="succeeded") == 1,
+                   message="hold counted")
     # Stopped: the port is closed.
     with pytest.raises(OSError):
         scrape(port)

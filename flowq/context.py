@@ -10,6 +10,8 @@ while it runs.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import math
 import weakref
@@ -133,6 +135,7 @@ class Context:
         self._started_at = started_at or now
         self._ledger = ledger
         self._children: Children | None = None
+        self._durable_lock: asyncio.Lock | None = None
 
     @property
     def cancelled(self) -> bool:
@@ -216,6 +219,41 @@ class Context:
         whose writes commit in one transaction with the record, under this attempt's claim:
         a worker that lost its claim commits neither. Names are unique within an attempt."""
         return self.ledger.checkpoint(name, fn, args, kwargs)
+
+    async def acheckpoint(self, name: str, fn: Callable[..., Any], /, *args: Any,
+                          **kwargs: Any) -> Any:
+        """`checkpoint` for an `async def` handler, without blocking its event loop (which
+        runs the worker's other async handlers): the reads and the record run in a thread,
+        one checkpoint or sleep of the attempt at a time. `fn` may be a coroutine function,
+        awaited here on the loop (it cannot take a `session`: a Session is not shared between
+        the loop and a thread), or a plain function, run in that thread."""
+        ledger = self.ledger
+        async with self._durable_turn():
+            if not inspect.iscoroutinefunction(fn):
+                return await asyncio.to_thread(ledger.checkpoint, name, fn, args, kwargs)
+            found, stored = await asyncio.to_thread(ledger.lookup, name, fn)
+            if found:
+                return stored
+            result = await fn(*args, **kwargs)
+            return await asyncio.to_thread(ledger.checkpoint, name, lambda: result, (), {})
+
+    async def asleep(self, seconds: float | timedelta) -> None:
+        """`sleep` for an `async def` handler: its record is written in a thread, so the event
+        loop is not blocked; the handler's call ends here the same way."""
+        async with self._durable_turn():
+            await asyncio.to_thread(self.ledger.sleep, seconds)
+
+    async def asleep_until(self, when: datetime) -> None:
+        """`sleep_until` for an `async def` handler (see `asleep`)."""
+        async with self._durable_turn():
+            await asyncio.to_thread(self.ledger.sleep_until, when)
+
+    def _durable_turn(self) -> asyncio.Lock:
+        # The ledger numbers an attempt's checkpoints and sleeps in call order: concurrent
+        # awaits (asyncio.gather) take turns, so two never interleave in its thread.
+        if self._durable_lock is None:
+            self._durable_lock = asyncio.Lock()
+        return self._durable_lock
 
     def sleep(self, seconds: float | timedelta) -> None:
         """Sleep durably: the handler's call ends here and the job gives its slot back, due

@@ -189,6 +189,21 @@ class Ledger:
         result = fn(*args, **kwargs)  # no transaction is open while `fn` runs
         return self._recorded(name, position, lambda session: result)
 
+    def lookup(self, name: object, fn: Callable[..., Any]) -> tuple[bool, Any]:
+        """Whether checkpoint `name` is recorded, and its stored result: the first half of a
+        checkpoint whose `fn` is awaited (`Context.acheckpoint`), which then records its
+        result through `checkpoint`. A recorded one counts as used here."""
+        name = check_name(name)
+        if _takes_session(fn):
+            raise CheckpointError(f"checkpoint {name!r}: an async function cannot take a "
+                                  "session (its Session would cross threads); use a plain "
+                                  "function for a checkpoint that writes")
+        stored = self._load().get(name)
+        if stored is None:
+            return False, None
+        self._position(name)
+        return True, json.loads(stored)
+
     @staticmethod
     def suspend(until: datetime | None, reason: str) -> NoReturn:
         """End the handler's call: the job is due again at `until` (None: now) without

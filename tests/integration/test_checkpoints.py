@@ -435,3 +435,74 @@ def test_runs_show_and_the_dashboard_list_a_runs_checkpoints(
     assert page.status_code == 200, page.text
     assert 'id="checkpoints"' in page.text and "flowq.sleep.0" in page.text
     assert "<script>" not in page.text and "&lt;script&gt;" in page.text
+
+
+# -- async handlers: acheckpoint, asleep --------------------------------------------------------
+
+def test_an_async_checkpoint_leaves_the_event_loop_to_the_other_handlers(
+        app: flowq.FlowQ, engine: sa.Engine, db_url: str) -> None:
+    import threading
+
+    started, proceed = threading.Event(), threading.Event()
+
+    def blocking() -> str:  # runs in a thread: the loop must serve `releaser` meanwhile
+        started.set()
+        assert proceed.wait(5), "the event loop was blocked by the checkpoint"
+        return "done"
+
+    @app.task(retry=ONCE)  # one attempt: a blocked loop fails it, never hidden by a retry
+    async def holder(ctx: flowq.Context) -> str:
+        return str(await ctx.acheckpoint("wait", blocking))
+
+    @app.task()
+    async def releaser(ctx: flowq.Context) -> None:
+        import asyncio
+        while not started.is_set():
+            await asyncio.sleep(0.005)
+        proceed.set()
+
+    held, released = enqueue(engine, holder), enqueue(engine, releaser)
+    with flowq.testing.running_worker(app, db_url, concurrency=2):
+        flowq.testing.wait_until(lambda: all(r.status in ("succeeded", "dead")
+                                             for r in job_rows(engine)),
+                                 message="both handlers ended")
+    assert {r.run_id: r.status for r in job_rows(engine)} == {held: "succeeded",
+                                                               released: "succeeded"}
+    assert stored(engine, held) == [("wait", 0, "done")]
+
+
+def test_an_awaited_checkpoint_and_an_async_sleep_replay_once(
+        app: flowq.FlowQ, engine: sa.Engine, db_url: str) -> None:
+    calls: list[int] = []
+
+    async def charge(amount: int) -> dict[str, int]:
+        calls.append(amount)
+        return {"charged": amount}
+
+    @app.task()
+    async def pay(ctx: flowq.Context, amount: int) -> dict[str, int]:
+        receipt = await ctx.acheckpoint("charge", charge, amount)
+        await ctx.asleep(0.01)  # the handler runs again after it: `charge` must not
+        return dict(receipt)
+
+    run_id = enqueue(engine, pay, amount=7)
+    with flowq.testing.running_worker(app, db_url):
+        flowq.testing.wait_until(lambda: [r.status for r in job_rows(engine)] == ["succeeded"],
+                                 message="pay succeeded")
+    assert calls == [7]
+    assert [r.result for r in job_rows(engine)] == [{"charged": 7}]
+    assert [name for name, _, _ in stored(engine, run_id)] == ["charge", "flowq.sleep.0"]
+
+
+def test_an_async_checkpoint_function_cannot_take_a_session(engine: sa.Engine) -> None:
+    app = flowq.FlowQ()
+
+    async def writes(session: Any) -> None:
+        pass
+
+    @app.task()
+    async def bad(ctx: flowq.Context) -> None:
+        await ctx.acheckpoint("w", writes)
+
+    with Session(engine) as session, pytest.raises(flowq.FlowqError, match="cannot take a session"):
+        run_step(bad, session=session)

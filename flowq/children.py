@@ -19,7 +19,8 @@
 Two ways a waiting parent learns that its children finished. The write that ends a child's
 step (`flowq.db.sql.children.wake_parents`, part of every success statement and of
 `end_job`, which ends a step dead or cancelled) makes the parent's suspended job due now
-and notifies its queue: measured with a `-c 4` worker,
+and notifies its queue (the step that waits: a later step waiting for a child an earlier
+one started repoints the child's link at itself when it suspends); measured with a `-c 4` worker,
 a parent ends a median 15 ms after its one 1.2 s child (0.86 s by the re-check alone). And
 a bounded re-check, for what the wake-up misses (a child ended by the reaper or by a
 cancel, or one that ends while its parent is still running up to its wait): the delay is the time since the newest
@@ -43,6 +44,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final
 
+from flowq.context import commit_step_session
 from flowq.db.sql import queries
 from flowq.define.pipeline import Pipeline
 from flowq.enqueueing.sync import enqueue
@@ -156,6 +158,11 @@ class Children:
                 return [runs[i].result for i in ids]
             unfinished = sum(1 for i in distinct if not found[i].finished)
             newest = max(found[i].created_at for i in distinct)
+            if ledger.claim is not None:  # a later step waiting: its children now wake it
+                session.execute(q.set_children_waiter, {"job_id": self.job_id,
+                                                    "run_id": ledger.run_id,
+                                                    "run_ids": distinct})
+                commit_step_session(session)
         waited = (now - newest).total_seconds()
         delay = 0.0 if ledger.skip_sleeps else min(MAX_RECHECK, max(MIN_RECHECK, waited))
         ledger.suspend(now + timedelta(seconds=delay),

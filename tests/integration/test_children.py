@@ -133,6 +133,44 @@ def test_the_completion_ending_a_child_wakes_its_waiting_parent(engine: sa.Engin
     assert run_of(engine, run_id).status == "succeeded"
 
 
+def test_a_childs_end_wakes_the_later_step_that_waits_for_it(
+        engine: sa.Engine, db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step starts a child and returns its handle; the next step waits for it. The child's
+    end must wake that next step too, not only the step that started it: with the re-check
+    pushed out to 10 minutes, only the wake-up can end the run within the test."""
+    import threading
+
+    monkeypatch.setattr(flowq.children, "MIN_RECHECK", 600.0)
+    monkeypatch.setattr(flowq.children, "MAX_RECHECK", 600.0)
+    app = flowq.FlowQ()
+    release = threading.Event()
+
+    @app.task(retry=ONCE)
+    def slow(ctx: flowq.Context) -> dict[str, int]:
+        assert release.wait(30)
+        return {"n": 42}
+
+    flow = app.pipeline("later_wait")
+
+    @flow.step(retry=ONCE)
+    def start(ctx: flowq.Context) -> dict[str, int]:
+        return {"child": ctx.start_child(slow)}
+
+    @flow.step(retry=ONCE)
+    def collect(ctx: flowq.Context, child: int) -> Any:
+        return ctx.wait(child)
+
+    run_id = enqueue(engine, flow)
+    with flowq.testing.running_worker(app, db_url, concurrency=2):
+        flowq.testing.wait_until(lambda: any(
+            r.step == "collect" and r.status == "pending" for r in job_rows(engine)
+            if r.run_id == run_id), message="collect suspended in its wait")
+        release.set()
+        flowq.testing.wait_until(lambda: run_of(engine, run_id).status == "succeeded",
+                                 message="the child's end woke collect")
+    assert run_of(engine, run_id).result == {"n": 42}
+
+
 def test_a_dead_child_fails_the_wait_with_child_failed(engine: sa.Engine,
                                                        app: flowq.FlowQ) -> None:
     run_id = enqueue(engine, app.get("doomed"))

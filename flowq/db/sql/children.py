@@ -102,6 +102,21 @@ class ChildStatements(Statements):
                     FROM {S}.jobs j WHERE j.run_id = c.run_id HAVING count(*) > 0) s ON true""")
 
     @cached_property
+    def set_children_waiter(self) -> TextClause:
+        """Point the links of some children at the step that waits for them.
+
+        Make job :job_id the `parent_job_id` of those of the runs :run_ids that are children
+        of run :run_id and name another job: a later step of the parent's pipeline waiting
+        for a child an earlier step started, so that the child's end wakes that step
+        (`wake_parents`). Writes nothing when the step waiting started them (the usual
+        case); returns the links moved."""
+        return self.sql(f"""
+            UPDATE {S}.children c SET parent_job_id = CAST(:job_id AS bigint)
+             WHERE c.parent_run_id = CAST(:run_id AS bigint)
+               AND c.run_id = ANY(CAST(:run_ids AS bigint[]))
+               AND c.parent_job_id <> CAST(:job_id AS bigint)""")
+
+    @cached_property
     def select_descendants(self) -> TextClause:
         """List the descendants of a run (its children, theirs, ...), bounded in depth.
 

@@ -398,7 +398,8 @@ batch_runs = sa.Table(
 
 # Which runs a step started with `ctx.start_child` (revision 0015, see flowq.children): one
 # row per child run, naming its parent's run, step and map instance (`NO_MAP_INDEX` outside a
-# mapped step), that step's job (woken by the child's completion) and the checkpoint that
+# mapped step), the job woken by the child's completion (that step's, or a later step's that
+# waits for it) and the checkpoint that
 # started it. Written with the child's enqueue and that
 # checkpoint, in one transaction; pruned with the parent.
 children = sa.Table(

@@ -357,6 +357,8 @@ def cancel_command(run_id: int, database_url: str | None, schema: str, as_json: 
                          f"{', '.join(map(str, res.child_runs[:20]))}"
                          f"{' ...' if len(res.child_runs) > 20 else ''}")
         summary = f"run {run_id}: " + "; ".join(parts) + "."
+        if res.run.status == "dead":
+            summary += " The run itself stays dead (retry it, or leave it)."
     _emit(as_json, res.to_dict(), summary + "\n\n" + _describe(res.run))
 
 

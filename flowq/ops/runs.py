@@ -278,8 +278,11 @@ def cancel_run(bind: Bind, run_id: int, schema: str = DEFAULT_SCHEMA, *,
 
     Its unfinished descendants (child runs, recursively) are cancelled with it, their
     steps' last_error naming the run. A run already cancelled is left alone, but for
-    descendants started since (a child a step started before it saw the cancel);
-    a succeeded or dead run raises RunStateError.
+    descendants started since (a child a step started before it saw the cancel). A dead
+    run stays dead (retry it, or leave it) and only its unfinished descendants are
+    cancelled: a parent that died leaves its children running, for a retry that waits for
+    them again. A succeeded run, or a dead one with nothing unfinished below it, raises
+    RunStateError.
     """
     from flowq.children import MAX_DEPTH
 
@@ -287,11 +290,13 @@ def cancel_run(bind: Bind, run_id: int, schema: str = DEFAULT_SCHEMA, *,
     run_id = check_id(run_id)
     with binds.transaction(bind) as conn:
         run = _lock(conn, q, run_id)
-        if run.status in ("succeeded", "dead"):
-            raise RunStateError(f"run {run_id} already ended {run.status}: there is nothing "
-                                "to cancel" + (" (retry it, or leave it)"
-                                               if run.status == "dead" else ""))
-        rows = conn.execute(q.cancel_run_jobs, {"run_ids": [run_id], "error": reason}).all()
+        ended = RunStateError(f"run {run_id} already ended {run.status}: there is nothing "
+                              "to cancel" + (" (retry it, or leave it)"
+                                             if run.status == "dead" else ""))
+        if run.status == "succeeded":
+            raise ended
+        rows = [] if run.status == "dead" else conn.execute(
+            q.cancel_run_jobs, {"run_ids": [run_id], "error": reason}).all()
         # After the run's rows are locked: a child started before commits its link first
         # (the link locks the parent's row, flowq.db.sql.children), one started after
         # sees the cancel and starts nothing.
@@ -302,6 +307,8 @@ def cancel_run(bind: Bind, run_id: int, schema: str = DEFAULT_SCHEMA, *,
             _lock_runs(conn, q, below)
             children = {r.run_id for r in conn.execute(q.cancel_run_jobs, {
                 "run_ids": below, "error": f"{reason} (with its parent run {run_id})"})}
+        if run.status == "dead" and not children:
+            raise ended  # nothing was written: the transaction rolls back
         after = read_run(conn, q, run_id)
     return CancelResult(
         run=after,

@@ -203,6 +203,27 @@ def test_cancelling_a_run_cancels_its_children_and_grandchildren(engine: sa.Engi
     assert "already cancelled" in out.output
 
 
+def test_a_dead_parent_leaves_its_children_running_and_its_cancel_stops_them(
+        engine: sa.Engine, app: flowq.FlowQ) -> None:
+    @app.task(retry=ONCE)
+    def orphaning(ctx: flowq.Context) -> None:
+        ctx.start_child("square", queue="elsewhere", n=2)  # a queue nobody drains here
+        raise RuntimeError("the parent dies after starting its child")
+
+    run_id = enqueue(engine, orphaning)
+    drain(engine, app, queues=["default"], raise_on_dead=False)
+    [child] = links(engine, run_id)
+    assert run_of(engine, run_id).status == "dead"
+    assert run_of(engine, child).status == "pending"  # left for a retry that waits for it
+
+    result = flowq.runs.cancel_run(engine, run_id)
+    assert result.child_runs == (child,) and not result.cancelled
+    assert result.run.status == "dead" and run_of(engine, child).status == "cancelled"
+    out = CliRunner().invoke(main, ["runs", "cancel", str(run_id), "--database-url",
+                                    engine.url.render_as_string(hide_password=False)])
+    assert out.exit_code == 2 and "nothing to cancel (retry it, or leave it)" in out.output
+
+
 def test_a_child_gets_its_parents_deadline_and_is_cancelled_with_it(engine: sa.Engine,
                                                                     app: flowq.FlowQ) -> None:
     from flowq.worker.reaper import Reaper

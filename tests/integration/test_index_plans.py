@@ -23,7 +23,6 @@ ROWS = 20_000
 UNSERVED: dict[str, str] = {
     "dashboard: search args": "no index on args, on purpose: a walk from the newest id, "
                               "bounded by :limit and the dashboard's statement timeout",
-    "prune": "its anti-join may hash every entry of jobs_run_id_idx",
     "status: queues": "counts every dead row per queue (all of jobs_dead_idx)",
 }
 # Seq Scans on flowq.jobs that the real planner rightly picks at 20,000 rows and not at

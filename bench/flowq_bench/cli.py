@@ -151,5 +151,6 @@ def bench(database_url: str | None, scenarios: tuple[str, ...], n_jobs: int | No
         with open(json_file, "w") as f:
             json.dump(doc, f, indent=2)
     click.echo(json.dumps(doc, indent=2) if json_out else table)
-    if any(row.get("extra", {}).get("not_served") for row in doc["scenarios"].get("indexes", [])):
+    if any(row.get("extra", {}).get("not_served")
+           for row in doc.get("scenarios", {}).get("indexes", [])):
         sys.exit(1)  # a statement the indexes scenario found not index-served: the table says

@@ -15,16 +15,9 @@ import pytest
 import sqlalchemy as sa
 
 from flowq.worker.connection import PLANNER_OPTIONS
-from flowq_bench.indexes import checks, explain, fill
+from flowq_bench.indexes import BY_DESIGN, checks, explain, fill
 
 ROWS = 20_000
-# What is not index-served at 10,000,000 rows either (docs/benchmarks.md, "Index-served at
-# 10,000,000 rows", says why and what it costs there).
-UNSERVED: dict[str, str] = {
-    "dashboard: search args": "no index on args, on purpose: a walk from the newest id, "
-                              "bounded by :limit and the dashboard's statement timeout",
-    "status: queues": "counts every dead row per queue (all of jobs_dead_idx)",
-}
 # Seq Scans on flowq.jobs that the real planner rightly picks at 20,000 rows and not at
 # 10,000,000 (the walk of jobs_run_id_idx it takes there costs 313 buffers).
 SMALL_TABLE: dict[str, str] = {
@@ -44,7 +37,7 @@ def test_no_statement_reads_the_jobs_table_by_a_seq_scan(filled: str) -> None:
     found = checks(filled)
     assert len(found) >= 60
     for check in found:
-        if check.label in UNSERVED or check.label in SMALL_TABLE:
+        if check.label in BY_DESIGN or check.label in SMALL_TABLE:
             continue
         plan = explain(filled, check)
         assert "jobs" not in plan.seq_scans, f"{plan.line()}\n{json.dumps(plan.plan, indent=1)}"
@@ -52,7 +45,7 @@ def test_no_statement_reads_the_jobs_table_by_a_seq_scan(filled: str) -> None:
 
 def test_an_index_can_serve_every_statement(filled: str) -> None:
     for check in checks(filled):
-        if check.label in UNSERVED:
+        if check.label in BY_DESIGN:
             continue
         plan = explain(filled, check, options=PLANNER_OPTIONS)
         assert plan.served, f"{plan.line()}\n{json.dumps(plan.plan, indent=1)}"

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from functools import cached_property
 from typing import Any, Final
 
 import psycopg
@@ -43,7 +44,7 @@ from flowq.worker.config import DEFAULT_DEAD_RETENTION, DEFAULT_RETENTION
 from flowq.worker.connection import HOT_PATH_OPTIONS
 
 __all__ = ["BOUNDED", "BY_DESIGN", "LIVE", "Check", "Plan", "checks", "explain", "fill", "indexes",
-           "live_size"]
+           "live_size", "plan_nodes", "statement_name"]
 
 Q: Final = queries("flowq")
 # Tables whose size is set by a deployment (its queues, workers, schedules, definitions,
@@ -234,6 +235,12 @@ def fill(url: str, rows: int, progress: Callable[[str], None] = lambda _: None) 
 
 def _execute(conn: psycopg.Connection[Any], text: str, params: dict[str, Any]) -> None:
     conn.execute(raw_sql(sa.text(text)), params)
+
+
+def statement_name(statement: TextClause) -> str:
+    """The `Queries` name of `statement` (its verb_noun)."""
+    return next(name for cls in type(Q).__mro__ for name, attr in vars(cls).items()
+                if isinstance(attr, cached_property) and getattr(Q, name) is statement)
 
 
 @dataclass(frozen=True)
@@ -440,14 +447,15 @@ class Plan:
                 f"({self.read:,} read)" + (f" [{why}]" if why else ""))
 
 
-def _nodes(plan: Any) -> Iterator[dict[str, Any]]:
+def plan_nodes(plan: Any) -> Iterator[dict[str, Any]]:
+    """Every node of an EXPLAIN (FORMAT JSON) document, depth first (the plan tests' too)."""
     if isinstance(plan, dict):
         yield plan
         for v in plan.values():
-            yield from _nodes(v)
+            yield from plan_nodes(v)
     elif isinstance(plan, list):
         for v in plan:
-            yield from _nodes(v)
+            yield from plan_nodes(v)
 
 
 def _visited(node: dict[str, Any]) -> float:
@@ -478,7 +486,7 @@ def explain(url: str, check: Check, options: str | None = None) -> Plan:
         conn.rollback()
     doc = raw if isinstance(raw, list) else json.loads(str(raw))
     top = doc[0]
-    nodes = list(_nodes(top["Plan"]))
+    nodes = list(plan_nodes(top["Plan"]))
     seq = tuple(sorted({n["Relation Name"] for n in nodes if n.get("Node Type") == "Seq Scan"
                         and n.get("Relation Name") in ours}))
     # An index walked without a condition is a whole walk when it visited at least WALKED
@@ -514,14 +522,16 @@ def indexes(server: Any, o: Any) -> list[Any]:
             [(jobs, size)] = conn.execute(
                 "SELECT count(*), pg_size_pretty(pg_total_relation_size('flowq.jobs')) "
                 "FROM flowq.jobs").fetchall()
-        plans = [explain(pg_url, c) for c in checks(pg_url)]
+        found = checks(pg_url)
+        plans = [explain(pg_url, c) for c in found]
     bad = [p.label for p in plans if not p.served and p.label not in BY_DESIGN]
     rows = [Row("indexes", Figure(p.line(), "ms", [p.ms], False),
-                extra={"served": p.served, "seq_scans": list(p.seq_scans),
+                extra={"statement": statement_name(c.statement), "worker": c.worker,
+                       "served": p.served, "seq_scans": list(p.seq_scans),
                        "full_walks": list(p.full_walks),
                        "index_only_walks": list(p.index_only), "hit": p.hit, "read": p.read,
                        **({} if p.served else {"plan": p.plan})})
-            for p in plans]
+            for c, p in zip(found, plans, strict=True)]
     rows[0].note = (f"{jobs:,} rows in flowq.jobs ({size}), filled in {filled:.0f} s; "
                     + (f"NOT index-served: {', '.join(bad)}" if bad
                        else "every statement index-served")

@@ -342,6 +342,9 @@ def checks(url: str) -> list[Check]:
             [Completion(*claim, "{}")], [successor])),
         worker("complete into a join", lambda s: s.complete(
             [Completion(*claim, "{}")], [join])),
+        worker("complete a batch into joins", lambda s: s.complete(
+            [Completion(i, lease, "{}") for i, lease in claims],
+            [Spawned(**{**vars(join), "id": i, "lease": lease}) for i, lease in claims])),
         worker("retry", lambda s: s.retry(claim, 5.0, "boom")),
         worker("end as dead", lambda s: s.end(claim, "dead", "boom")),
         worker("release", lambda s: s.release(claims)),
@@ -366,6 +369,7 @@ def checks(url: str) -> list[Check]:
         maintain("prune", Q.prune_jobs, retention=DEFAULT_RETENTION,
                  dead_retention=DEFAULT_DEAD_RETENTION, limit=1000),
         maintain("prune waiters", Q.prune_waiters, limit=1000),
+        maintain("expire workers", Q.expire_workers, stale=60.0),
         maintain("unserved jobs", Q.select_unserved_jobs, stale=60.0, limit=100),
         maintain("runs in flight", Q.select_runs_in_flight, limit=100),
         maintain("handed-over jobs", Q.select_handed_over_jobs, limit=100),
@@ -403,6 +407,8 @@ def checks(url: str) -> list[Check]:
         user("cancel: lock", Q.lock_run_jobs, run_id=running[2]),
         user("cancel", Q.cancel_run_jobs, run_ids=[running[2]], error="cancelled"),
         user("retry dead run", Q.retry_dead_jobs, run_id=dead, channel="flowq"),
+        user("redrive: lock runs", Q.lock_runs_jobs, run_ids=[dead]),
+        user("redrive: retry runs", Q.retry_dead_runs, run_ids=[dead], channel="flowq"),
         # Status, queues, dashboard.
         user("status: queues", Q.list_queues),
         user("status: completions", Q.select_completions),

@@ -13,7 +13,8 @@ soak (it runs for `--duration`), memory (worker RSS over a 1M-job drain), pressu
 steady load beside an open snapshot and a scanning reader, phase by phase) and overload (one
 worker offered 0.5x to 4x its peak, in its own process and in the producer's), checkpoint
 (jobs of ten checkpoints beside a raw loop) and sleep (N runs of one durable sleep beside N
-delayed no-op jobs, on one worker).
+delayed no-op jobs, on one worker) and indexes (every feature statement EXPLAINed over
+10,000,000 retained rows: exits 1 when one is not index-served).
 Each runs in a fresh database on one server: the one at `--database-url`, or a fresh
 embedded PostgreSQL with durable defaults (fsync on); FLOWQ_DATABASE_URL and DATABASE_URL are
 never read. The bench drops only the databases it created (see `harness`).
@@ -48,7 +49,17 @@ __all__ = ["DEFAULT_SCENARIOS", "SCENARIOS", "Options", "run_bench"]
 
 
 def _registry() -> dict[str, Callable[[Server, Options], list[Row]]]:
-    from flowq_bench import limits, memory, overload, pressure, producers, rate, scenarios, sleep
+    from flowq_bench import (
+        indexes,
+        limits,
+        memory,
+        overload,
+        pressure,
+        producers,
+        rate,
+        scenarios,
+        sleep,
+    )
 
     return {"drain": scenarios.drain, "drain-session": scenarios.drain_session,
             "pipeline": scenarios.pipeline, "dag": scenarios.dag, "map": scenarios.map_run,
@@ -57,7 +68,7 @@ def _registry() -> dict[str, Callable[[Server, Options], list[Row]]]:
             "latency": producers.latency, "scale": scenarios.scale, "soak": producers.soak,
             "memory": memory.memory, "pressure": pressure.pressure,
             "overload": overload.overload, "checkpoint": scenarios.checkpoint,
-            "sleep": sleep.sleep}
+            "sleep": sleep.sleep, "indexes": indexes.indexes}
 
 
 def run_bench(url: str | None, names: Sequence[str], options: Options,

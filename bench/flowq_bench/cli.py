@@ -63,8 +63,10 @@ def _number(option: str, dest: str, help: str, default: str) -> Callable[[_F], _
               "reader), overload (one worker offered 0.5x to 4x its peak), checkpoint (jobs "
               "of 10 checkpoints against a raw loop writing 10 rows in 10 transactions; "
               "--jobs counts rows), sleep (2,000 runs of one ctx.sleep each on one worker, "
-              "beside as many no-op jobs delayed as long; --jobs sets the runs). Default: all "
-              "but limit, rate, soak, memory, pressure, overload, checkpoint and sleep.")
+              "beside as many no-op jobs delayed as long; --jobs sets the runs), indexes "
+              "(EXPLAIN ANALYZE of every feature statement over --rows retained rows; exit "
+              "status 1 when one is not index-served). Default: all but limit, rate, soak, "
+              "memory, pressure, overload, checkpoint, sleep and indexes.")
 @click.option("--jobs", "n_jobs", type=click.IntRange(1), default=None,
               help="Jobs per drain (pipeline: steps; memory: the whole drain) "
               "[default: 50000, memory 1000000; --quick: 300].")
@@ -77,6 +79,9 @@ def _number(option: str, dest: str, help: str, default: str) -> Callable[[_F], _
                    "[default: 16,128; -c alone: just that one].")
 @click.option("--retained", type=click.IntRange(0), default=None, metavar="N",
               help="scale: finished rows retained beside the pending ones [default: 1,000,000].")
+@click.option("--rows", "index_rows", type=click.IntRange(2), default=None, metavar="N",
+              help="indexes: finished rows retained in flowq.jobs [default: 10,000,000; "
+              "--quick: 20,000].")
 @click.option("--repeat", type=click.IntRange(1), default=None,
               help="Runs per figure; the table shows median and min-max [default: 3].")
 @_number("--duration", "duration", "How long the soak runs", "600")
@@ -99,7 +104,7 @@ def _number(option: str, dest: str, help: str, default: str) -> Callable[[_F], _
               help="Also write the JSON to this file.")
 def bench(database_url: str | None, scenarios: tuple[str, ...], n_jobs: int | None,
           processes: int | None, concurrency: int | None, drain_c: str | None,
-          retained: int | None, repeat: int | None, duration: float | None,
+          retained: int | None, index_rows: int | None, repeat: int | None, duration: float | None,
           pressure_phase: float | None, pressure_rate: float | None,
           pressure_rows: int | None, overload_phase: float | None,
           sleep_seconds: float | None, quick: bool,
@@ -121,7 +126,8 @@ def bench(database_url: str | None, scenarios: tuple[str, ...], n_jobs: int | No
     options = Options.quick() if quick else Options()
     for knob, value in (("jobs", n_jobs), ("processes", processes),
                         ("concurrency", concurrency), ("repeat", repeat),
-                        ("retained", retained), ("duration", duration),
+                        ("retained", retained), ("index_rows", index_rows),
+                        ("duration", duration),
                         ("pressure_phase", pressure_phase),
                         ("pressure_rate", pressure_rate),
                         ("pressure_rows", pressure_rows),
@@ -145,3 +151,6 @@ def bench(database_url: str | None, scenarios: tuple[str, ...], n_jobs: int | No
         with open(json_file, "w") as f:
             json.dump(doc, f, indent=2)
     click.echo(json.dumps(doc, indent=2) if json_out else table)
+    if any(row.get("extra", {}).get("not_served")
+           for row in doc.get("scenarios", {}).get("indexes", [])):
+        sys.exit(1)  # a statement the indexes scenario found not index-served: the table says

@@ -17,7 +17,7 @@ __all__ = ["BOUNDS", "DEFAULT_SCENARIOS", "OPT_IN", "SCENARIOS", "Bound", "Optio
 
 SCENARIOS: Final = ("drain", "drain-session", "pipeline", "dag", "map", "map-session",
                     "limit", "rate", "enqueue", "latency", "scale", "soak", "memory",
-                    "pressure", "overload", "checkpoint", "sleep")
+                    "pressure", "overload", "checkpoint", "sleep", "indexes")
 # soak runs for --duration (default 10 minutes) and memory drains a million jobs, so both are
 # opt-in: --scenario soak, --scenario memory. limit and rate take 1.5-2 minutes each at default
 # size (three drains or windows of each kind, one kind being a 15 s cap or a 10 s window, and
@@ -27,8 +27,9 @@ SCENARIOS: Final = ("drain", "drain-session", "pipeline", "dag", "map", "map-ses
 # checkpoint (ten commits per job: flowq's and a raw loop's) is opt-in, a durable-execution
 # figure beside the throughput ones; so is sleep (N runs of one durable sleep each, beside N
 # delayed no-op jobs).
+# indexes fills 10,000,000 rows (--rows) before its EXPLAINs: minutes, and gigabytes.
 OPT_IN: Final = ("limit", "rate", "soak", "memory", "pressure", "overload", "checkpoint",
-                 "sleep")
+                 "sleep", "indexes")
 DEFAULT_SCENARIOS: Final = tuple(s for s in SCENARIOS if s not in OPT_IN)
 
 
@@ -135,6 +136,7 @@ class Options:
     sleep_runs: int = 2_000
     sleep_seconds: float = 1.0
     sleep_concurrency: int = 8
+    index_rows: int = 10_000_000  # indexes: finished rows retained (issue 21's size)
     # `jobs` and `concurrency` as built: memory and drain-session follow them once changed
     # (--jobs, -c), and otherwise use their own defaults above.
     _initial: tuple[int, int] = field(default=(0, 0), init=False, repr=False, compare=False)
@@ -203,7 +205,8 @@ class Options:
                    queue_limit=4, limit_timeout=5.0, rate_limit=50, rate_window=3.0,
                    pressure_rate=200.0, pressure_c=8, pressure_phase=2.0, pressure_rows=20_000,
                    overload_peak_jobs=300, overload_concurrency=8, overload_phase=1.0,
-                   sleep_runs=50, sleep_seconds=0.5, sleep_concurrency=4)
+                   sleep_runs=50, sleep_seconds=0.5, sleep_concurrency=4,
+                   index_rows=20_000)
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -1,7 +1,8 @@
 """`flowq bench --quick` end to end against the test server, so the command never rots.
 
-Real `flowq worker` processes and raw loops run every scenario but the soak (the default
-ones and the opt-in limit, rate, memory, pressure, overload, checkpoint and sleep) at tiny sizes, in ONE invocation that the tests
+Real `flowq worker` processes and raw loops run every scenario but the soak and indexes (the
+default ones and the opt-in limit, rate, memory, pressure, overload, checkpoint and sleep) at
+tiny sizes, in ONE invocation that the tests
 below share (`quick_run`): each scenario runs in a database of its own either way, and one
 run instead of one per test is what makes this file take about a minute and a half rather
 than seven. The tests check the shape of the JSON and the table (every scenario, every
@@ -29,8 +30,10 @@ from flowq.cli import main
 from flowq_bench import DEFAULT_SCENARIOS, SCENARIOS
 from flowq_bench.baselines import MINIMAL_VARIANTS
 
-# Every scenario but the soak (it runs for --duration), opt-in ones included, in this order.
-RUN_SCENARIOS = [s for s in SCENARIOS if s != "soak"]
+# Every scenario but the soak (it runs for --duration) and indexes (no reference figures:
+# tests/integration/test_index_plans.py runs its checks), opt-in ones included, in order.
+NOT_RUN = {"soak", "indexes"}
+RUN_SCENARIOS = [s for s in SCENARIOS if s not in NOT_RUN]
 JOBS = 60  # --jobs: drains of 60 jobs, 15 diamond runs, a map of 60 items, memory of 60 jobs
 # The phases' lengths, given on the command line (so the options reach the scenarios).
 PRESSURE_PHASE, OVERLOAD_PHASE, SLEEP_SECONDS = 1.5, 0.75, 0.6
@@ -72,7 +75,7 @@ def test_quick_bench_says_each_scenario_and_repeat_as_it_goes(quick_run: QuickRu
 
 def test_quick_bench_reports_every_scenario_beside_a_reference(quick_run: QuickRun) -> None:
     doc = quick_run.doc
-    assert set(doc["scenarios"]) == set(SCENARIOS) - {"soak"}
+    assert set(doc["scenarios"]) == set(SCENARIOS) - NOT_RUN
     assert set(DEFAULT_SCENARIOS) <= set(doc["scenarios"])
     assert doc["machine"]["cores"] >= 1 and doc["machine"]["postgresql"]
     for name, rows in doc["scenarios"].items():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -12,6 +11,7 @@ import sqlalchemy as sa
 
 from flowq.db.sql import Queries
 from flowq.testing import job_rows
+from flowq_bench.indexes import plan_nodes
 
 Q = Queries("flowq")
 
@@ -44,16 +44,6 @@ def row(engine: sa.Engine, job_id: int) -> Any:
 # -- the claim ------------------------------------------------------------------------------
 
 
-def _plan_nodes(plan: Any) -> Iterator[dict[str, Any]]:
-    if isinstance(plan, dict):
-        yield plan
-        for v in plan.values():
-            yield from _plan_nodes(v)
-    elif isinstance(plan, list):
-        for v in plan:
-            yield from _plan_nodes(v)
-
-
 def test_claim_uses_the_partial_pending_index(engine: sa.Engine) -> None:
     with engine.begin() as conn:
         insert_jobs(conn, 20_000, status="succeeded")
@@ -66,7 +56,7 @@ def test_claim_uses_the_partial_pending_index(engine: sa.Engine) -> None:
         raw = conn.execute(sa.text("EXPLAIN (FORMAT JSON) " + str(compiled))).scalar()
         conn.rollback()
     plan = raw if isinstance(raw, list) else json.loads(str(raw))
-    indexes = {n.get("Index Name") for n in _plan_nodes(plan)}
+    indexes = {n.get("Index Name") for n in plan_nodes(plan)}
     assert "jobs_pending_idx" in indexes, json.dumps(plan, indent=1)
 
 
@@ -83,7 +73,7 @@ def test_the_cursor_claim_starts_its_index_scan_at_the_cursor(engine: sa.Engine)
             "run_at": "2000-01-01T00:00:00Z", "id": 1000}).scalar()
         conn.rollback()
     plan = raw if isinstance(raw, list) else json.loads(str(raw))
-    scans = [n for n in _plan_nodes(plan) if n.get("Index Name") == "jobs_pending_idx"]
+    scans = [n for n in plan_nodes(plan) if n.get("Index Name") == "jobs_pending_idx"]
     assert scans and "priority" in str(scans[0].get("Index Cond")), json.dumps(plan, indent=1)
 
 def test_claim_marks_rows_running_and_never_exceeds_the_limit(engine: sa.Engine) -> None:
@@ -348,7 +338,7 @@ def test_hot_statements_stay_index_lookups_on_a_table_analyzed_empty(engine: sa.
         plan = conn.execute("EXPLAIN (FORMAT JSON) " + raw_sql(stmt), params).fetchone()
         conn.rollback()
     assert plan is not None
-    nodes = list(_plan_nodes(plan[0]))
+    nodes = list(plan_nodes(plan[0]))
     scans = [n for n in nodes if n.get("Relation Name") == "jobs" and "Scan" in n["Node Type"]]
     shown = json.dumps(plan[0], indent=1)
     assert scans, shown

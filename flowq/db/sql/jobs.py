@@ -186,10 +186,16 @@ class JobStatements(Statements):
         Delete up to :limit runs whose rows all ended more than :retention seconds ago
         (:dead_retention for runs with a dead step). Whole runs only, so a retained run keeps
         its history and its idempotency key. A unique key still held by a pruned run goes
-        with it (`flowq.uniques` has no index on run_id: a scan of that small table per
-        batch). Batches (`session.batch`) whose callback was enqueued longer ago than
+        with it (`uniques_run_id_idx`). Batches (`session.batch`) whose callback was enqueued longer ago than
         :retention go too, up to :limit per statement (`batches_fired_idx`): the callback's
-        run is a run of its own, kept by these same rules."""
+        run is a run of its own, kept by these same rules.
+
+        Two fences keep the plan index-served at 10,000,000 rows (issue 21, `flowq bench
+        --scenario indexes`): the NOT EXISTS carries OFFSET 0, so it stays one lookup in
+        `jobs_run_id_idx` per candidate instead of becoming an anti-join, which the planner
+        once made a hash of every recent row (11.5 s, 2,000,000 buffers); and the batches
+        are deleted by `= ANY(ARRAY(...))` of their ids, primary-key lookups, where `IN`
+        hashed them against a walk of the whole `batches_pkey`."""
         return self.sql(f"""
             WITH old AS (
                 SELECT DISTINCT j.run_id FROM {S}.jobs j
@@ -201,7 +207,8 @@ class JobStatements(Statements):
                         AND (o.status IN ('pending', 'running', 'waiting')
                              OR o.finished_at >= now() - make_interval(secs => :retention)
                              OR (o.status = 'dead' AND o.finished_at >=
-                                 now() - make_interval(secs => :dead_retention))))
+                                 now() - make_interval(secs => :dead_retention)))
+                      OFFSET 0)
                 LIMIT :limit)
             , gone AS (DELETE FROM {S}.jobs WHERE run_id IN (SELECT run_id FROM old)
                        RETURNING run_id)
@@ -210,10 +217,10 @@ class JobStatements(Statements):
             , signals AS (DELETE FROM {S}.signals WHERE run_id IN (SELECT run_id FROM old))
             , held_keys AS (DELETE FROM {S}.uniques WHERE run_id IN (SELECT run_id FROM old))
             , marks AS (DELETE FROM {S}.checkpoints WHERE run_id IN (SELECT run_id FROM old))
-            , fired AS (DELETE FROM {S}.batches WHERE id IN (
+            , fired AS (DELETE FROM {S}.batches WHERE id = ANY(ARRAY(
                   SELECT id FROM {S}.batches
                    WHERE fired_at < now() - make_interval(secs => :retention)
-                   ORDER BY fired_at LIMIT :limit))
+                   ORDER BY fired_at LIMIT :limit)))
             , links AS (DELETE FROM {S}.children
                          WHERE parent_run_id IN (SELECT run_id FROM old))
             SELECT count(*) FROM gone""")

@@ -30,7 +30,9 @@ class UniqueStatements(Statements):
         are race-free): `existing`, the run holding :idempotency_key (NULL: none); `held`,
         the active run holding :unique_key in the statement's snapshot, as (id, run_id,
         created = false); `claimed`, the new run's id when the key was free, or held by a
-        run visible here and finished."""
+        run visible here and finished. The visible claim `v` is read by a scalar sub-select
+        on the primary key: as an EXISTS the planner hashed the whole table for it (issue 21,
+        `flowq bench --scenario indexes`), and the key is unique, so both say the same."""
         active = f"x.run_id = u.run_id AND x.status IN {ACTIVE}"
         return f"""
             WITH existing AS ({FIND_RUN_BY_KEY}),
@@ -48,8 +50,7 @@ class UniqueStatements(Statements):
                  WHERE NOT EXISTS (SELECT 1 FROM existing) AND NOT EXISTS (SELECT 1 FROM held)
                 ON CONFLICT (key) DO UPDATE
                    SET run_id = excluded.run_id, created_at = excluded.created_at
-                 WHERE EXISTS (SELECT 1 FROM {S}.uniques v
-                                WHERE v.key = u.key AND v.run_id = u.run_id)
+                 WHERE (SELECT v.run_id FROM {S}.uniques v WHERE v.key = u.key) = u.run_id
                    AND NOT EXISTS (SELECT 1 FROM {S}.jobs x WHERE {active})
                 RETURNING run_id
             )"""

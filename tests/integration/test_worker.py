@@ -521,6 +521,9 @@ def test_reaped_handler_cannot_complete_and_its_writes_roll_back(
         wait_until(first_started.is_set, 10, message="attempt 1 to start")
         with ledger.begin() as conn:
             conn.execute(sa.text("UPDATE flowq.jobs SET heartbeat_at = now() - interval '1 h'"))
+            # and its worker's entry: the worker looks dead (its beat keeps either alive)
+            conn.execute(sa.text("UPDATE flowq.workers SET heartbeat_at = now() - "
+                                 "interval '1 h'"))
         assert Reaper(ledger, Queries("flowq"), stale_after=30).run_once() == 1
         wait_until(lambda: job_rows(ledger, where="status = 'succeeded'"), 10,
                    message="attempt 2 to succeed in the other slot")

@@ -8,7 +8,7 @@ from functools import cached_property
 from sqlalchemy.sql.elements import TextClause
 
 from flowq.db.schema import CAPABILITIES
-from flowq.db.sql.fragments import S, Statements
+from flowq.db.sql.fragments import S, Statements, stale
 
 __all__ = ["WorkerStatements"]
 
@@ -81,12 +81,12 @@ class WorkerStatements(Statements):
              ORDER BY name""")
 
     @cached_property
-    def beat_worker(self) -> TextClause:
-        """Refresh a worker's heartbeat in the registry.
+    def find_worker(self) -> TextClause:
+        """Tell whether a worker is in the registry.
 
-        Refresh worker :name's heartbeat; no row when it expired (then register again)."""
-        return self.sql(f"""
-            UPDATE {S}.workers SET heartbeat_at = now() WHERE name = :name RETURNING name""")
+        Worker :name's entry (its name); no row when it expired (then register again). The
+        entry's beat is the heartbeat's (`heartbeat_jobs`), on the heartbeat's connection."""
+        return self.sql(f"SELECT name FROM {S}.workers WHERE name = :name")
 
     @cached_property
     def unregister_worker(self) -> TextClause:
@@ -99,10 +99,10 @@ class WorkerStatements(Statements):
     def expire_workers(self) -> TextClause:
         """Remove workers whose heartbeat expired.
 
-        Remove workers whose heartbeat is older than :stale seconds (they died)."""
+        Remove workers whose heartbeat is older than :stale seconds (they died): the
+        reaper's limit (`fragments.stale`), under which their jobs are reaped too."""
         return self.sql(f"""
-            DELETE FROM {S}.workers
-             WHERE heartbeat_at < now() - make_interval(secs => :stale) RETURNING name""")
+            DELETE FROM {S}.workers WHERE {stale("heartbeat_at")} RETURNING name""")
 
     @cached_property
     def select_unserved_jobs(self) -> TextClause:

@@ -54,20 +54,39 @@ def _plan_nodes(plan: Any) -> Iterator[dict[str, Any]]:
             yield from _plan_nodes(v)
 
 
+def _explain(engine: sa.Engine, statement: sa.TextClause, **binds: Any) -> Any:
+    """The JSON plan of `statement` with `binds` written in as literals (never run)."""
+    compiled = statement.bindparams(**binds).compile(
+        engine, compile_kwargs={"literal_binds": True})
+    with engine.connect() as conn:
+        raw = conn.execute(sa.text("EXPLAIN (FORMAT JSON) " + str(compiled))).scalar()
+        conn.rollback()
+    return raw if isinstance(raw, list) else json.loads(str(raw))
+
+
 def test_claim_uses_the_partial_pending_index(engine: sa.Engine) -> None:
     with engine.begin() as conn:
         insert_jobs(conn, 20_000, status="succeeded")
         insert_jobs(conn, 1_000, queue="default")
         insert_jobs(conn, 1_000, queue="emails")
         conn.execute(sa.text("ANALYZE flowq.jobs"))
-    compiled = Q.claim_jobs.bindparams(queue="emails", limit=10, worker="w1").compile(
-        engine, compile_kwargs={"literal_binds": True})
-    with engine.connect() as conn:
-        raw = conn.execute(sa.text("EXPLAIN (FORMAT JSON) " + str(compiled))).scalar()
-        conn.rollback()
-    plan = raw if isinstance(raw, list) else json.loads(str(raw))
+    plan = _explain(engine, Q.claim_jobs, queue="emails", limit=10, worker="w1")
     indexes = {n.get("Index Name") for n in _plan_nodes(plan)}
     assert "jobs_pending_idx" in indexes, json.dumps(plan, indent=1)
+
+
+def test_the_reap_reads_the_running_index_and_each_entry_by_name(engine: sa.Engine) -> None:
+    """The reaper's scan: running rows by heartbeat age, each worker's entry by primary key
+    (the jobs of live workers that beat their entry only are read at every pass)."""
+    with engine.begin() as conn:
+        insert_jobs(conn, 20_000, status="succeeded")
+        ids = insert_jobs(conn, 500)
+        conn.execute(sa.text("UPDATE flowq.jobs SET status = 'running', locked_by = 'w', "
+                             "heartbeat_at = now() WHERE id = ANY(:ids)"), {"ids": ids})
+        conn.execute(sa.text("ANALYZE flowq.jobs"))
+    plan = _explain(engine, Q.reap_jobs, stale=30.0, limit=1000, channel="flowq")
+    indexes = {n.get("Index Name") for n in _plan_nodes(plan)}
+    assert {"jobs_running_idx", "workers_pkey"} <= indexes, json.dumps(plan, indent=1)
 
 
 def test_the_cursor_claim_starts_its_index_scan_at_the_cursor(engine: sa.Engine) -> None:

@@ -7,9 +7,11 @@ public API, so the same script measures any release):
 
 It starts an embedded PostgreSQL (durable defaults, nothing else connected), migrates,
 enqueues N jobs whose handlers sleep until the end, runs one worker (concurrency N,
-maintenance on) until all N run, waits 15 s, then reads `pg_current_wal_insert_lsn()` and
-`pg_stat_user_tables` of `flowq.jobs` before and after the window. Prints WAL bytes per
-minute, and the updates of `flowq.jobs` (and how many were HOT) in the window.
+maintenance on) until all N run, vacuums the database and checkpoints, waits 15 s, then
+reads `pg_current_wal_insert_lsn()`, `pg_stat_wal` and `pg_stat_user_tables` of
+`flowq.jobs` before and after the window. Prints WAL bytes, records and full-page images per
+minute, the updates of `flowq.jobs` (and how many were HOT), and the autovacuum or
+autoanalyze runs in the window (PostgreSQL 14 or later).
 """
 
 from __future__ import annotations
@@ -27,7 +29,11 @@ from flowq.worker import Worker, WorkerConfig
 
 MARK = sa.text("""
     SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::float8 AS wal,
-           n_tup_upd, n_tup_hot_upd
+           (SELECT wal_records FROM pg_stat_wal) AS records,
+           (SELECT wal_fpi FROM pg_stat_wal) AS fpi,
+           n_tup_upd, n_tup_hot_upd,
+           (SELECT sum(autovacuum_count + autoanalyze_count) FROM pg_stat_all_tables)
+               AS autovacuums
       FROM pg_stat_user_tables WHERE schemaname = 'flowq' AND relname = 'jobs'""")
 
 
@@ -59,6 +65,11 @@ def measure(url: str, jobs: int, heartbeat: float, seconds: float) -> dict[str, 
             if time.monotonic() > deadline:
                 raise RuntimeError("the jobs did not all start")
             time.sleep(0.2)
+        # The migration's and the claims' leftovers vacuumed, and a checkpoint: what the
+        # window writes is the steady state's (its full-page images are taken in the wait).
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+            c.execute(sa.text("VACUUM ANALYZE"))
+            c.execute(sa.text("CHECKPOINT"))
         time.sleep(15)  # the claims' statistics reach pg_stat_user_tables late
         with engine.connect() as c:
             c.execute(sa.text("SELECT pg_stat_clear_snapshot()"))
@@ -71,6 +82,9 @@ def measure(url: str, jobs: int, heartbeat: float, seconds: float) -> dict[str, 
     per_minute = 60.0 / seconds
     return {"jobs": jobs, "heartbeat_s": heartbeat, "window_s": seconds,
             "wal_bytes_per_min": round((after.wal - before.wal) * per_minute),
+            "wal_records_per_min": round((after.records - before.records) * per_minute),
+            "full_page_images_per_min": round((after.fpi - before.fpi) * per_minute),
+            "autovacuum_or_analyze_runs": int(after.autovacuums - before.autovacuums),
             "jobs_updates_per_min": round((after.n_tup_upd - before.n_tup_upd) * per_minute),
             "jobs_hot_updates_per_min": round(
                 (after.n_tup_hot_upd - before.n_tup_hot_upd) * per_minute)}

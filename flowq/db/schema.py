@@ -197,6 +197,10 @@ workers = sa.Table(
     # What it serves (revision 0014): {pipeline: [{"version": N, "fingerprint": F}, ...]};
     # NULL for a worker of an earlier release. The shapes are in `definitions`.
     sa.Column("definitions", JSONB),
+    # The leases of the claims it holds, written by its heartbeat (revision 0017): a running
+    # job is alive while its own heartbeat_at is recent, or this entry is and lists its
+    # lease. NULL: none written (an earlier release, or no beat since it registered).
+    sa.Column("leases", ARRAY(sa.BigInteger)),
 )
 
 # Every definition a worker ever served (revision 0014): its shape by fingerprint, written

@@ -262,13 +262,27 @@ def test_a_job_of_a_live_worker_is_not_reaped_however_old_its_own_heartbeat(
         engine: sa.Engine) -> None:
     register(engine)
     with engine.begin() as conn:
-        job = add_job(conn, status="running", attempts=1, heartbeat_ago=3600)
+        job = add_job(conn, status="running", attempts=1, heartbeat_ago=3600, lease=11)
+    heartbeat(engine, [(job, 11)]).run_once()  # the entry lists the lease
     assert Reaper(engine, Q, stale_after=30).run_once() == 0
     age_entry(engine, 120)  # the worker stopped beating its entry: dead
     assert Reaper(engine, Q, stale_after=30).run_once() == 1
     r = rows_by_id(engine)[job]
     assert r.status == "pending"
     assert r.last_error.startswith("WorkerLost: worker old-worker")
+
+
+def test_a_claim_its_live_worker_does_not_list_is_reaped(engine: sa.Engine) -> None:
+    """A claim whose result never reached its worker, or whose acknowledged completion a
+    crash lost: its worker beats on, but does not vouch for it."""
+    register(engine)
+    with engine.begin() as conn:
+        orphan = add_job(conn, status="running", attempts=1, heartbeat_ago=120, lease=11)
+        held = add_job(conn, status="running", attempts=1, heartbeat_ago=120, lease=12)
+    heartbeat(engine, [(held, 12)]).run_once()
+    assert Reaper(engine, Q, stale_after=30).run_once() == 1
+    assert (rows_by_id(engine)[orphan].status, rows_by_id(engine)[held].status) == (
+        "pending", "running")
 
 
 def test_a_job_whose_worker_entry_is_gone_is_reaped(engine: sa.Engine) -> None:
@@ -281,7 +295,8 @@ def test_a_job_whose_worker_entry_is_gone_is_reaped(engine: sa.Engine) -> None:
 def test_the_registry_expires_entries_at_the_reapers_limit(engine: sa.Engine) -> None:
     register(engine)
     with engine.begin() as conn:
-        job = add_job(conn, status="running", attempts=1, heartbeat_ago=3600)
+        job = add_job(conn, status="running", attempts=1, heartbeat_ago=3600, lease=11)
+    heartbeat(engine, [(job, 11)]).run_once()
     age_entry(engine, 40)
     # Both at one limit: the entry goes exactly when its jobs are reaped, never before.
     assert WorkerExpirer(engine, Q, stale=50).run_once() == 0

@@ -123,8 +123,8 @@ class ClaimStatements(Statements):
     def heartbeat_jobs(self) -> TextClause:
         """Beat a worker's registry entry and read (or refresh) its claims, fenced.
 
-        Beat worker :worker's registry entry and return its claims (:ids, :leases) still
-        ours, with whether their run was cancelled meanwhile (the running handler is told:
+        Beat worker :worker's registry entry, recording the leases of its claims (:ids,
+        :leases), and return the claims still ours, with whether their run was cancelled meanwhile (the running handler is told:
         cooperative cancellation). The claims are only read while the entry is there and
         every registered worker's reaper reads entries (`LIVENESS_CAPABILITY`); else (an
         entry expired after a stall, an older release's reaper) each claim's own
@@ -134,7 +134,10 @@ class ClaimStatements(Statements):
         claims = rows("c", (*CLAIM_KEY, ("progress", "jsonb")), single=False)
         return self.sql(f"""
             WITH me AS (
-                UPDATE {S}.workers SET heartbeat_at = now() WHERE name = :worker
+                -- The entry vouches for these leases only: a claim this worker does not
+                -- know it holds (its claim's result or its completion lost) is reaped.
+                UPDATE {S}.workers SET heartbeat_at = now(), leases = CAST(:leases AS bigint[])
+                 WHERE name = :worker
                 RETURNING name
             ), mode AS (
                 SELECT NOT EXISTS (SELECT 1 FROM me)
@@ -408,11 +411,12 @@ class ClaimStatements(Statements):
         """Requeue, bury or cancel running jobs whose worker stopped heartbeating.
 
         Requeue (or bury, once attempts are spent) running jobs whose heartbeat is older than
-        :stale seconds and whose worker's registry entry (named by `locked_by`) is older too
-        or gone: their worker died. The crashed attempt counts, and is appended to
+        :stale seconds, unless their worker's registry entry (named by `locked_by`) is
+        younger and lists their lease: their worker died, or does not know it holds them. The crashed attempt counts, and is appended to
         `attempt_log` as lost. The scan reads the running index from the oldest beat: jobs
         of live workers that beat their entry only are read and skipped at every pass."""
-        entry = f"SELECT w.heartbeat_at FROM {S}.workers w WHERE w.name = j.locked_by"
+        entry = (f"SELECT w.heartbeat_at FROM {S}.workers w "
+                 "WHERE w.name = j.locked_by AND j.lease = ANY(w.leases)")
         return self.sql(f"""
             WITH stale AS (
                 SELECT j.id, GREATEST(j.heartbeat_at, ({entry})) AS last_beat

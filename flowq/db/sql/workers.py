@@ -25,7 +25,8 @@ class WorkerStatements(Statements):
 
         Register worker :name (or refresh it, if it exists: a restart under the same name),
         with what this release's code understands of the shared tables (`capabilities`) and
-        the definitions it serves (:definitions, `{pipeline: [{version, fingerprint}]}`)."""
+        the definitions it serves (:definitions, `{pipeline: [{version, fingerprint}]}`); no
+        leases (a restart holds none of its predecessor's claims)."""
         return self.sql(f"""
             INSERT INTO {S}.workers (name, host, pid, queues, tasks, concurrency, version,
                                      capabilities, definitions)
@@ -36,7 +37,7 @@ class WorkerStatements(Statements):
                SET host = excluded.host, pid = excluded.pid, queues = excluded.queues,
                    tasks = excluded.tasks, concurrency = excluded.concurrency,
                    version = excluded.version, capabilities = excluded.capabilities,
-                   definitions = excluded.definitions,
+                   definitions = excluded.definitions, leases = NULL,
                    started_at = now(), heartbeat_at = now()""")
 
     @cached_property

@@ -223,8 +223,9 @@ definitions = sa.Table(
 # - `PERMITS_CAPABILITY`: it counts the permits held in `permits` when it claims a limited
 #   queue (an older worker counts running jobs only);
 # - `LIVENESS_CAPABILITY`: its reaper takes a running job for alive while the registry entry
-#   its `locked_by` names beats (an older reaper reads the job's own `heartbeat_at` only, so
-#   until none is registered every worker still beats each job it holds).
+#   its `locked_by` names beats and lists its lease (`workers.leases`; an older reaper reads
+#   the job's own `heartbeat_at` only, so until none is registered every worker still beats
+#   each job it holds).
 JOIN_SHARDS_CAPABILITY: Final = "join_shards"
 PERMITS_CAPABILITY: Final = "permits"
 LIVENESS_CAPABILITY: Final = "worker_liveness"

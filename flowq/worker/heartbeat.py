@@ -1,10 +1,12 @@
 """The heartbeat: every `interval` (default 5 s) one statement, on a thread and a connection
-of its own, beats this worker's registry entry (`flowq.workers`) and reads which of the jobs
-it holds are still its own (`heartbeat_jobs`).
+of its own, beats this worker's registry entry (`flowq.workers`), listing the leases of the
+claims it holds, and reads which of those jobs are still its own (`heartbeat_jobs`).
 
-A running job is alive while its own `heartbeat_at` (set by the claim) or its worker's entry
-beats (the reaper reaps it only when both are older than `stale_after`), so a beat writes one
-row whatever the number of jobs held, rather than one indexed update per job. Each job's own
+A running job is alive while its own `heartbeat_at` (set by the claim) is younger than
+`stale_after`, or its worker's entry is and lists its lease, so a beat writes one row
+whatever the number of jobs held, rather than one indexed update per job. A claim the worker
+does not know it holds (its claim's result lost with the connection, a completion the server
+acknowledged and then lost in a crash) is not listed: it is reaped as before. Each job's own
 `heartbeat_at` is still refreshed, as before, while the entry is missing (removed after the
 worker stalled: the registry enters it again at its next beat) or while a worker of an
 earlier release is registered (its reaper reads the jobs' own heartbeats only: the

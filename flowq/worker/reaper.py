@@ -1,6 +1,7 @@
 """The reaper: requeues running jobs whose heartbeat is older than `stale_after` (default
-30 s), and whose worker's registry entry (`flowq.workers`, named by `locked_by`; the worker's
-heartbeat beats it) is as old or gone: their worker died; and cancels the runs whose
+30 s), unless their worker's registry entry (`flowq.workers`, named by `locked_by`; the
+worker's heartbeat beats it) is younger and lists their lease: their worker died (or does
+not know it holds them); and cancels the runs whose
 deadline passed. The registry's expiry removes entries by the same limit
 (`flowq.db.sql.fragments.stale`).
 

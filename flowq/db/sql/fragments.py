@@ -295,9 +295,10 @@ def registered_without(capability: str) -> str:
 def stale(heartbeat: str) -> str:
     """Whether `heartbeat` (a timestamp column) is older than :stale seconds: the one limit
     past which a running job's claim and a worker's registry entry are presumed dead. The
-    reaper reaps a job only when both its own heartbeat and its worker's entry are stale (or
-    the entry is gone), and the registry's expiry removes entries by this same test and
-    limit: removing an entry never ends a job that the reaper would have kept."""
+    reaper reaps a job only when its own heartbeat is stale and its worker's entry is stale
+    too, gone, or does not list its lease; the registry's expiry removes entries by this
+    same test and limit: removing an entry never ends a job that the reaper would have
+    kept."""
     return f"{heartbeat} < now() - make_interval(secs => :stale)"
 
 

@@ -50,7 +50,7 @@ def measure(url: str, jobs: int, heartbeat: float, seconds: float) -> dict[str, 
     with flowq.Session(bind=engine) as s, s.begin():
         for _ in range(jobs):
             s.enqueue(hold)
-    config = WorkerConfig(concurrency=jobs, heartbeat_interval=heartbeat,
+    config = WorkerConfig(concurrency=max(jobs, 1), heartbeat_interval=heartbeat,
                           stale_after=max(30.0, 3 * heartbeat), claim_ahead=0)
 
     def running() -> int:

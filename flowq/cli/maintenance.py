@@ -23,7 +23,8 @@ PRUNE_MAX_BATCHES: Final = 1_000_000
 @url_option
 @schema_option
 @click.option("--stale-after", default=30.0, show_default=True, type=click.FloatRange(0.0),
-              help="Heartbeat age (seconds) after which a running job is requeued.")
+              help="Heartbeat age (seconds) after which a running job (whose worker's "
+                   "registry entry is as old) is requeued, and the entry removed.")
 def reap(database_url: str | None, schema: str, stale_after: float) -> None:
     """Requeue (or bury) running jobs whose worker stopped heartbeating; one pass."""
     from flowq.db.sql import Queries
@@ -35,7 +36,7 @@ def reap(database_url: str | None, schema: str, stale_after: float) -> None:
     try:
         n = Reaper(engine, Queries(schema), stale_after=stale_after).run_once()
         # The reaper's pass used to expire dead workers' entries and timed-out waits too.
-        WorkerExpirer(engine, Queries(schema), stale=2 * stale_after).run_once()
+        WorkerExpirer(engine, Queries(schema), stale=stale_after).run_once()
         WaitExpirer(engine, Queries(schema)).run_once()
     finally:
         engine.dispose()

@@ -30,6 +30,7 @@ __all__ = [
     "JOBS_STORAGE_PARAMETERS",
     "JOIN_SHARDS",
     "JOIN_SHARDS_CAPABILITY",
+    "LIVENESS_CAPABILITY",
     "NO_MAP_INDEX",
     "PERMITS_CAPABILITY",
     "STATUSES",
@@ -196,6 +197,10 @@ workers = sa.Table(
     # What it serves (revision 0014): {pipeline: [{"version": N, "fingerprint": F}, ...]};
     # NULL for a worker of an earlier release. The shapes are in `definitions`.
     sa.Column("definitions", JSONB),
+    # The leases of the claims it holds, written by its heartbeat (revision 0017): a running
+    # job is alive while its own heartbeat_at is recent, or this entry is and lists its
+    # lease. NULL: none written (an earlier release, or no beat since it registered).
+    sa.Column("leases", ARRAY(sa.BigInteger)),
 )
 
 # Every definition a worker ever served (revision 0014): its shape by fingerprint, written
@@ -216,10 +221,16 @@ definitions = sa.Table(
 # - `JOIN_SHARDS_CAPABILITY`: it counts the instances of a large map in `join_shards` (an
 #   older worker would count them on the join's own row);
 # - `PERMITS_CAPABILITY`: it counts the permits held in `permits` when it claims a limited
-#   queue (an older worker counts running jobs only).
+#   queue (an older worker counts running jobs only);
+# - `LIVENESS_CAPABILITY`: its reaper takes a running job for alive while the registry entry
+#   its `locked_by` names beats and lists its lease (`workers.leases`; an older reaper reads
+#   the job's own `heartbeat_at` only, so until none is registered every worker still beats
+#   each job it holds).
 JOIN_SHARDS_CAPABILITY: Final = "join_shards"
 PERMITS_CAPABILITY: Final = "permits"
-CAPABILITIES: Final[tuple[str, ...]] = (JOIN_SHARDS_CAPABILITY, PERMITS_CAPABILITY)
+LIVENESS_CAPABILITY: Final = "worker_liveness"
+CAPABILITIES: Final[tuple[str, ...]] = (JOIN_SHARDS_CAPABILITY, PERMITS_CAPABILITY,
+                                        LIVENESS_CAPABILITY)
 
 
 # One counter per join step of a run: the parent units still to succeed (a parent, or each

@@ -208,18 +208,17 @@ class Store:
 
     # -- fenced writes -----------------------------------------------------------------------
 
-    def heartbeat(self, claims: Sequence[Claim],
+    def heartbeat(self, worker: str, claims: Sequence[Claim],
                   progress: Mapping[int, str] | None = None) -> list[Beat]:
-        """Refresh the heartbeat of `claims`; the ones still ours, with whether their run was
-        cancelled (the running handler is told). `progress`: the new `ctx.progress` JSON of
-        some of them, by job id, written in the same statement (none: the plain beat)."""
-        if progress:
-            beats = [_Progress(i, lease, progress.get(i)) for i, lease in sorted(claims)]
-            return read(Beat, self.run(self.q.heartbeat_progress_jobs, bind_rows(
-                (*CLAIM_KEY, ("progress", "jsonb")), beats, single=False)))
-        keys = [_Key(i, lease) for i, lease in sorted(claims)]
-        return read(Beat, self.run(self.q.heartbeat_jobs,
-                                   bind_rows(CLAIM_KEY, keys, single=False)))
+        """Beat `worker`'s registry entry; the `claims` still ours, with whether their run was
+        cancelled (the running handler is told). Each claim's own heartbeat is refreshed
+        only when the entry cannot stand for it (see `heartbeat_jobs`). `progress`: the new
+        `ctx.progress` JSON of some of them, by job id, written in the same statement."""
+        progress = progress or {}
+        beats = [_Progress(i, lease, progress.get(i)) for i, lease in sorted(claims)]
+        return read(Beat, self.run(self.q.heartbeat_jobs, {
+            "worker": worker, **bind_rows((*CLAIM_KEY, ("progress", "jsonb")), beats,
+                                          single=False)}))
 
     def complete(self, completions: Sequence[Completion],
                  successors: Sequence[Successor] = ()) -> list[Completed]:
@@ -345,8 +344,7 @@ class _Key:
 
 @dataclass(frozen=True)
 class _Progress:
-    """A claim and its new progress JSON (None: none new), as `heartbeat_progress_jobs`
-    names them."""
+    """A claim and its new progress JSON (None: none new), as `heartbeat_jobs` names them."""
 
     id: int
     lease: int

@@ -64,7 +64,8 @@ class StepInfo:
     """One step of a run, as stored in its `flowq.jobs` row.
 
     `locked_at`, `heartbeat_at` and `locked_by` describe the claim of a running step; they are
-    cleared when the attempt ends. `step` is '' for a first step enqueued by name from a
+    cleared when the attempt ends. `heartbeat_at` is the claim's time while its worker beats
+    its registry entry instead (`flowq.worker.heartbeat`). `step` is '' for a first step enqueued by name from a
     producer that did not know the pipeline (the worker resolves it to the first step).
     `last_error` is the error of the step's latest failed attempt; `last_error_earlier` is
     True when the step succeeded after it (the error of an earlier attempt, which a success

@@ -4,8 +4,10 @@ The defaults, one home for each (the services and the CLI read them from here):
 
 - `DEFAULT_CONCURRENCY` 10 handlers at once.
 - `DEFAULT_POLL_INTERVAL` 5 s: a due job starts within 5 s even without NOTIFY.
-- `DEFAULT_HEARTBEAT_INTERVAL` 5 s between heartbeats of the jobs a worker holds.
-- `DEFAULT_STALE_AFTER` 30 s: a running job whose heartbeat is older is reaped.
+- `DEFAULT_HEARTBEAT_INTERVAL` 5 s between heartbeats of a worker (its registry entry, and
+  the jobs it holds).
+- `DEFAULT_STALE_AFTER` 30 s: a running job whose heartbeat and whose worker's registry entry
+  are both older is reaped; an entry older is removed.
 - `DEFAULT_REAP_INTERVAL` 10 s between reaper passes (and the waits' and registry's expiry),
   so with the defaults a job whose worker died is running again well within 60 s.
 - `DEFAULT_PRUNE_INTERVAL` 60 s between pruner passes, which delete runs finished more than

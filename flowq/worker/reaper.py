@@ -1,5 +1,9 @@
 """The reaper: requeues running jobs whose heartbeat is older than `stale_after` (default
-30 s): their worker died; and cancels the runs whose deadline passed.
+30 s), unless their worker's registry entry (`flowq.workers`, named by `locked_by`; the
+worker's heartbeat beats it) is younger and lists their lease: their worker died (or does
+not know it holds them); and cancels the runs whose
+deadline passed. The registry's expiry removes entries by the same limit
+(`flowq.db.sql.fragments.stale`).
 
 The lost attempt counts, so a job that kills every worker it lands on ends `dead`; a job
 whose run was cancelled meanwhile ends `cancelled`. With the defaults (a pass every 10 s), a

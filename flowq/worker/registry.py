@@ -1,14 +1,16 @@
 """The workers registry, `flowq.workers`: who serves which queues and tasks, as operators,
 `flowq status` and `flowq runs list` see it (which due jobs no live worker serves).
 
-- `Registry` is one worker's entry: `register()` at start, a beat every `interval` (the
-  heartbeat interval, default 5 s; `run_once()`), `leave()` at a clean stop. A worker whose
-  entry expired while it stalled enters again at its next beat. Its beat goes through the
-  maintenance pool, not the heartbeat's connection: the jobs' heartbeat never waits behind it.
+- `Registry` is one worker's entry: `register()` at start, a look every `interval` (the
+  heartbeat interval, default 5 s; `run_once()`), `leave()` at a clean stop. The entry's beat
+  is the `Heartbeat`'s, on its own connection (the entry keeps the worker's running jobs
+  alive, `flowq.worker.heartbeat`); the look, through the maintenance pool, enters a worker
+  again whose entry expired while it stalled, and reads what the other workers serve.
 - `WorkerExpirer` removes the entries of workers that stopped beating for `stale` seconds
-  (the worker's `2 * stale_after`, default 60 s: an entry only informs, and a live worker
-  enters again if it ever loses its own), every `interval` (`reap_interval`, default 10 s),
-  under the advisory lock `<schema>.registry` (one pass at a time across all workers).
+  (the worker's `stale_after`, default 30 s: the reaper's limit, so that an entry is removed
+  only once the reaper would reap its jobs anyway), every `interval` (`reap_interval`,
+  default 10 s), under the advisory lock `<schema>.registry` (one pass at a time across all
+  workers).
 
 At start a worker also writes its app's queue declarations (`Registry.declare_queues`), so
 that every worker enforces the same limits, and says which due jobs of its tasks wait on a
@@ -64,7 +66,7 @@ class Registry(Service):
                  queues: Sequence[str], tasks: Sequence[str], concurrency: int,
                  interval: float = DEFAULT_HEARTBEAT_INTERVAL,
                  definitions: Sequence[Pipeline] = (),
-                 stale: float = 2 * DEFAULT_STALE_AFTER) -> None:
+                 stale: float = DEFAULT_STALE_AFTER) -> None:
         super().__init__(interval=interval)
         self.engine = engine
         self.queries = queries
@@ -140,10 +142,10 @@ class Registry(Service):
                                                               "served": self.queues})
 
     def run_once(self) -> int:
-        """Beat; returns 1 when the entry had expired and was entered again, else 0."""
+        """Look; returns 1 when the entry had expired and was entered again, else 0."""
         with self.engine.begin() as conn:
-            beaten = conn.execute(self.queries.beat_worker, {"name": self.worker}).first()
-        if beaten is not None:
+            found = conn.execute(self.queries.find_worker, {"name": self.worker}).first()
+        if found is not None:
             self.refresh()
             return 0
         self.register()  # expired while this worker was stalled: enter it again
@@ -164,7 +166,7 @@ class WorkerExpirer(Service):
     name = "registry-expiry"
 
     def __init__(self, engine: sa.Engine, queries: Queries, *,
-                 stale: float = 2 * DEFAULT_STALE_AFTER, interval: float = DEFAULT_REAP_INTERVAL,
+                 stale: float = DEFAULT_STALE_AFTER, interval: float = DEFAULT_REAP_INTERVAL,
                  first_delay: float | None = None,
                  stopping: threading.Event | None = None) -> None:
         super().__init__(interval=interval, first_delay=first_delay, stopping=stopping)

@@ -6,7 +6,8 @@ the claim-ahead) over a `Claimer` (claims only for free slots, in batches, one q
 time in rotation) and a `Listener` (LISTEN: wakes the loop), an `Executor` (threads and an
 event loop, a timeout watchdog; decides each outcome), a `Completer` (fenced, batched
 writes), and the services of `flowq.worker.services`, each on its own thread: the
-`Heartbeat` (its own thread and connection too), the `Registry`'s beat, and with
+`Heartbeat` (its own thread and connection too: it beats the worker's registry entry, which
+keeps its running jobs alive), the `Registry`'s look at its entry, and with
 `maintenance` the `Reaper`, the `WaitExpirer`, the `WorkerExpirer` and the `Pruner`, with
 `schedules` the `Scheduler`. Options and defaults: `flowq.worker.config`.
 
@@ -170,20 +171,21 @@ class Worker:
                                      outage=self.connections.outage)
         self.heartbeat = Heartbeat(
             self.connections.heartbeat, self.q, self._held_claims,
-            unsettled=self.executor.unsettled_claims, interval=c.heartbeat_interval,
+            unsettled=self.executor.unsettled_claims, worker=c.name,
+            interval=c.heartbeat_interval,
             on_cancelled=self.executor.cancel)
         self.registry = Registry(maintain, self.q, worker=c.name, queues=self.queues,
                                  tasks=[p.name for p in app], concurrency=c.concurrency,
                                  interval=c.heartbeat_interval,
-                                 definitions=app.definitions, stale=2 * c.stale_after)
+                                 definitions=app.definitions, stale=c.stale_after)
         stopping = self._stopping
         self.reaper = Reaper(maintain, self.q, stale_after=c.stale_after,
                              interval=c.reap_interval, first_delay=FIRST_REAP,
                              stopping=stopping)
         self.waits = WaitExpirer(maintain, self.q, interval=c.reap_interval,
                                  first_delay=FIRST_WAITS, stopping=stopping)
-        # Twice the jobs' margin: an entry only informs, and a live worker enters again.
-        self.expirer = WorkerExpirer(maintain, self.q, stale=2 * c.stale_after,
+        # The reaper's limit: a running job is alive while its worker's entry beats.
+        self.expirer = WorkerExpirer(maintain, self.q, stale=c.stale_after,
                                      interval=c.reap_interval, first_delay=FIRST_EXPIRY,
                                      stopping=stopping)
         self.pruner = Pruner(maintain, self.q, retention=c.retention,

@@ -152,5 +152,6 @@ def test_completions_and_heartbeats_lock_rows_in_id_order() -> None:
             return []
 
     Heartbeat(Conn(), Queries("flowq"),  # type: ignore[arg-type]
-              lambda: [(7, 70), (3, 30), (9, 90)]).run_once()
-    assert sent[-1] == {"ids": [3, 7, 9], "leases": [30, 70, 90]}
+              lambda: [(7, 70), (3, 30), (9, 90)], worker="w").run_once()
+    assert sent[-1] == {"worker": "w", "ids": [3, 7, 9], "leases": [30, 70, 90],
+                        "progress": [None, None, None]}

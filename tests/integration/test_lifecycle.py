@@ -235,7 +235,8 @@ def fenced_write(name: str, claim: Claim) -> tuple[sa.TextClause, dict[str, Any]
             "delay": 0.0}]
     notify = {"channel": CHANNEL}
     params: dict[str, dict[str, Any]] = {
-        "heartbeat_jobs": bind(key, single=False),
+        "heartbeat_jobs": {**bind([{**key[0], "progress": None}], single=False),
+                           "worker": "late"},
         "release_jobs": {**bind(key, single=False), **notify},
         "complete_jobs": {**bind(done, single=False), **notify},
         "complete_job": {**bind(done, single=True), **notify},
@@ -374,8 +375,11 @@ class LifecycleMachine(RuleBasedStateMachine):
         claims = self.held[worker]
         landing = self.landing(claims)
         with self.engine.begin() as conn:
-            got = conn.execute(Q.heartbeat_jobs, bind(
-                [{"id": c.id, "lease": c.lease} for c in claims], single=False)).all()
+            # The model's workers have no registry entry: each beat refreshes every job's
+            # own heartbeat (the fallback of a worker whose entry expired).
+            got = conn.execute(Q.heartbeat_jobs, {**bind(
+                [{"id": c.id, "lease": c.lease, "progress": None} for c in claims],
+                single=False), "worker": worker}).all()
         assert sorted(r.id for r in got) == sorted(c.id for c in landing)  # (2)
         for c in landing:
             self.jobs[c.id].stale = False

@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
 
+from flowq.db.runner import runner
 from flowq.db.sql import Queries
+from flowq.db.store import Store
 from flowq.testing import job_rows
 from flowq.worker.connection import DedicatedConnection
 from flowq.worker.heartbeat import Heartbeat
@@ -39,8 +42,11 @@ def add_job(conn: sa.Connection, *, run_id: int | None = None, status: str = "pe
         "hb": heartbeat_ago, "fin": finished_ago, "lease": lease}).scalar_one())
 
 
-def heartbeat(engine: sa.Engine, held: list[tuple[int, int]]) -> Heartbeat:
-    return Heartbeat(DedicatedConnection(engine.url, "test heartbeat"), Q, lambda: held)
+def heartbeat(engine: sa.Engine, held: list[tuple[int, int]], worker: str = "old-worker",
+              on_cancelled: Callable[[list[tuple[int, int]]], None] | None = None
+              ) -> Heartbeat:
+    return Heartbeat(DedicatedConnection(engine.url, "test heartbeat"), Q, lambda: held,
+                     worker=worker, on_cancelled=on_cancelled)
 
 
 def rows_by_id(engine: sa.Engine) -> dict[int, Any]:
@@ -183,12 +189,16 @@ def test_a_registry_entry_beats_enters_again_when_expired_and_leaves(engine: sa.
     registry.register()
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE flowq.workers SET heartbeat_at = now() - interval '1 hour'"))
-    assert registry.run_once() == 0  # a beat
+    assert registry.run_once() == 0  # a look: the entry is there (the heartbeat beats it)
     with engine.connect() as conn:
         row = conn.execute(sa.text("SELECT queues, tasks, concurrency, "
                                    "heartbeat_at > now() - interval '1 minute' AS fresh "
                                    "FROM flowq.workers")).one()
-    assert (row.queues, row.tasks, row.concurrency, row.fresh) == (["a", "b"], ["t"], 3, True)
+    assert (row.queues, row.tasks, row.concurrency, row.fresh) == (["a", "b"], ["t"], 3, False)
+    heartbeat(engine, [], worker="w1").run_once()
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT heartbeat_at > now() - interval '1 minute' "
+                                    "FROM flowq.workers")).scalar_one()
     with engine.begin() as conn:  # as if it stalled past the expiry
         conn.execute(sa.text("DELETE FROM flowq.workers"))
     assert registry.run_once() == 1  # entered again
@@ -219,11 +229,149 @@ def test_heartbeat_refreshes_held_jobs_and_reports_lost_ones(engine: sa.Engine) 
     assert ages[mine] < 10 and ages[taken] >= 19
 
 
-def test_heartbeat_with_nothing_held_sends_nothing(engine: sa.Engine) -> None:
+def test_heartbeat_with_nothing_held_beats_the_entry_alone(engine: sa.Engine) -> None:
     beat = heartbeat(engine, [])
     assert beat.run_once() == 0
     assert beat.lost == []
-    assert beat.conn.statements == 0
+    assert beat.conn.statements == 1
+
+
+# -- liveness: a job is alive while its own heartbeat or its worker's entry beats -----------
+
+
+def register(engine: sa.Engine, name: str = "old-worker") -> None:
+    """Enter worker `name` in the registry with this release's capabilities."""
+    Registry(engine, Q, worker=name, queues=["q"], tasks=["t"], concurrency=1).register()
+
+
+def age_entry(engine: sa.Engine, seconds: float, name: str = "old-worker") -> None:
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE flowq.workers SET heartbeat_at = now() - "
+                             "make_interval(secs => :s) WHERE name = :n"),
+                     {"s": seconds, "n": name})
+
+
+def beat_ages(engine: sa.Engine) -> dict[int, float]:
+    with engine.connect() as conn:
+        return dict(conn.execute(sa.text(  # type: ignore[arg-type]
+            "SELECT id, extract(epoch FROM now() - heartbeat_at) FROM flowq.jobs "
+            "WHERE heartbeat_at IS NOT NULL")).all())
+
+
+def test_a_job_of_a_live_worker_is_not_reaped_however_old_its_own_heartbeat(
+        engine: sa.Engine) -> None:
+    register(engine)
+    with engine.begin() as conn:
+        job = add_job(conn, status="running", attempts=1, heartbeat_ago=3600, lease=11)
+    heartbeat(engine, [(job, 11)]).run_once()  # the entry lists the lease
+    assert Reaper(engine, Q, stale_after=30).run_once() == 0
+    age_entry(engine, 120)  # the worker stopped beating its entry: dead
+    assert Reaper(engine, Q, stale_after=30).run_once() == 1
+    r = rows_by_id(engine)[job]
+    assert r.status == "pending"
+    assert r.last_error.startswith("WorkerLost: worker old-worker")
+
+
+def test_a_claim_its_live_worker_does_not_list_is_reaped(engine: sa.Engine) -> None:
+    """A claim whose result never reached its worker, or whose acknowledged completion a
+    crash lost: its worker beats on, but does not vouch for it."""
+    register(engine)
+    with engine.begin() as conn:
+        orphan = add_job(conn, status="running", attempts=1, heartbeat_ago=120, lease=11)
+        held = add_job(conn, status="running", attempts=1, heartbeat_ago=120, lease=12)
+    heartbeat(engine, [(held, 12)]).run_once()
+    assert Reaper(engine, Q, stale_after=30).run_once() == 1
+    assert (rows_by_id(engine)[orphan].status, rows_by_id(engine)[held].status) == (
+        "pending", "running")
+
+
+def test_a_job_whose_worker_entry_is_gone_is_reaped(engine: sa.Engine) -> None:
+    with engine.begin() as conn:  # locked_by names a worker that is in no registry entry
+        job = add_job(conn, status="running", attempts=1, heartbeat_ago=120)
+    assert Reaper(engine, Q, stale_after=30).run_once() == 1
+    assert rows_by_id(engine)[job].status == "pending"
+
+
+def test_the_registry_expires_entries_at_the_reapers_limit(engine: sa.Engine) -> None:
+    register(engine)
+    with engine.begin() as conn:
+        job = add_job(conn, status="running", attempts=1, heartbeat_ago=3600, lease=11)
+    heartbeat(engine, [(job, 11)]).run_once()
+    age_entry(engine, 40)
+    # Both at one limit: the entry goes exactly when its jobs are reaped, never before.
+    assert WorkerExpirer(engine, Q, stale=50).run_once() == 0
+    assert Reaper(engine, Q, stale_after=50).run_once() == 0
+    assert WorkerExpirer(engine, Q, stale=30).run_once() == 1
+    assert Reaper(engine, Q, stale_after=30).run_once() == 1
+    assert rows_by_id(engine)[job].status == "pending"
+
+
+def test_a_beat_of_a_registered_worker_reads_its_jobs_without_writing_them(
+        engine: sa.Engine) -> None:
+    register(engine)
+    with engine.begin() as conn:
+        mine = add_job(conn, status="running", attempts=1, heartbeat_ago=20, lease=11)
+        taken = add_job(conn, status="running", attempts=1, heartbeat_ago=20, lease=14)
+        xmin = dict(conn.execute(sa.text("SELECT id, xmin::text FROM flowq.jobs")).all())
+    age_entry(engine, 20)
+    beat = heartbeat(engine, [(mine, 11), (taken, 13)])
+    assert beat.run_once() == 1 and beat.lost == [taken]
+    with engine.connect() as conn:
+        assert dict(conn.execute(sa.text("SELECT id, xmin::text FROM flowq.jobs")).all()) == xmin
+        assert conn.execute(sa.text("SELECT heartbeat_at > now() - interval '5 seconds' "
+                                    "FROM flowq.workers")).scalar_one()
+    ages = beat_ages(engine)
+    assert ages[mine] >= 19  # its own heartbeat was left alone: the entry stands for it
+    assert beat.conn.statements == 1
+
+
+def test_a_missing_entry_makes_the_beat_refresh_each_job(engine: sa.Engine) -> None:
+    """A worker whose entry expired (after a SIGSTOP, say) keeps its jobs alive by their own
+    heartbeats until the registry enters it again."""
+    with engine.begin() as conn:
+        job = add_job(conn, status="running", attempts=1, heartbeat_ago=25, lease=11)
+    beat = heartbeat(engine, [(job, 11)])  # "old-worker" has no entry
+    assert beat.run_once() == 1
+    assert beat_ages(engine)[job] < 5
+    assert Reaper(engine, Q, stale_after=20).run_once() == 0
+
+
+def test_a_registered_worker_of_an_earlier_release_makes_every_beat_per_job(
+        engine: sa.Engine) -> None:
+    register(engine)
+    with engine.begin() as conn:
+        add_worker(conn, "older-release", beat_ago=1)  # no capabilities: an earlier release
+        job = add_job(conn, status="running", attempts=1, heartbeat_ago=20, lease=11)
+    beat = heartbeat(engine, [(job, 11)])
+    assert beat.run_once() == 1
+    assert beat_ages(engine)[job] < 5  # its reaper reads the job's own heartbeat only
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM flowq.workers WHERE name = 'older-release'"))
+        conn.execute(sa.text("UPDATE flowq.jobs SET heartbeat_at = now() - interval '20 s'"))
+    assert beat.run_once() == 1
+    assert beat_ages(engine)[job] >= 19  # every worker reads entries again: read only
+
+
+def test_cancellation_and_progress_reach_a_beat_that_writes_no_heartbeat(
+        engine: sa.Engine) -> None:
+    register(engine)
+    with engine.begin() as conn:
+        quiet = add_job(conn, status="running", attempts=1, heartbeat_ago=20, lease=11)
+        stopped = add_job(conn, status="running", attempts=1, heartbeat_ago=20, lease=12,
+                          cancel_requested=True)
+    told: list[list[tuple[int, int]]] = []
+    beat = heartbeat(engine, [(quiet, 11), (stopped, 12)], on_cancelled=told.append)
+    assert beat.run_once() == 2
+    assert told == [[(stopped, 12)]]
+    with engine.begin() as conn:  # progress is still written per job, and only for those
+        store = Store(runner(conn), "flowq")
+        (landed,) = store.heartbeat("old-worker", [(quiet, 11)], {quiet: '{"done": 3}'})
+        assert landed.id == quiet
+    with engine.connect() as conn:
+        progress = conn.execute(sa.text("SELECT progress FROM flowq.jobs WHERE id = :i"),
+                                {"i": quiet}).scalar_one()
+    assert progress["done"] == 3 and "at" in progress
+    assert beat_ages(engine)[quiet] >= 19
 
 
 # -- pruner ------------------------------------------------------------------------------

@@ -44,20 +44,39 @@ def row(engine: sa.Engine, job_id: int) -> Any:
 # -- the claim ------------------------------------------------------------------------------
 
 
+def _explain(engine: sa.Engine, statement: sa.TextClause, **binds: Any) -> Any:
+    """The JSON plan of `statement` with `binds` written in as literals (never run)."""
+    compiled = statement.bindparams(**binds).compile(
+        engine, compile_kwargs={"literal_binds": True})
+    with engine.connect() as conn:
+        raw = conn.execute(sa.text("EXPLAIN (FORMAT JSON) " + str(compiled))).scalar()
+        conn.rollback()
+    return raw if isinstance(raw, list) else json.loads(str(raw))
+
+
 def test_claim_uses_the_partial_pending_index(engine: sa.Engine) -> None:
     with engine.begin() as conn:
         insert_jobs(conn, 20_000, status="succeeded")
         insert_jobs(conn, 1_000, queue="default")
         insert_jobs(conn, 1_000, queue="emails")
         conn.execute(sa.text("ANALYZE flowq.jobs"))
-    compiled = Q.claim_jobs.bindparams(queue="emails", limit=10, worker="w1").compile(
-        engine, compile_kwargs={"literal_binds": True})
-    with engine.connect() as conn:
-        raw = conn.execute(sa.text("EXPLAIN (FORMAT JSON) " + str(compiled))).scalar()
-        conn.rollback()
-    plan = raw if isinstance(raw, list) else json.loads(str(raw))
+    plan = _explain(engine, Q.claim_jobs, queue="emails", limit=10, worker="w1")
     indexes = {n.get("Index Name") for n in plan_nodes(plan)}
     assert "jobs_pending_idx" in indexes, json.dumps(plan, indent=1)
+
+
+def test_the_reap_reads_the_running_index_and_each_entry_by_name(engine: sa.Engine) -> None:
+    """The reaper's scan: running rows by heartbeat age, each worker's entry by primary key
+    (the jobs of live workers that beat their entry only are read at every pass)."""
+    with engine.begin() as conn:
+        insert_jobs(conn, 20_000, status="succeeded")
+        ids = insert_jobs(conn, 500)
+        conn.execute(sa.text("UPDATE flowq.jobs SET status = 'running', locked_by = 'w', "
+                             "heartbeat_at = now() WHERE id = ANY(:ids)"), {"ids": ids})
+        conn.execute(sa.text("ANALYZE flowq.jobs"))
+    plan = _explain(engine, Q.reap_jobs, stale=30.0, limit=1000, channel="flowq")
+    indexes = {n.get("Index Name") for n in plan_nodes(plan)}
+    assert {"jobs_running_idx", "workers_pkey"} <= indexes, json.dumps(plan, indent=1)
 
 
 def test_the_cursor_claim_starts_its_index_scan_at_the_cursor(engine: sa.Engine) -> None:
@@ -146,7 +165,7 @@ def claimed(engine: sa.Engine) -> Any:
 def _fenced_writes(job_id: int, lease: int) -> list[tuple[str, sa.TextClause, dict[str, Any]]]:
     arrays = {"ids": [job_id], "leases": [lease]}
     return [
-        ("heartbeat_jobs", Q.heartbeat_jobs, arrays),
+        ("heartbeat_jobs", Q.heartbeat_jobs, {**arrays, "worker": "w1", "progress": [None]}),
         ("complete_jobs", Q.complete_jobs, {**arrays, "results": ['{"ok": 1}'],
                                             "channel": "flowq"}),
         ("complete_job", Q.complete_job, {"id": job_id, "lease": lease,
@@ -305,7 +324,8 @@ def test_hot_statements_stay_index_lookups_on_a_table_analyzed_empty(engine: sa.
     leases = batch
     params: dict[str, Any] = {
         "claim_jobs": {"queue": "default", "limit": 100, "worker": "w"},
-        "heartbeat_jobs": {"ids": batch, "leases": leases},
+        "heartbeat_jobs": {"ids": batch, "leases": leases, "worker": "w",
+                           "progress": [None] * 200},
         "release_jobs": {"ids": batch, "leases": leases, "channel": "flowq"},
         "complete_jobs": {"ids": batch, "leases": leases, "results": ["{}"] * 200,
                           "channel": "flowq"},
@@ -395,7 +415,7 @@ def test_every_statement_is_a_verb_noun_with_a_one_line_description() -> None:
 
     statements = {name: attr for cls in type(Q).__mro__ for name, attr in vars(cls).items()
                   if isinstance(attr, cached_property)}
-    assert len(statements) == 111
+    assert len(statements) == 110
     for name, prop in statements.items():
         verb, _, noun = name.partition("_")
         assert verb in VERBS and noun, name

@@ -130,7 +130,7 @@ def test_claim_heartbeat_and_complete_with_successors(engine: sa.Engine, store: 
     claimed = store.claim("default", 3, "w1")
     assert sorted(j.id for j in claimed) == ids
     assert all(j.lease > 0 and j.attempts == 1 for j in claimed)
-    beats = store.heartbeat([j.claim for j in reversed(claimed)])
+    beats = store.heartbeat("w1", [j.claim for j in reversed(claimed)])
     assert sorted(b.id for b in beats) == ids and not any(b.cancel_requested for b in beats)
 
     first = claimed[0]
@@ -213,7 +213,7 @@ def test_a_dedicated_connection_is_a_runner(engine: sa.Engine, db_url: str) -> N
     try:
         store = Store(conn.execute)
         (job,) = store.claim("default", 5, "w1")
-        assert [b.id for b in store.heartbeat([job.claim])] == [job.id]
+        assert [b.id for b in store.heartbeat("w1", [job.claim])] == [job.id]
         got = store.read_limited(conn.transaction(
             store.claim_limited_statements("slow", 5, "w1")))
         assert [j.id for j in got.jobs] == ids[:1] and got.held_back

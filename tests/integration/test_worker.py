@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -521,6 +522,9 @@ def test_reaped_handler_cannot_complete_and_its_writes_roll_back(
         wait_until(first_started.is_set, 10, message="attempt 1 to start")
         with ledger.begin() as conn:
             conn.execute(sa.text("UPDATE flowq.jobs SET heartbeat_at = now() - interval '1 h'"))
+            # and its worker's entry: the worker looks dead (its beat keeps either alive)
+            conn.execute(sa.text("UPDATE flowq.workers SET heartbeat_at = now() - "
+                                 "interval '1 h'"))
         assert Reaper(ledger, Queries("flowq"), stale_after=30).run_once() == 1
         wait_until(lambda: job_rows(ledger, where="status = 'succeeded'"), 10,
                    message="attempt 2 to succeed in the other slot")
@@ -805,3 +809,38 @@ def test_worker_settings_must_be_finite(knob: str, value: float) -> None:
     config = WorkerConfig(**{knob: value})  # type: ignore[arg-type]
     with pytest.raises(flowq.ConfigurationError, match=knob):
         config.validate()
+
+
+def test_a_beat_that_writes_no_job_still_tells_the_handler_it_was_cancelled(
+        app: flowq.FlowQ, engine: sa.Engine, db_url: str) -> None:
+    """With only this release's workers registered, a beat writes the worker's entry and only
+    reads the jobs: the handler still learns of the cancellation at the next beat, and the
+    reaper leaves the job alone however old its own heartbeat."""
+    from flowq.db.sql import Queries
+    from flowq.ops.runs import cancel_run
+    from flowq.worker.reaper import Reaper
+
+    started, saw = threading.Event(), threading.Event()
+
+    @app.task()
+    def long(ctx: Context) -> None:
+        started.set()
+        wait_until(lambda: ctx.cancelled, timeout=30, interval=0.02, message="ctx.cancelled")
+        saw.set()
+
+    run_id = enqueue(engine, long)
+    with running_worker(app, db_url, heartbeat_interval=0.1, stale_after=1.0,
+                        maintenance=False):
+        assert started.wait(30)
+        with engine.begin() as conn:  # as a long job's own heartbeat is: its claim's
+            conn.execute(sa.text("UPDATE flowq.jobs SET heartbeat_at = now() - interval '1 h'"))
+        since = scalar(engine, "SELECT clock_timestamp()")
+        wait_until(lambda: scalar(engine, "SELECT count(*) FROM flowq.workers WHERE "
+                                  "heartbeat_at > :t", t=since), timeout=10,
+                   message="a beat since")  # the beats go on: none writes the job
+        assert only_row(engine).heartbeat_at < datetime.now(UTC) - timedelta(minutes=30)
+        assert Reaper(engine, Queries("flowq"), stale_after=1.0).run_once() == 0
+        cancel_run(engine, run_id)
+        assert saw.wait(10)
+        wait_until(lambda: job_rows(engine, where="status <> 'running'"), timeout=10,
+                   message="the job to end")

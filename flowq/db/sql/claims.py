@@ -6,7 +6,7 @@ from functools import cached_property
 
 from sqlalchemy.sql.elements import TextClause
 
-from flowq.db.schema import JOIN_SHARDS, JOIN_SHARDS_CAPABILITY
+from flowq.db.schema import JOIN_SHARDS, JOIN_SHARDS_CAPABILITY, LIVENESS_CAPABILITY
 from flowq.db.sql.children import wake_parents
 from flowq.db.sql.fragments import (
     CLAIM_KEY,
@@ -23,6 +23,7 @@ from flowq.db.sql.fragments import (
     notify_new,
     registered_without,
     rows,
+    stale,
     succeed,
     take,
 )
@@ -34,10 +35,11 @@ __all__ = ["ClaimStatements"]
 ENDED = """SELECT d.run_id FROM done d
                   WHERE NOT EXISTS (SELECT 1 FROM inserted i WHERE i.run_id = d.run_id)"""
 
-# The error of an attempt whose worker stopped heartbeating (the reaper's).
+# The error of an attempt whose worker stopped heartbeating (the reaper's): its last beat
+# is the later of the job's own and its worker's entry's (`reap_jobs`' `last_beat`).
 LOST = """format('WorkerLost: worker %s stopped heartbeating during attempt %s of %s '
                               '(last heartbeat %s)', j.locked_by, j.attempts, j.max_attempts,
-                              j.heartbeat_at)"""
+                              stale.last_beat)"""
 
 # The plain claim's test that the queue is neither paused nor limited (`claim_jobs`).
 UNCONTROLLED = f" AND NOT EXISTS ({CONTROLLED} AND q.name = :queue)"
@@ -119,33 +121,43 @@ class ClaimStatements(Statements):
 
     @cached_property
     def heartbeat_jobs(self) -> TextClause:
-        """Refresh the heartbeat of a batch of claims, fenced.
+        """Beat a worker's registry entry and read (or refresh) its claims, fenced.
 
-        Refresh the heartbeat of this worker's claims (:ids, :leases); returns the ids
-        still ours, with whether their run was cancelled meanwhile (the running handler is
-        told: cooperative cancellation)."""
-        return self.sql(f"""
-            UPDATE {S}.jobs j SET heartbeat_at = now()
-              FROM {rows("c", CLAIM_KEY, single=False)}
-             WHERE {FENCE}
-            RETURNING j.id, j.cancel_requested""")
-
-    @cached_property
-    def heartbeat_progress_jobs(self) -> TextClause:
-        """Refresh the heartbeat of a batch of claims and write their progress, fenced.
-
-        `heartbeat_jobs` that also writes the latest `ctx.progress` of the claims that
-        reported one since the last beat (:progresses, NULL: none new, the column is kept),
-        stamped with the database's now(): the beat a worker sends when some handler
-        reported, so a report costs no statement of its own."""
+        Beat worker :worker's registry entry, recording the leases of its claims (:ids,
+        :leases), and return the claims still ours, with whether their run was cancelled meanwhile (the running handler is told:
+        cooperative cancellation). The claims are only read while the entry is there and
+        every registered worker's reaper reads entries (`LIVENESS_CAPABILITY`); else (an
+        entry expired after a stall, an older release's reaper) each claim's own
+        `heartbeat_at` is refreshed too, as before. :progress: the latest `ctx.progress`
+        of claims that reported one since the last beat (NULL: none new), written to those
+        rows only, stamped with the database's now()."""
         claims = rows("c", (*CLAIM_KEY, ("progress", "jsonb")), single=False)
         return self.sql(f"""
-            UPDATE {S}.jobs j SET heartbeat_at = now(),
-                   progress = CASE WHEN c.progress IS NULL THEN j.progress
-                                   ELSE c.progress || jsonb_build_object('at', now()) END
-              FROM {claims}
-             WHERE {FENCE}
-            RETURNING j.id, j.cancel_requested""")
+            WITH me AS (
+                -- The entry vouches for these leases only: a claim this worker does not
+                -- know it holds (its claim's result or its completion lost) is reaped.
+                UPDATE {S}.workers SET heartbeat_at = now(), leases = CAST(:leases AS bigint[])
+                 WHERE name = :worker
+                RETURNING name
+            ), mode AS (
+                SELECT NOT EXISTS (SELECT 1 FROM me)
+                       OR {registered_without(LIVENESS_CAPABILITY)} AS per_job
+            ), written AS (
+                -- heartbeat_at is indexed (jobs_running_idx): left as it is, a progress
+                -- write can be a HOT update.
+                UPDATE {S}.jobs j
+                   SET heartbeat_at = CASE WHEN m.per_job THEN now() ELSE j.heartbeat_at END,
+                       progress = CASE WHEN c.progress IS NULL THEN j.progress
+                                       ELSE c.progress || jsonb_build_object('at', now()) END
+                  FROM {claims} CROSS JOIN mode m
+                 WHERE {FENCE} AND (m.per_job OR c.progress IS NOT NULL)
+                RETURNING j.id, j.cancel_requested
+            )
+            SELECT id, cancel_requested FROM written
+            UNION ALL
+            SELECT j.id, j.cancel_requested
+              FROM {claims} JOIN {S}.jobs j ON {FENCE}
+             WHERE c.progress IS NULL AND NOT (SELECT per_job FROM mode)""")
 
     def _complete(self, *, single: bool) -> TextClause:
         return self.sql(f"""
@@ -399,15 +411,21 @@ class ClaimStatements(Statements):
         """Requeue, bury or cancel running jobs whose worker stopped heartbeating.
 
         Requeue (or bury, once attempts are spent) running jobs whose heartbeat is older than
-        :stale seconds: their worker died. The crashed attempt counts, and is appended to
-        `attempt_log` as lost."""
+        :stale seconds, unless their worker's registry entry (named by `locked_by`) is
+        younger and lists their lease: their worker died, or does not know it holds them. The crashed attempt counts, and is appended to
+        `attempt_log` as lost. The scan reads the running index from the oldest beat: jobs
+        of live workers that beat their entry only are read and skipped at every pass."""
+        entry = (f"SELECT w.heartbeat_at FROM {S}.workers w "
+                 "WHERE w.name = j.locked_by AND j.lease = ANY(w.leases)")
         return self.sql(f"""
             WITH stale AS (
-                SELECT id FROM {S}.jobs
-                WHERE status = 'running' AND heartbeat_at < now() - make_interval(secs => :stale)
-                ORDER BY heartbeat_at
-                LIMIT :limit
-                FOR UPDATE SKIP LOCKED
+                SELECT j.id, GREATEST(j.heartbeat_at, ({entry})) AS last_beat
+                  FROM {S}.jobs j
+                 WHERE j.status = 'running' AND {stale("j.heartbeat_at")}
+                   AND NOT EXISTS ({entry} AND NOT {stale("w.heartbeat_at")})
+                 ORDER BY j.heartbeat_at
+                 LIMIT :limit
+                   FOR UPDATE OF j SKIP LOCKED
             ), reaped AS (
                 UPDATE {S}.jobs j
                    SET status = CASE WHEN j.cancel_requested THEN 'cancelled'

@@ -52,6 +52,7 @@ __all__ = [
     "notify_new",
     "registered_without",
     "rows",
+    "stale",
     "start_run",
     "succeed",
     "take",
@@ -289,6 +290,16 @@ def registered_without(capability: str) -> str:
     table, which is used only while none is."""
     return f"""EXISTS (SELECT 1 FROM {S}.workers w
                         WHERE w.capabilities IS NULL OR NOT '{capability}' = ANY(w.capabilities))"""
+
+
+def stale(heartbeat: str) -> str:
+    """Whether `heartbeat` (a timestamp column) is older than :stale seconds: the one limit
+    past which a running job's claim and a worker's registry entry are presumed dead. The
+    reaper reaps a job only when its own heartbeat is stale and its worker's entry is stale
+    too, gone, or does not list its lease; the registry's expiry removes entries by this
+    same test and limit: removing an entry never ends a job that the reaper would have
+    kept."""
+    return f"{heartbeat} < now() - make_interval(secs => :stale)"
 
 
 # The queues a plain claim must leave alone: paused, or limited (claimed under their lock).

@@ -8,7 +8,7 @@ from functools import cached_property
 from sqlalchemy.sql.elements import TextClause
 
 from flowq.db.schema import CAPABILITIES
-from flowq.db.sql.fragments import S, Statements
+from flowq.db.sql.fragments import S, Statements, stale
 
 __all__ = ["WorkerStatements"]
 
@@ -25,7 +25,8 @@ class WorkerStatements(Statements):
 
         Register worker :name (or refresh it, if it exists: a restart under the same name),
         with what this release's code understands of the shared tables (`capabilities`) and
-        the definitions it serves (:definitions, `{pipeline: [{version, fingerprint}]}`)."""
+        the definitions it serves (:definitions, `{pipeline: [{version, fingerprint}]}`); no
+        leases (a restart holds none of its predecessor's claims)."""
         return self.sql(f"""
             INSERT INTO {S}.workers (name, host, pid, queues, tasks, concurrency, version,
                                      capabilities, definitions)
@@ -36,7 +37,7 @@ class WorkerStatements(Statements):
                SET host = excluded.host, pid = excluded.pid, queues = excluded.queues,
                    tasks = excluded.tasks, concurrency = excluded.concurrency,
                    version = excluded.version, capabilities = excluded.capabilities,
-                   definitions = excluded.definitions,
+                   definitions = excluded.definitions, leases = NULL,
                    started_at = now(), heartbeat_at = now()""")
 
     @cached_property
@@ -81,12 +82,12 @@ class WorkerStatements(Statements):
              ORDER BY name""")
 
     @cached_property
-    def beat_worker(self) -> TextClause:
-        """Refresh a worker's heartbeat in the registry.
+    def find_worker(self) -> TextClause:
+        """Tell whether a worker is in the registry.
 
-        Refresh worker :name's heartbeat; no row when it expired (then register again)."""
-        return self.sql(f"""
-            UPDATE {S}.workers SET heartbeat_at = now() WHERE name = :name RETURNING name""")
+        Worker :name's entry (its name); no row when it expired (then register again). The
+        entry's beat is the heartbeat's (`heartbeat_jobs`), on the heartbeat's connection."""
+        return self.sql(f"SELECT name FROM {S}.workers WHERE name = :name")
 
     @cached_property
     def unregister_worker(self) -> TextClause:
@@ -99,10 +100,10 @@ class WorkerStatements(Statements):
     def expire_workers(self) -> TextClause:
         """Remove workers whose heartbeat expired.
 
-        Remove workers whose heartbeat is older than :stale seconds (they died)."""
+        Remove workers whose heartbeat is older than :stale seconds (they died): the
+        reaper's limit (`fragments.stale`), under which their jobs are reaped too."""
         return self.sql(f"""
-            DELETE FROM {S}.workers
-             WHERE heartbeat_at < now() - make_interval(secs => :stale) RETURNING name""")
+            DELETE FROM {S}.workers WHERE {stale("heartbeat_at")} RETURNING name""")
 
     @cached_property
     def select_unserved_jobs(self) -> TextClause:

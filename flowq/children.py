@@ -44,7 +44,6 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final
 
-from flowq.context import commit_step_session
 from flowq.db.sql import queries
 from flowq.define.pipeline import Pipeline
 from flowq.enqueueing.sync import enqueue
@@ -162,7 +161,7 @@ class Children:
                 session.execute(q.set_children_waiter, {"job_id": self.job_id,
                                                     "run_id": ledger.run_id,
                                                     "run_ids": distinct})
-                commit_step_session(session)
+                ledger.commit(session)
         waited = (now - newest).total_seconds()
         delay = 0.0 if ledger.skip_sleeps else min(MAX_RECHECK, max(MIN_RECHECK, waited))
         ledger.suspend(now + timedelta(seconds=delay),

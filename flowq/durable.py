@@ -205,6 +205,13 @@ class Ledger:
         return True, json.loads(stored)
 
     @staticmethod
+    def commit(session: StepSession) -> None:
+        """Commit a session of this ledger's factory (a StepSession refuses `commit()`) that
+        holds flowq's own writes, for modules that may not import flowq.context
+        (`flowq.children`, which it imports)."""
+        commit_step_session(session)
+
+    @staticmethod
     def suspend(until: datetime | None, reason: str) -> NoReturn:
         """End the handler's call: the job is due again at `until` (None: now) without
         spending an attempt (`Suspend`; for modules that may not import this one, such as

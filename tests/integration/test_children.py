@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -162,9 +163,11 @@ def test_a_childs_end_wakes_the_later_step_that_waits_for_it(
 
     run_id = enqueue(engine, flow)
     with flowq.testing.running_worker(app, db_url, concurrency=2):
-        flowq.testing.wait_until(lambda: any(
-            r.step == "collect" and r.status == "pending" for r in job_rows(engine)
-            if r.run_id == run_id), message="collect suspended in its wait")
+        later = datetime.now(timezone.utc) + timedelta(seconds=300)
+        flowq.testing.wait_until(lambda: any(  # suspended: re-checking in 600 s
+            r.step == "collect" and r.status == "pending" and r.run_at > later
+            for r in job_rows(engine) if r.run_id == run_id),
+            message="collect suspended in its wait")
         release.set()
         flowq.testing.wait_until(lambda: run_of(engine, run_id).status == "succeeded",
                                  message="the child's end woke collect")

@@ -123,3 +123,18 @@ def test_a_full_claim_from_the_head_moves_the_cursor_back(engine: sa.Engine,
     assert clocked.claim(2) == urgent[:2]  # from the head, full
     assert clocked.claim(2) == urgent[2:]  # from the cursor, moved back
 
+
+
+
+def test_a_run_at_before_year_one_neither_loses_a_claim_nor_hides_behind_the_cursor(
+        engine: sa.Engine, clocked: Clocked) -> None:
+    """'-infinity' or a BC date does not load into a datetime: the claim (committed before
+    its rows load) once lost every row it took. Its key is clamped, so the row sorts before
+    the cursor and the next claim from the head takes it."""
+    with engine.begin() as conn:
+        ids = (insert(conn, 1, run_at="'-infinity'") + insert(conn, 1, run_at="'0044-03-15 BC'")
+               + insert(conn, 2))
+    assert clocked.claim(10) == ids
+    with engine.begin() as conn:
+        [hostile] = insert(conn, 1, run_at="'-infinity'")
+    assert clocked.claimed_at_the_next_head_scan(hostile)

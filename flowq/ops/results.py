@@ -185,19 +185,26 @@ class RunEndListener:
         self._write(q.unregister_waiter, {"run_id": run_id, "token": token})
 
     def _write(self, statement: TextClause, params: dict[str, Any]) -> bool:
+        """Send `statement` on the registrations' connection; once more on a new one when it
+        fails on a connection opened earlier: one that died while idle (idle_session_timeout,
+        pg_terminate_backend) would otherwise cost a registration a poll loop and leave an
+        unregistered row until the LISTEN connection goes. Both statements are idempotent."""
         sql = str(statement.compile(dialect=_PSYCOPG))
         with self._writer_lock:
-            try:
-                if self._writer is None or self._writer.closed:
-                    self._writer = _writer_connection(self.conninfo)
-                self._writer.execute(sql, params)
-                return True
-            except psycopg.Error:
-                if self._writer is not None:
-                    with contextlib.suppress(psycopg.Error):
-                        self._writer.close()
-                self._writer = None
-                return False
+            for again in (self._writer is not None, False):
+                try:
+                    if self._writer is None or self._writer.closed:
+                        self._writer = _writer_connection(self.conninfo)
+                    self._writer.execute(sql, params)
+                    return True
+                except psycopg.Error:
+                    if self._writer is not None:
+                        with contextlib.suppress(psycopg.Error):
+                            self._writer.close()
+                    self._writer = None
+                    if not again:
+                        return False
+            return False
 
     def _listen(self, channel: str) -> bool:
         """Connect if down (not more often than every `_RETRY_AFTER` s after a failure) and

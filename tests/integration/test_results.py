@@ -399,3 +399,42 @@ def test_the_pruner_deletes_registrations_whose_connection_is_gone(
         Pruner(engine, queries("flowq")).run_once()
         assert conn.execute(sa.text(
             "SELECT token FROM flowq.run_waiters ORDER BY token")).scalars().all() == ["here"]
+
+
+def terminate(engine: sa.Engine, application_name: str) -> int:
+    """pg_terminate_backend every connection of `application_name` to this database."""
+    with engine.connect() as conn:
+        killed = conn.execute(sa.text(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name = :a AND datname = current_database()"),
+            {"a": application_name}).scalar()
+        conn.commit()
+    return int(killed or 0)
+
+
+def test_a_waiter_whose_connections_are_terminated_registers_again_and_is_woken(
+        engine: sa.Engine, reads: Reads, slow_poll: None, listener: RunEndListener) -> None:
+    """The LISTEN connection killed mid-wait (pg_terminate_backend): the waiter LISTENs and
+    registers again under the new connection and is woken by the notification. The
+    registrations' connection killed while idle (idle_session_timeout does the same): the
+    waiter's last write still deletes its row."""
+    run_id = enqueue(engine, double, n=6)
+    thread, out = waiting(flowq.wait_run, engine, run_id, timeout=120)
+    wait_until(lambda: reads.count == 1, message="the waiter's first read")
+    first = listener.backend_pid
+    assert terminate(engine, "flowq wait_run") == 1
+
+    def pids() -> list[int]:
+        with engine.connect() as conn:
+            return list(conn.execute(sa.text("SELECT pid FROM flowq.run_waiters")).scalars())
+
+    wait_until(lambda: listener.up and listener.backend_pid != first
+               and pids() == [listener.backend_pid], message="registered anew")
+    assert terminate(engine, "flowq wait_run registrations") == 1
+    before = listener.notified
+    with engine.begin() as conn:
+        drain(conn, app)
+    thread.join(timeout=120)
+    assert out["value"].result == {"n": 12}
+    assert listener.notified == before + 1
+    assert registrations(engine) == []

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -438,3 +442,87 @@ def test_a_waiter_whose_connections_are_terminated_registers_again_and_is_woken(
     assert out["value"].result == {"n": 12}
     assert listener.notified == before + 1
     assert registrations(engine) == []
+
+
+def test_a_waiter_killed_mid_wait_is_pruned_and_the_others_still_hear_the_end(
+        engine: sa.Engine, db_url: str, reads: Reads, slow_poll: None,
+        listener: RunEndListener) -> None:
+    """SIGKILL leaves the killed process's registration; once its LISTEN connection's backend
+    is gone the pruner deletes it, and a waiter of another process still hears the end."""
+    from flowq.db.sql import queries
+    from flowq.worker.pruner import Pruner
+
+    run_id = enqueue(engine, double, n=7)
+    doomed = subprocess.Popen(
+        [sys.executable, "-c", "import sys, sqlalchemy as sa, flowq; flowq.wait_run("
+         "sa.create_engine(sys.argv[1]), int(sys.argv[2]), timeout=120)", db_url, str(run_id)],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        thread, out = waiting(flowq.wait_run, engine, run_id, timeout=120)
+        wait_until(lambda: len(registrations(engine)) == 2 and listener.up,
+                   message="both waiters registered")
+        doomed.send_signal(signal.SIGKILL)
+        doomed.wait(timeout=30)
+    finally:
+        doomed.kill()
+    with engine.connect() as conn:
+        wait_until(lambda: conn.execute(sa.text(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'flowq wait_run' "
+            "AND datname = current_database()")).scalar() == 1, message="its backend gone")
+    Pruner(engine, queries("flowq")).run_once()
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT pid FROM flowq.run_waiters")).scalars().all() == [
+            listener.backend_pid]
+    before = listener.notified
+    with engine.begin() as conn:
+        drain(conn, app)
+    thread.join(timeout=120)
+    assert out["value"].result == {"n": 14} and listener.notified == before + 1
+    assert registrations(engine) == []
+
+
+def test_hundreds_of_waiters_on_one_run_and_on_many_runs_are_each_woken_once(
+        engine: sa.Engine, reads: Reads, slow_poll: None, listener: RunEndListener) -> None:
+    shared = enqueue(engine, double, n=0)
+    many = [enqueue(engine, double, n=i) for i in range(1, 151)]
+    targets = [shared] * 100 + many
+    waiters = [waiting(flowq.wait_run, engine, r, timeout=120) for r in targets]
+    wait_until(lambda: reads.count == len(targets), message="every waiter's first read")
+    assert len(registrations(engine)) == len(targets)
+    before = listener.notified
+    with engine.begin() as conn:
+        drain(conn, app)  # one transaction: the runs end together
+    for thread, _ in waiters:
+        thread.join(timeout=120)
+    found = [out.get("value") for _, out in waiters]
+    assert [r.result["n"] for r in found if r is not None] == [0] * 100 + [
+        2 * i for i in range(1, 151)]
+    assert listener.notified == before + len(targets)
+    assert reads.count == 2 * len(targets)  # woken by the notification, one read each
+    assert registrations(engine) == []
+
+
+def test_a_batch_ending_more_awaited_runs_than_a_payload_holds_sends_one_empty_one(
+        engine: sa.Engine, db_url: str) -> None:
+    """`notify_ended` over a batch: the awaited ids only, joined; a list that would pass the
+    payload's 8000-byte limit (an error inside the completion) is sent as '' instead."""
+    from flowq.db.sql.fragments import Statements, notify_ended
+
+    big = 10**17  # 18 digits: 420 ids fill a payload
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO flowq.run_waiters (run_id, token, pid) SELECT "
+                             "g, 't', pg_backend_pid() FROM generate_series(:a, :b) g"),
+                     {"a": big, "b": big + 999})
+
+    def ended(first: int, last: int) -> str:
+        return f"SELECT g AS run_id FROM generate_series({first}, {last}) g"
+
+    with psycopg.connect(db_url.replace("postgresql+psycopg", "postgresql"),
+                         autocommit=True) as ear:
+        ear.execute(f'LISTEN "{run_end_channel("flowq")}"')
+        for first, last in [(big - 5, big + 2), (big, big + 414), (big, big + 999)]:
+            with engine.begin() as conn:
+                conn.execute(Statements("flowq").sql(f"SELECT {notify_ended(ended(first, last))}"))
+        heard = [n.payload for n in ear.notifies(timeout=5, stop_after=3)]
+    assert heard[0] == ",".join(str(big + i) for i in range(3))
+    assert len(heard[1]) == 415 * 19 - 1 and heard[2] == ""

@@ -526,3 +526,33 @@ def test_a_batch_ending_more_awaited_runs_than_a_payload_holds_sends_one_empty_o
         heard = [n.payload for n in ear.notifies(timeout=5, stop_after=3)]
     assert heard[0] == ",".join(str(big + i) for i in range(3))
     assert len(heard[1]) == 415 * 19 - 1 and heard[2] == ""
+
+
+def test_an_await_run_cancelled_while_it_registers_leaves_no_registration(
+        engine: sa.Engine, monkeypatch: pytest.MonkeyPatch, listener: RunEndListener) -> None:
+    """`asyncio.wait_for(await_run(...))` or a request handler cancelled on disconnect: the
+    registration (written in a thread) may still be on its way when the cancelled task cleans
+    up; it must not outlive the wait (its LISTEN connection lives on, so no pruner takes it)."""
+    run_id = enqueue(engine, double, n=1)
+    writing, release = threading.Event(), threading.Event()
+    real = RunEndListener.register
+
+    def slow(self: RunEndListener, *args: Any) -> int | None:
+        writing.set()
+        release.wait(30)
+        return real(self, *args)
+
+    monkeypatch.setattr(RunEndListener, "register", slow)
+
+    async def main() -> None:
+        task = asyncio.create_task(flowq.await_run(engine, run_id, timeout=120))
+        await asyncio.to_thread(writing.wait, 30)
+        task.cancel()
+        await asyncio.sleep(0)
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())  # which waits for its threads (the registration's)
+    assert registrations(engine) == []
+    assert not listener._waiters

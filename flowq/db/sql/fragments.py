@@ -82,7 +82,8 @@ class Statements:
 # The columns a worker needs of a claimed row: `flowq.db.rows.ClaimedJob` reads them by name
 # (computed ones are named with AS), so their order here is free. `run_at` (the claimer's
 # cursor) is raised to year 1, a day in: a run_at before it ('-infinity', a BC date, year 1
-# read in a zone west of UTC) does not load into a datetime, and that error would come after
+# read in a zone west of UTC; only a row written by hand, enqueue refuses what precedes
+# `flowq.define.options.MIN_RUN_AT`) does not load into a datetime, and that error came after
 # the claim committed, losing every row of it (and before PostgreSQL 17 `now() - run_at`
 # fails the claim). Such a row sorts before its cursor key, so only a claim from the head
 # takes it, and it is at the head.

@@ -56,6 +56,16 @@ def second(ctx: Context, n: int) -> dict[str, int]:
     return {"total": n * 10}
 
 
+started, go = threading.Event(), threading.Event()
+
+
+@app.task()
+def nap(ctx: Context) -> None:
+    started.set()
+    go.wait(30)
+    ctx.sleep(3600)  # its run was cancelled meanwhile: the job ends cancelled here
+
+
 def enqueue(engine: sa.Engine, task: Any, **args: Any) -> int:
     with engine.begin() as conn:
         return flowq.enqueue(conn, task, **args).id
@@ -556,3 +566,25 @@ def test_an_await_run_cancelled_while_it_registers_leaves_no_registration(
     asyncio.run(main())  # which waits for its threads (the registration's)
     assert registrations(engine) == []
     assert not listener._waiters
+
+
+def test_a_run_cancelled_while_its_step_runs_wakes_its_waiter_when_the_step_sleeps(
+        engine: sa.Engine, db_url: str, reads: Reads, slow_poll: None,
+        listener: RunEndListener) -> None:
+    """The cancel leaves the running step running (nothing ended: no notification); the
+    step's durable sleep then ends it `cancelled`, and that announces the run's end."""
+    started.clear()
+    go.clear()
+    run_id = enqueue(engine, nap)
+    thread, out = waiting(flowq.wait_run, engine, run_id, timeout=120)
+    wait_until(lambda: reads.count == 1, message="the waiter's first read")
+    worker = threading.Thread(target=run_until_idle, args=(app, db_url), daemon=True)
+    worker.start()
+    assert started.wait(30)
+    flowq.runs.cancel_run(engine, run_id)
+    before = listener.notified
+    go.set()
+    worker.join(timeout=60)
+    thread.join(timeout=20)
+    assert out.get("value") is not None, "not woken by the step's end"
+    assert out["value"].status == "cancelled" and listener.notified == before + 1

@@ -370,8 +370,10 @@ def wait_run(bind: Bind, run_id: int, *, timeout: float | None = None,
     pause = POLL[0]
     try:
         while True:
-            up = wait.watch()
+            # Cleared first: a wake sent meanwhile (the listener lost while we register)
+            # makes the wait below return at once, and the next pass listen again.
             woken.clear()
+            up = wait.watch()
             run = binds.read(bind, lambda conn: read_run(conn, q, run_id))
             if run_finished(run):
                 return run
@@ -414,8 +416,8 @@ async def await_run(bind: Any, run_id: int, *, timeout: float | None = None,
     pause = POLL[0]
     try:
         while True:
+            woken.clear()  # first, as in `wait_run`
             up = await asyncio.to_thread(wait.watch)  # connecting may take a while
-            woken.clear()
             run = await read()
             if run_finished(run):
                 return run

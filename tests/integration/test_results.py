@@ -588,3 +588,30 @@ def test_a_run_cancelled_while_its_step_runs_wakes_its_waiter_when_the_step_slee
     thread.join(timeout=20)
     assert out.get("value") is not None, "not woken by the step's end"
     assert out["value"].status == "cancelled" and listener.notified == before + 1
+
+
+def test_a_listener_lost_while_the_waiter_registers_is_not_slept_through(
+        engine: sa.Engine, reads: Reads, slow_poll: None, monkeypatch: pytest.MonkeyPatch,
+        listener: RunEndListener) -> None:
+    """The LISTEN connection dies between the waiter's registration and its read: the wake
+    its reader sends on the way out must not be cleared by the waiter, which would then
+    sleep a whole fallback poll with nobody listening."""
+    run_id = enqueue(engine, double, n=8)
+    real = RunEndListener.register
+    lost: list[int] = []
+
+    def register_then_lose(self: RunEndListener, *args: Any) -> int | None:
+        pid = real(self, *args)
+        if not lost:
+            lost.append(terminate(engine, "flowq wait_run"))
+            wait_until(lambda: not self.up, message="the reader gone")
+        return pid
+
+    monkeypatch.setattr(RunEndListener, "register", register_then_lose)
+    thread, out = waiting(flowq.wait_run, engine, run_id, timeout=120)
+    wait_until(lambda: lost and listener.up and reads.count >= 2
+               and registrations(engine) == [run_id], message="listening again")
+    with engine.begin() as conn:
+        drain(conn, app)
+    thread.join(timeout=20)
+    assert out.get("value") is not None and out["value"].result == {"n": 16}

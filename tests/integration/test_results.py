@@ -299,6 +299,9 @@ def test_a_timeout_of_zero_looks_once_and_infinity_is_no_limit(engine: sa.Engine
     run_id = enqueue(engine, double, n=1)
     with pytest.raises(TimeoutError, match=f"run {run_id} is still pending after 0s"):
         flowq.wait_run(engine, run_id, timeout=0)
+    with pytest.raises(TimeoutError):
+        asyncio.run(flowq.await_run(engine, run_id, timeout=0.01))
+    assert registrations(engine) == []  # a wait that timed out left nothing behind
     with engine.begin() as conn:
         drain(conn, app)
     assert flowq.wait_run(engine, run_id, timeout=math.inf).status == "succeeded"
@@ -311,6 +314,7 @@ def test_a_run_that_does_not_exist_is_a_clear_error(engine: sa.Engine, run_id: A
         flowq.wait_run(engine, run_id, timeout=1)
     with pytest.raises(flowq.RunNotFoundError):
         asyncio.run(flowq.await_run(engine, run_id, timeout=1))
+    assert registrations(engine) == []
 
 
 def test_the_run_end_channel_fits_any_schema_name() -> None:

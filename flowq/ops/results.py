@@ -185,8 +185,8 @@ class RunEndListener:
         self._write(q.unregister_waiter, {"run_id": run_id, "token": token})
 
     def _write(self, statement: TextClause, params: dict[str, Any]) -> bool:
-        """Send `statement` on the registrations' connection; once more on a new one when it
-        fails on a connection opened earlier: one that died while idle (idle_session_timeout,
+        """Send `statement` on the registrations' connection; once more on a new one when the
+        connection, opened earlier, is lost: one that died while idle (idle_session_timeout,
         pg_terminate_backend) would otherwise cost a registration a poll loop and leave an
         unregistered row until the LISTEN connection goes. Both statements are idempotent."""
         sql = str(statement.compile(dialect=_PSYCOPG))
@@ -197,12 +197,12 @@ class RunEndListener:
                         self._writer = _writer_connection(self.conninfo)
                     self._writer.execute(sql, params)
                     return True
-                except psycopg.Error:
+                except psycopg.Error as exc:
                     if self._writer is not None:
                         with contextlib.suppress(psycopg.Error):
                             self._writer.close()
                     self._writer = None
-                    if not again:
+                    if not (again and isinstance(exc, psycopg.OperationalError)):
                         return False
             return False
 

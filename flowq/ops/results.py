@@ -294,9 +294,9 @@ class _Registration:
     """One wait's entry in its listener and its row in `flowq.run_waiters` (see
     `RunEndListener.register`), the row renewed when the listener's connection changed (a
     notification is only sent to a registered run). `end` is final, and waits for a `watch`
-    or `renew` still running in another thread (an `await_run` cancelled while it ran): one
-    that finished after the wait's cleanup would leave its row while the LISTEN connection
-    lives, where no pruner takes it."""
+    still running in another thread (an `await_run` cancelled while it ran): one that
+    finished after the wait's cleanup would leave its row while the LISTEN connection lives,
+    where no pruner takes it."""
 
     def __init__(self, listener: RunEndListener | None, q: Queries, run_id: int,
                  wake: Wake) -> None:

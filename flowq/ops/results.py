@@ -185,19 +185,26 @@ class RunEndListener:
         self._write(q.unregister_waiter, {"run_id": run_id, "token": token})
 
     def _write(self, statement: TextClause, params: dict[str, Any]) -> bool:
+        """Send `statement` on the registrations' connection; once more on a new one when the
+        connection, opened earlier, is lost: one that died while idle (idle_session_timeout,
+        pg_terminate_backend) would otherwise cost a registration a poll loop and leave an
+        unregistered row until the LISTEN connection goes. Both statements are idempotent."""
         sql = str(statement.compile(dialect=_PSYCOPG))
         with self._writer_lock:
-            try:
-                if self._writer is None or self._writer.closed:
-                    self._writer = _writer_connection(self.conninfo)
-                self._writer.execute(sql, params)
-                return True
-            except psycopg.Error:
-                if self._writer is not None:
-                    with contextlib.suppress(psycopg.Error):
-                        self._writer.close()
-                self._writer = None
-                return False
+            for again in (self._writer is not None, False):
+                try:
+                    if self._writer is None or self._writer.closed:
+                        self._writer = _writer_connection(self.conninfo)
+                    self._writer.execute(sql, params)
+                    return True
+                except psycopg.Error as exc:
+                    if self._writer is not None:
+                        with contextlib.suppress(psycopg.Error):
+                            self._writer.close()
+                    self._writer = None
+                    if not (again and isinstance(exc, psycopg.OperationalError)):
+                        return False
+            return False
 
     def _listen(self, channel: str) -> bool:
         """Connect if down (not more often than every `_RETRY_AFTER` s after a failure) and
@@ -284,24 +291,35 @@ class RunEndListener:
 
 
 class _Registration:
-    """One wait's row in `flowq.run_waiters` (see `RunEndListener.register`), renewed when
-    the listener's connection changed (a notification is only sent to a registered run)."""
+    """One wait's entry in its listener and its row in `flowq.run_waiters` (see
+    `RunEndListener.register`), the row renewed when the listener's connection changed (a
+    notification is only sent to a registered run). `end` is final, and waits for a `watch`
+    still running in another thread (an `await_run` cancelled while it ran): one that
+    finished after the wait's cleanup would leave its row while the LISTEN connection lives,
+    where no pruner takes it."""
 
-    def __init__(self, listener: RunEndListener | None, q: Queries, run_id: int) -> None:
-        self.listener, self.q, self.run_id = listener, q, run_id
+    def __init__(self, listener: RunEndListener | None, q: Queries, run_id: int,
+                 wake: Wake) -> None:
+        self.listener, self.q, self.run_id, self.wake = listener, q, run_id, wake
         self.token = uuid.uuid4().hex
         self.pid: int | None = None
         self.fresh = False
+        self.ended = False
+        self._lock = threading.Lock()
 
-    def renew(self) -> bool:
-        """Register (again, if the LISTEN connection changed); whether registered."""
-        if self.listener is None:
-            return False
-        current = self.listener.backend_pid
-        if current is None or current != self.pid:
-            self.pid = self.listener.register(self.q, self.run_id, self.token)
-            self.fresh = self.pid is not None
-        return self.pid is not None
+    def watch(self) -> bool:
+        """Register `wake` with the listener, then (again, if the LISTEN connection changed)
+        the row; whether the listener is up with the row written (False: poll)."""
+        with self._lock:
+            if self.listener is None or self.ended:
+                return False
+            if not self.listener.watch(self.q.run_channel, self.run_id, self.wake):
+                return False
+            current = self.listener.backend_pid
+            if current is None or current != self.pid:
+                self.pid = self.listener.register(self.q, self.run_id, self.token)
+                self.fresh = self.pid is not None
+            return self.pid is not None
 
     def next_step(self) -> float:
         """How long to wait for a notification before reading the run again."""
@@ -309,8 +327,13 @@ class _Registration:
         return step
 
     def end(self) -> None:
-        if self.listener is not None and self.pid is not None:
-            self.listener.unregister(self.q, self.run_id, self.token)
+        with self._lock:
+            self.ended = True
+            if self.listener is None:
+                return
+            self.listener.unwatch(self.q.run_channel, self.run_id, self.wake)
+            if self.pid is not None:
+                self.listener.unregister(self.q, self.run_id, self.token)
 
 
 def _engine_of(bind: Any) -> sa.Engine | None:
@@ -343,13 +366,14 @@ def wait_run(bind: Bind, run_id: int, *, timeout: float | None = None,
     engine = _engine_of(bind) if listen else None
     listener = None if engine is None else RunEndListener.shared(engine)
     woken = threading.Event()
-    wait = _Registration(listener, q, run_id)
+    wait = _Registration(listener, q, run_id, woken.set)
     pause = POLL[0]
     try:
         while True:
-            up = listener is not None and listener.watch(q.run_channel, run_id, woken.set)
-            up = up and wait.renew()
+            # Cleared first: a wake sent meanwhile (the listener lost while we register)
+            # makes the wait below return at once, and the next pass listen again.
             woken.clear()
+            up = wait.watch()
             run = binds.read(bind, lambda conn: read_run(conn, q, run_id))
             if run_finished(run):
                 return run
@@ -361,9 +385,7 @@ def wait_run(bind: Bind, run_id: int, *, timeout: float | None = None,
             if not up:
                 pause = min(pause * 2, POLL[1])
     finally:
-        if listener is not None:
-            listener.unwatch(q.run_channel, run_id, woken.set)
-            wait.end()
+        wait.end()
 
 
 async def await_run(bind: Any, run_id: int, *, timeout: float | None = None,
@@ -390,15 +412,12 @@ async def await_run(bind: Any, run_id: int, *, timeout: float | None = None,
             found: RunInfo = await conn.run_sync(lambda c: read_run(c, q, run_id))
             return found
 
-    wait = _Registration(listener, q, run_id)
+    wait = _Registration(listener, q, run_id, wake)
     pause = POLL[0]
     try:
         while True:
-            # Connecting may take a while: off the event loop.
-            up = listener is not None and await asyncio.to_thread(
-                listener.watch, q.run_channel, run_id, wake)
-            up = up and await asyncio.to_thread(wait.renew)
-            woken.clear()
+            woken.clear()  # first, as in `wait_run`
+            up = await asyncio.to_thread(wait.watch)  # connecting may take a while
             run = await read()
             if run_finished(run):
                 return run
@@ -412,7 +431,6 @@ async def await_run(bind: Any, run_id: int, *, timeout: float | None = None,
                 pause = min(pause * 2, POLL[1])
     finally:
         if listener is not None:
-            listener.unwatch(q.run_channel, run_id, wake)
             await asyncio.to_thread(wait.end)
 
 

@@ -5,6 +5,7 @@ The claimer's clock is a list the test moves by hand: no sleeps."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 
 import pytest
@@ -29,11 +30,11 @@ def insert(conn: sa.Connection, n: int, *, priority: int = 5, run_at: str = "now
 class Clocked:
     """A claimer of queue `q` whose clock the test moves, with what it claimed."""
 
-    def __init__(self, db_url: str) -> None:
+    def __init__(self, db_url: str, name: str = "w") -> None:
         self.now = 1000.0
         self.got: list[ClaimedJob] = []
         self.conn = DedicatedConnection(normalize_url(db_url), "test cursor")
-        self.claimer = Claimer(self.conn, Q, ["q"], "w", self.got.append,
+        self.claimer = Claimer(self.conn, Q, ["q"], name, self.got.append,
                                clock=lambda: self.now)
 
     def claim(self, n: int) -> list[int]:
@@ -123,3 +124,88 @@ def test_a_full_claim_from_the_head_moves_the_cursor_back(engine: sa.Engine,
     assert clocked.claim(2) == urgent[:2]  # from the head, full
     assert clocked.claim(2) == urgent[2:]  # from the cursor, moved back
 
+
+
+
+def test_a_run_at_before_year_one_neither_loses_a_claim_nor_hides_behind_the_cursor(
+        engine: sa.Engine, clocked: Clocked) -> None:
+    """'-infinity' or a BC date does not load into a datetime: the claim (committed before
+    its rows load) once lost every row it took. Its key is clamped, so the row sorts before
+    the cursor and the next claim from the head takes it."""
+    with engine.begin() as conn:
+        ids = (insert(conn, 1, run_at="'-infinity'") + insert(conn, 1, run_at="'0044-03-15 BC'")
+               + insert(conn, 2))
+    assert clocked.claim(10) == ids
+    with engine.begin() as conn:
+        [hostile] = insert(conn, 1, run_at="'-infinity'")
+    assert clocked.claimed_at_the_next_head_scan(hostile)
+
+
+def test_two_workers_under_hostile_inserts_claim_every_due_job_once_and_soon(
+        engine: sa.Engine, db_url: str) -> None:
+    """A ledger: extreme priorities, run_at far in the past or future, jobs that become due
+    behind the cursor, late commits (ids below it), the cursor's own row deleted, the queue
+    paused and resumed; two workers claim in random sizes while the clock moves. Every job
+    due is claimed exactly once, none that is not, and a backlog drains within a head scan
+    of the last insert."""
+    rng = random.Random(11)
+    workers = [Clocked(db_url, "a"), Clocked(db_url, "b")]
+    never: list[int] = []  # due in 500 years
+    soon: list[int] = []  # not due yet, made due later (their run_at then sorts early)
+    late = engine.connect()
+    late_ids: list[int] = []
+    try:
+        for turn in range(60):
+            with engine.begin() as conn:
+                for _ in range(rng.randint(0, 3)):
+                    insert(conn, 1, priority=rng.choice([-32768, -1, 0, 5, 32767]),
+                           run_at=rng.choice(["now()", "now() - interval '300 years'",
+                                              "now() - interval '1 hour'", "'-infinity'"]))
+                never += insert(conn, rng.randint(0, 1), run_at="now() + interval '500 years'")
+                soon += insert(conn, rng.randint(0, 1), priority=rng.choice([0, 5]),
+                               run_at="now() + interval '1 hour'")
+                if turn % 7 == 3 and soon:  # time passes for some
+                    conn.execute(sa.text(
+                        "UPDATE flowq.jobs SET run_at = now() - interval '1 minute' "
+                        "WHERE id = ANY(:ids)"), {"ids": soon[:2]})
+                    del soon[:2]
+                if turn % 11 == 5:  # a worker's cursor row goes away
+                    cursor = workers[turn % 2].claimer.cursors.get("q")
+                    if cursor is not None:
+                        conn.execute(sa.text("DELETE FROM flowq.jobs WHERE id = :id"),
+                                     {"id": cursor[2]})
+                paused = turn % 13 == 6
+                conn.execute(sa.text(
+                    "INSERT INTO flowq.queues (name, paused) VALUES ('q', :p) "
+                    "ON CONFLICT (name) DO UPDATE SET paused = :p"), {"p": paused})
+            if turn % 9 == 0:  # a transaction that commits after later ones
+                if late.in_transaction():
+                    late.commit()
+                late.begin()
+                late_ids += insert(late, 2)
+            for w in workers:
+                if turn % 5 == 0 or turn % 13 in (6, 7):  # every poll interval, and on resume
+                    w.claimer.refresh()
+                w.claim(rng.randint(1, 4))
+                w.now += rng.uniform(0, 0.2)
+        late.commit()
+    finally:
+        late.close()
+    start = workers[0].now
+    for _ in range(100):  # drain, the clock moving 0.1 s a round, past one head scan
+        took = [w.claim(4) for w in workers]
+        if not any(took) and workers[0].now - start > HEAD_SCAN_EVERY:
+            break
+        for w in workers:
+            w.now += 0.1
+    with engine.connect() as conn:
+        due = set(conn.execute(sa.text(
+            "SELECT id FROM flowq.jobs WHERE run_at <= now()")).scalars())
+    claimed = [j.id for w in workers for j in w.got]
+    assert len(claimed) == len(set(claimed)), "a job claimed twice"
+    assert due <= set(claimed), f"never claimed: {sorted(due - set(claimed))}"
+    assert not set(claimed) & set(never + soon)
+    assert set(late_ids) <= set(claimed)
+    assert workers[0].now - start < HEAD_SCAN_EVERY + 1.0, "drained too slowly"
+    for w in workers:
+        w.conn.close()

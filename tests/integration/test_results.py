@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -50,6 +54,16 @@ def first(ctx: Context, n: int) -> dict[str, int]:
 @chain.step()
 def second(ctx: Context, n: int) -> dict[str, int]:
     return {"total": n * 10}
+
+
+started, go = threading.Event(), threading.Event()
+
+
+@app.task()
+def nap(ctx: Context) -> None:
+    started.set()
+    go.wait(30)
+    ctx.sleep(3600)  # its run was cancelled meanwhile: the job ends cancelled here
 
 
 def enqueue(engine: sa.Engine, task: Any, **args: Any) -> int:
@@ -285,6 +299,9 @@ def test_a_timeout_of_zero_looks_once_and_infinity_is_no_limit(engine: sa.Engine
     run_id = enqueue(engine, double, n=1)
     with pytest.raises(TimeoutError, match=f"run {run_id} is still pending after 0s"):
         flowq.wait_run(engine, run_id, timeout=0)
+    with pytest.raises(TimeoutError):
+        asyncio.run(flowq.await_run(engine, run_id, timeout=0.01))
+    assert registrations(engine) == []  # a wait that timed out left nothing behind
     with engine.begin() as conn:
         drain(conn, app)
     assert flowq.wait_run(engine, run_id, timeout=math.inf).status == "succeeded"
@@ -297,6 +314,7 @@ def test_a_run_that_does_not_exist_is_a_clear_error(engine: sa.Engine, run_id: A
         flowq.wait_run(engine, run_id, timeout=1)
     with pytest.raises(flowq.RunNotFoundError):
         asyncio.run(flowq.await_run(engine, run_id, timeout=1))
+    assert registrations(engine) == []
 
 
 def test_the_run_end_channel_fits_any_schema_name() -> None:
@@ -399,3 +417,205 @@ def test_the_pruner_deletes_registrations_whose_connection_is_gone(
         Pruner(engine, queries("flowq")).run_once()
         assert conn.execute(sa.text(
             "SELECT token FROM flowq.run_waiters ORDER BY token")).scalars().all() == ["here"]
+
+
+def terminate(engine: sa.Engine, application_name: str) -> int:
+    """pg_terminate_backend every connection of `application_name` to this database."""
+    with engine.connect() as conn:
+        killed = conn.execute(sa.text(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name = :a AND datname = current_database()"),
+            {"a": application_name}).scalar()
+        conn.commit()
+    return int(killed or 0)
+
+
+def test_a_waiter_whose_connections_are_terminated_registers_again_and_is_woken(
+        engine: sa.Engine, reads: Reads, slow_poll: None, listener: RunEndListener) -> None:
+    """The LISTEN connection killed mid-wait (pg_terminate_backend): the waiter LISTENs and
+    registers again under the new connection and is woken by the notification. The
+    registrations' connection killed while idle (idle_session_timeout does the same): the
+    waiter's last write still deletes its row."""
+    run_id = enqueue(engine, double, n=6)
+    thread, out = waiting(flowq.wait_run, engine, run_id, timeout=120)
+    wait_until(lambda: reads.count == 1, message="the waiter's first read")
+    first = listener.backend_pid
+    assert terminate(engine, "flowq wait_run") == 1
+
+    def pids() -> list[int]:
+        with engine.connect() as conn:
+            return list(conn.execute(sa.text("SELECT pid FROM flowq.run_waiters")).scalars())
+
+    wait_until(lambda: listener.up and listener.backend_pid != first
+               and pids() == [listener.backend_pid], message="registered anew")
+    assert terminate(engine, "flowq wait_run registrations") == 1
+    before = listener.notified
+    with engine.begin() as conn:
+        drain(conn, app)
+    thread.join(timeout=120)
+    assert out["value"].result == {"n": 12}
+    assert listener.notified == before + 1
+    assert registrations(engine) == []
+
+
+def test_a_waiter_killed_mid_wait_is_pruned_and_the_others_still_hear_the_end(
+        engine: sa.Engine, db_url: str, reads: Reads, slow_poll: None,
+        listener: RunEndListener) -> None:
+    """SIGKILL leaves the killed process's registration; once its LISTEN connection's backend
+    is gone the pruner deletes it, and a waiter of another process still hears the end."""
+    from flowq.db.sql import queries
+    from flowq.worker.pruner import Pruner
+
+    run_id = enqueue(engine, double, n=7)
+    doomed = subprocess.Popen(
+        [sys.executable, "-c", "import sys, sqlalchemy as sa, flowq; flowq.wait_run("
+         "sa.create_engine(sys.argv[1]), int(sys.argv[2]), timeout=120)", db_url, str(run_id)],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        thread, out = waiting(flowq.wait_run, engine, run_id, timeout=120)
+        wait_until(lambda: len(registrations(engine)) == 2 and listener.up,
+                   message="both waiters registered")
+        doomed.send_signal(signal.SIGKILL)
+        doomed.wait(timeout=30)
+    finally:
+        doomed.kill()
+    with engine.connect() as conn:
+        wait_until(lambda: conn.execute(sa.text(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'flowq wait_run' "
+            "AND datname = current_database()")).scalar() == 1, message="its backend gone")
+    Pruner(engine, queries("flowq")).run_once()
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT pid FROM flowq.run_waiters")).scalars().all() == [
+            listener.backend_pid]
+    before = listener.notified
+    with engine.begin() as conn:
+        drain(conn, app)
+    thread.join(timeout=120)
+    assert out["value"].result == {"n": 14} and listener.notified == before + 1
+    assert registrations(engine) == []
+
+
+def test_hundreds_of_waiters_on_one_run_and_on_many_runs_are_each_woken_once(
+        engine: sa.Engine, reads: Reads, slow_poll: None, listener: RunEndListener) -> None:
+    shared = enqueue(engine, double, n=0)
+    many = [enqueue(engine, double, n=i) for i in range(1, 151)]
+    targets = [shared] * 100 + many
+    waiters = [waiting(flowq.wait_run, engine, r, timeout=120) for r in targets]
+    wait_until(lambda: reads.count == len(targets), message="every waiter's first read")
+    assert len(registrations(engine)) == len(targets)
+    before = listener.notified
+    with engine.begin() as conn:
+        drain(conn, app)  # one transaction: the runs end together
+    for thread, _ in waiters:
+        thread.join(timeout=120)
+    found = [out.get("value") for _, out in waiters]
+    assert [r.result["n"] for r in found if r is not None] == [0] * 100 + [
+        2 * i for i in range(1, 151)]
+    assert listener.notified == before + len(targets)
+    assert reads.count == 2 * len(targets)  # woken by the notification, one read each
+    assert registrations(engine) == []
+
+
+def test_a_batch_ending_more_awaited_runs_than_a_payload_holds_sends_one_empty_one(
+        engine: sa.Engine, db_url: str) -> None:
+    """`notify_ended` over a batch: the awaited ids only, joined; a list that would pass the
+    payload's 8000-byte limit (an error inside the completion) is sent as '' instead."""
+    from flowq.db.sql.fragments import Statements, notify_ended
+
+    big = 10**17  # 18 digits: 420 ids fill a payload
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO flowq.run_waiters (run_id, token, pid) SELECT "
+                             "g, 't', pg_backend_pid() FROM generate_series(:a, :b) g"),
+                     {"a": big, "b": big + 999})
+
+    def ended(first: int, last: int) -> str:
+        return f"SELECT g AS run_id FROM generate_series({first}, {last}) g"
+
+    with psycopg.connect(db_url.replace("postgresql+psycopg", "postgresql"),
+                         autocommit=True) as ear:
+        ear.execute(f'LISTEN "{run_end_channel("flowq")}"')
+        for first, last in [(big - 5, big + 2), (big, big + 414), (big, big + 999)]:
+            with engine.begin() as conn:
+                conn.execute(Statements("flowq").sql(f"SELECT {notify_ended(ended(first, last))}"))
+        heard = [n.payload for n in ear.notifies(timeout=5, stop_after=3)]
+    assert heard[0] == ",".join(str(big + i) for i in range(3))
+    assert len(heard[1]) == 415 * 19 - 1 and heard[2] == ""
+
+
+def test_an_await_run_cancelled_while_it_registers_leaves_no_registration(
+        engine: sa.Engine, monkeypatch: pytest.MonkeyPatch, listener: RunEndListener) -> None:
+    """`asyncio.wait_for(await_run(...))` or a request handler cancelled on disconnect: the
+    registration (written in a thread) may still be on its way when the cancelled task cleans
+    up; it must not outlive the wait (its LISTEN connection lives on, so no pruner takes it)."""
+    run_id = enqueue(engine, double, n=1)
+    writing, release = threading.Event(), threading.Event()
+    real = RunEndListener.register
+
+    def slow(self: RunEndListener, *args: Any) -> int | None:
+        writing.set()
+        release.wait(30)
+        return real(self, *args)
+
+    monkeypatch.setattr(RunEndListener, "register", slow)
+
+    async def main() -> None:
+        task = asyncio.create_task(flowq.await_run(engine, run_id, timeout=120))
+        await asyncio.to_thread(writing.wait, 30)
+        task.cancel()
+        await asyncio.sleep(0)
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())  # which waits for its threads (the registration's)
+    assert registrations(engine) == []
+    assert not listener._waiters
+
+
+def test_a_run_cancelled_while_its_step_runs_wakes_its_waiter_when_the_step_sleeps(
+        engine: sa.Engine, db_url: str, reads: Reads, slow_poll: None,
+        listener: RunEndListener) -> None:
+    """The cancel leaves the running step running (nothing ended: no notification); the
+    step's durable sleep then ends it `cancelled`, and that announces the run's end."""
+    started.clear()
+    go.clear()
+    run_id = enqueue(engine, nap)
+    thread, out = waiting(flowq.wait_run, engine, run_id, timeout=120)
+    wait_until(lambda: reads.count == 1, message="the waiter's first read")
+    worker = threading.Thread(target=run_until_idle, args=(app, db_url), daemon=True)
+    worker.start()
+    assert started.wait(30)
+    flowq.runs.cancel_run(engine, run_id)
+    before = listener.notified
+    go.set()
+    worker.join(timeout=60)
+    thread.join(timeout=20)
+    assert out.get("value") is not None, "not woken by the step's end"
+    assert out["value"].status == "cancelled" and listener.notified == before + 1
+
+
+def test_a_listener_lost_while_the_waiter_registers_is_not_slept_through(
+        engine: sa.Engine, reads: Reads, slow_poll: None, monkeypatch: pytest.MonkeyPatch,
+        listener: RunEndListener) -> None:
+    """The LISTEN connection dies between the waiter's registration and its read: the wake
+    its reader sends on the way out must not be cleared by the waiter, which would then
+    sleep a whole fallback poll with nobody listening."""
+    run_id = enqueue(engine, double, n=8)
+    real = RunEndListener.register
+    lost: list[int] = []
+
+    def register_then_lose(self: RunEndListener, *args: Any) -> int | None:
+        pid = real(self, *args)
+        if not lost:
+            lost.append(terminate(engine, "flowq wait_run"))
+            wait_until(lambda: not self.up, message="the reader gone")
+        return pid
+
+    monkeypatch.setattr(RunEndListener, "register", register_then_lose)
+    thread, out = waiting(flowq.wait_run, engine, run_id, timeout=120)
+    wait_until(lambda: lost and listener.up and reads.count >= 2
+               and registrations(engine) == [run_id], message="listening again")
+    with engine.begin() as conn:
+        drain(conn, app)
+    thread.join(timeout=20)
+    assert out.get("value") is not None and out["value"].result == {"n": 16}

@@ -15,7 +15,15 @@ from functools import cached_property
 from sqlalchemy.sql.elements import TextClause
 
 from flowq.db.schema import NO_MAP_INDEX
-from flowq.db.sql.fragments import CLAIM_KEY, FENCE, UNLOCK, S, Statements, rows
+from flowq.db.sql.fragments import (
+    CLAIM_KEY,
+    FENCE,
+    UNLOCK,
+    S,
+    Statements,
+    notify_ended_row,
+    rows,
+)
 
 __all__ = ["CheckpointStatements"]
 
@@ -88,8 +96,9 @@ class CheckpointStatements(Statements):
         due at :until (else `now()` plus :delay seconds), its attempt given back (a
         suspension is not a failure), nothing appended to `attempt_log`.
         With :snoozes set, the step's snooze count is stored as checkpoint `flowq.snoozes`
-        of :step in the same statement. Returns the new status and run_at, or nothing if
-        the claim is no longer ours."""
+        of :step in the same statement. A job ended `cancelled` announces its run's end to
+        `flowq.wait_run` (`notify_ended_row`). Returns the new status and run_at, or nothing
+        if the claim is no longer ours."""
         return self.sql(f"""
             WITH moved AS (
                 UPDATE {S}.jobs j
@@ -103,7 +112,8 @@ class CheckpointStatements(Statements):
                        {UNLOCK}
                   FROM {rows("c", CLAIM_KEY, single=True)}
                  WHERE {FENCE}
-                RETURNING j.run_id, j.map_index, j.status, j.run_at
+                RETURNING j.run_id, j.map_index, j.status, j.run_at,
+                          {notify_ended_row("j.status = 'cancelled'")} AS ended
             ), counted AS (
                 INSERT INTO {S}.checkpoints AS k (run_id, step, map_index, name, position,
                                                   result)
@@ -112,7 +122,7 @@ class CheckpointStatements(Statements):
                   FROM moved m WHERE CAST(:snoozes AS int) IS NOT NULL
                 ON CONFLICT (run_id, step, map_index, name) DO UPDATE SET result = excluded.result
             )
-            SELECT status, run_at FROM moved""")
+            SELECT status, run_at, ended FROM moved""")
 
     @cached_property
     def select_run_checkpoints(self) -> TextClause:

@@ -81,14 +81,22 @@ class Statements:
 
 
 # The columns a worker needs of a claimed row: `flowq.db.rows.ClaimedJob` reads them by name
-# (computed ones are named with AS), so their order here is free.
-CLAIMED = """j.id, j.lease, j.run_id, j.task, j.step, j.step_index, j.queue, j.priority,
+# (computed ones are named with AS), so their order here is free. `run_at` (the claimer's
+# cursor) is raised to year 1, a day in: a run_at before it ('-infinity', a BC date, year 1
+# read in a zone west of UTC; only a row written by hand, enqueue refuses what precedes
+# `flowq.define.options.MIN_RUN_AT`) does not load into a datetime, and that error came after
+# the claim committed, losing every row of it (and before PostgreSQL 17 `now() - run_at`
+# fails the claim). Such a row sorts before its cursor key, so only a claim from the head
+# takes it, and it is at the head.
+_DUE = "GREATEST(j.run_at, '0001-01-02 00:00:00+00')"
+CLAIMED = f"""j.id, j.lease, j.run_id, j.task, j.step, j.step_index, j.queue, j.priority,
     j.attempts, j.max_attempts, j.args::text AS args, j.cancel_requested,
     extract(epoch FROM now() - j.created_at)::float8 AS age, j.map_index, j.joined,
     j.scheduled_at,
-    extract(epoch FROM now() - j.run_at)::float8 AS pickup_delay,
+    extract(epoch FROM now() - {_DUE})::float8 AS pickup_delay,
     j.trace_context::text AS trace_context, j.created_at AS enqueued_at,
-    j.locked_at AS claimed_at, j.fingerprint, j.run_at"""
+    j.locked_at AS claimed_at, j.fingerprint,
+    {_DUE} AS run_at"""
 
 # The fence's status check, written so that no partial index can serve it (the planner cannot
 # prove `status = 'running'` from `... IS TRUE`). A fenced write must find its rows through the

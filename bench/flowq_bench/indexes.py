@@ -332,9 +332,9 @@ def checks(url: str) -> list[Check]:
         worker("claim", lambda s: s.claim("default", 16, "w-live")),
         worker("claim after a cursor", lambda s: s.claim("default", 16, "w-live",
                                                          after=tuple(pending))),
-        worker("heartbeat", lambda s: s.heartbeat(claims)),
+        worker("heartbeat", lambda s: s.heartbeat("w-live", claims)),
         worker("heartbeat with progress", lambda s: s.heartbeat(
-            claims, {claims[0][0]: '{"done": 1}'})),
+            "w-live", claims, {claims[0][0]: '{"done": 1}'})),
         worker("complete one", lambda s: s.complete([Completion(*claim, "{}")])),
         worker("complete a batch", lambda s: s.complete(
             [Completion(i, lease, "{}") for i, lease in claims])),

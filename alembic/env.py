@@ -13,18 +13,13 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import context
 
-from flowq.db.migrations import LOCK_TIMEOUT, MIGRATE_LOCK, VERSION_TABLE
+from flowq.db.migrations import LOCK_TIMEOUT, MIGRATE_LOCK, VERSION_TABLE, compared
 from flowq.db.schema import metadata
 from flowq.names import DEFAULT_SCHEMA
 
 config = context.config
 schema: str = config.attributes.get("flowq_schema", DEFAULT_SCHEMA)
 
-
-def _include_name(name: str | None, type_: str, parent_names: object) -> bool:
-    if type_ == "schema":
-        return name == schema
-    return not (type_ == "table" and name == VERSION_TABLE)
 
 
 def _configure(**kwargs: object) -> None:
@@ -33,7 +28,7 @@ def _configure(**kwargs: object) -> None:
         version_table=VERSION_TABLE,
         version_table_schema=schema,
         include_schemas=True,
-        include_name=_include_name,
+        include_name=compared(schema),
         transaction_per_migration=False,
         **kwargs,
     )

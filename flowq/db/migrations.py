@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import sqlalchemy as sa
 
+from flowq.db.schema import HISTORY_PARTITION
 from flowq.errors import ConfigurationError, MigrationBlockedError
 from flowq.names import DEFAULT_SCHEMA, validate_schema_name
 
@@ -55,7 +56,7 @@ T = TypeVar("T")
 VERSION_TABLE = "alembic_version"
 # The revision this flowq needs (a test checks it is the migrations' head): a worker refuses
 # to start on a schema behind it, with one sentence instead of failing statements.
-HEAD_REVISION: Final = "0017"
+HEAD_REVISION: Final = "0018"
 # The advisory lock serialising migrations; env.py takes the same key (any constant would do,
 # as long as every flowq process uses it).
 MIGRATE_LOCK: Final = 0x666C6F77  # "flow"
@@ -98,6 +99,23 @@ class Migrated:
     @property
     def changed(self) -> bool:
         return self.before != self.after
+
+
+def compared(schema: str) -> Callable[[str | None, str, object], bool]:
+    """Alembic's `include_name` for comparing `schema` with flowq's tables: that schema
+    only, without the version table or the day partitions of `job_history` (created by
+    maintenance, not declared: `flowq.db.history`)."""
+
+    def include(name: str | None, type_: str, parent_names: object) -> bool:
+        if type_ == "schema":
+            return name == schema
+        if type_ == "table":
+            return name != VERSION_TABLE and not (name or "").startswith(HISTORY_PARTITION)
+        if type_ == "index" and isinstance(parent_names, dict):
+            return not str(parent_names.get("table_name") or "").startswith(HISTORY_PARTITION)
+        return True
+
+    return include
 
 
 def revision_schema() -> str:

@@ -27,7 +27,9 @@ __all__ = [
     "BATCH_ARGUMENTS",
     "CAPABILITIES",
     "DEFAULT_SCHEMA",
+    "HISTORY_PARTITION",
     "JOBS_STORAGE_PARAMETERS",
+    "JOB_COLUMNS",
     "JOIN_SHARDS",
     "JOIN_SHARDS_CAPABILITY",
     "LIVENESS_CAPABILITY",
@@ -42,6 +44,7 @@ __all__ = [
     "checkpoints",
     "children",
     "definitions",
+    "job_history",
     "jobs",
     "join_shards",
     "joins",
@@ -52,6 +55,7 @@ __all__ = [
     "queues",
     "run_end_channel",
     "run_id_seq",
+    "run_keys",
     "run_waiters",
     "schedules",
     "schema_map",
@@ -162,6 +166,52 @@ jobs = sa.Table(
         "deadline IS NOT NULL AND status IN ('pending', 'running', 'waiting') "
         "AND NOT cancel_requested")),
 )
+
+# Finished steps (revision 0018): a row leaves `jobs` in the statement (or the trigger) that
+# gives it a terminal status and is written here with the same columns, plus `retired_at`,
+# the time it moved: the partition key. Partitioned by day (`flowq.db.history`), with a DEFAULT
+# partition so that a completion never waits for maintenance; retention drops whole
+# partitions instead of deleting rows. So `jobs` holds only live rows, its heap and indexes
+# stay the size of the backlog, and vacuum's work there is bounded by live jobs whatever is
+# retained. Only the indexes the readers of finished rows need: by id and retirement (the
+# primary key a partitioned table requires), by run, by finish time (recent activity), and
+# dead rows by task and queue. `steps` (a view) reads both tables.
+job_history = sa.Table(
+    "job_history",
+    metadata,
+    *(sa.Column(c.name, c.type, nullable=c.nullable, primary_key=c.primary_key,
+                autoincrement=False) for c in jobs.columns),
+    sa.Column("retired_at", sa.DateTime(timezone=True), primary_key=True,
+              server_default=sa.func.now()),
+    sa.Index("job_history_run_id_idx", "run_id"),
+    sa.Index("job_history_finished_idx", "finished_at"),
+    sa.Index("job_history_dead_idx", "task", "queue",
+             postgresql_where=sa.text("status = 'dead'")),
+    postgresql_partition_by="RANGE (retired_at)",
+)
+
+# The name of every partition of `job_history` starts with this: a day's is
+# `job_history_YYYYMMDD` (UTC), and the DEFAULT partition `job_history_default`.
+HISTORY_PARTITION: Final = "job_history_"
+
+# The idempotency keys of runs (revision 0018): a key names its run for as long as the run is
+# retained. A run's first step leaves `jobs` when it ends, and a partitioned `job_history`
+# cannot hold a unique index without its partition key, so the keys have their own table,
+# written by the keyed enqueue (its INSERT ... ON CONFLICT DO NOTHING is where two enqueues
+# of one key meet) and pruned with the run.
+run_keys = sa.Table(
+    "run_keys",
+    metadata,
+    sa.Column("key", sa.Text, primary_key=True),
+    sa.Column("run_id", sa.BigInteger, nullable=False),
+    sa.Column("job_id", sa.BigInteger, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False,
+              server_default=sa.func.now()),
+    sa.Index("run_keys_run_id_idx", "run_id"),
+)
+
+# The columns of a job row, in `jobs`' order: what moves a row to `job_history` lists.
+JOB_COLUMNS: Final[str] = ", ".join(c.name for c in jobs.columns)
 
 # The per-table autovacuum settings migration 0006 gives `flowq.jobs` (reloptions, which the
 # autogenerate comparison does not see; `flowq doctor` checks them): suited to a queue table.

@@ -73,8 +73,9 @@ def running_worker(app: FlowQ, url: str, **config: Any) -> Iterator[Worker]:
 
 def job_rows(engine: sa.Engine, schema: str = DEFAULT_SCHEMA,
              where: str = "TRUE", **params: Any) -> list[sa.Row[Any]]:
-    """Rows of the jobs table (optionally filtered by a SQL condition), oldest first."""
+    """Every step's row, live (`jobs`) or finished (`job_history`), optionally filtered by an SQL
+    condition, oldest first (`steps`: the two tables, and `retired_at`, NULL while live)."""
     validate_schema_name(schema)
     with engine.connect() as conn:
         return list(conn.execute(sa.text(
-            f"SELECT * FROM {schema}.jobs WHERE {where} ORDER BY id"), params))
+            f"SELECT * FROM {schema}.steps WHERE {where} ORDER BY id"), params))

@@ -46,7 +46,7 @@ def test_a_parent_of_a_hundred_children_killed_mid_way_starts_each_once_and_gets
     assert links() < CHILDREN, "the parent finished starting before the kill"
     # One slot: the parent waits without holding it, or its children could never run.
     second = spawn_worker(APP, db_url, *FAST, "--concurrency", "1", env=env)
-    wait_until(lambda: scalar(engine, "SELECT status FROM flowq.jobs WHERE run_id = :r",
+    wait_until(lambda: scalar(engine, "SELECT status FROM flowq.steps WHERE run_id = :r",
                               r=run_id) == "succeeded", timeout=120,
                message="the parent succeeded")
     stop_workers(second)
@@ -56,7 +56,7 @@ def test_a_parent_of_a_hundred_children_killed_mid_way_starts_each_once_and_gets
                                        r=run_id)]
     # Every child was started once: 100 links, 100 child runs, one per argument.
     assert len(children) == CHILDREN
-    args = rows(engine, "SELECT run_id, args FROM flowq.jobs WHERE task = 'square'")
+    args = rows(engine, "SELECT run_id, args FROM flowq.steps WHERE task = 'square'")
     assert sorted(r.run_id for r in args) == children
     assert sorted(r.args["n"] for r in args) == list(range(CHILDREN))
     # Each start was returned the same child on every attempt that reached it.
@@ -68,8 +68,8 @@ def test_a_parent_of_a_hundred_children_killed_mid_way_starts_each_once_and_gets
     assert scalar(engine, "SELECT count(*) FROM children_effects WHERE what = 'square'"
                   ) == CHILDREN
     assert scalar(engine, "SELECT count(*) FROM children_effects WHERE what = 'fan_out'") == 1
-    result = scalar(engine, "SELECT result FROM flowq.jobs WHERE run_id = :r", r=run_id)
+    result = scalar(engine, "SELECT result FROM flowq.steps WHERE run_id = :r", r=run_id)
     assert result["squares"] == [i * i for i in range(CHILDREN)]
     assert sorted(result["children"]) == children
     # The waits gave their attempts back: the parent spent two (the killed one, the retry).
-    assert scalar(engine, "SELECT attempts FROM flowq.jobs WHERE run_id = :r", r=run_id) == 2
+    assert scalar(engine, "SELECT attempts FROM flowq.steps WHERE run_id = :r", r=run_id) == 2

@@ -38,7 +38,7 @@ def user_db(db_url: str) -> Iterator[str]:
     engine = sa.create_engine(db_url, poolclass=sa.pool.NullPool)
     with engine.begin() as c:
         flowq.enqueue(c, "user_task", queue="default", order_id=7)
-        c.execute(sa.text("CREATE VIEW public.job_view AS SELECT * FROM flowq.jobs"))
+        c.execute(sa.text("CREATE VIEW public.job_view AS SELECT * FROM flowq.steps"))
         c.execute(sa.text("CREATE TABLE public.demo_orders (id int PRIMARY KEY, item text)"))
         c.execute(sa.text("INSERT INTO public.demo_orders VALUES (1, 'the user''s order')"))
     engine.dispose()
@@ -61,7 +61,7 @@ def snapshot(url: str) -> Snapshot:
                     " ON n.oid = c.relnamespace WHERE n.nspname NOT LIKE 'pg\\_%'"
                     " AND n.nspname <> 'information_schema' ORDER BY 1, 2"),
                 "view": rows("SELECT pg_get_viewdef('public.job_view'::regclass)"),
-                "jobs": rows("SELECT * FROM flowq.jobs ORDER BY id"),
+                "jobs": rows("SELECT * FROM flowq.steps ORDER BY id"),
                 "via view": rows("SELECT * FROM public.job_view ORDER BY id"),
                 "run ids": rows("SELECT last_value, is_called FROM flowq.run_id_seq"),
                 "version": rows("SELECT * FROM flowq.alembic_version"),

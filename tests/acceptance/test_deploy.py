@@ -37,7 +37,7 @@ ACTIVE = "status IN ('pending', 'running', 'waiting')"
 
 
 def _active(engine: sa.Engine, runs: list[int]) -> int:
-    return int(scalar(engine, f"SELECT count(*) FROM flowq.jobs WHERE {ACTIVE} "
+    return int(scalar(engine, f"SELECT count(*) FROM flowq.steps WHERE {ACTIVE} "
                       "AND run_id = ANY(:r)", r=runs))
 
 
@@ -63,7 +63,7 @@ def test_a_deploy_under_runs_in_flight(engine: sa.Engine, db_url: str,
                timeout=120, interval=0.2, message="A to run the 1,000 first steps")
 
     # 1. The check names exactly the runs B cannot continue.
-    wait_until(lambda: scalar(engine, "SELECT count(*) FROM flowq.jobs WHERE status = "
+    wait_until(lambda: scalar(engine, "SELECT count(*) FROM flowq.steps WHERE status = "
                               "'pending'") == 1_200, timeout=30, message="1,200 steps waiting")
     report = check_deploy(engine, deploy_b.app)
     assert not report.ok
@@ -82,12 +82,12 @@ def test_a_deploy_under_runs_in_flight(engine: sa.Engine, db_url: str,
     with engine.begin() as conn:  # new runs start on the newest version, B's version 2
         newest = [deploy_b.versioned.enqueue(conn, n=i).id for i in range(20)]
     wait_until(lambda: _active(engine, newest) == 20 and scalar(
-        engine, "SELECT count(*) FROM flowq.jobs WHERE step = 'w_b' AND status = 'pending'")
+        engine, "SELECT count(*) FROM flowq.steps WHERE step = 'w_b' AND status = 'pending'")
         == 20, timeout=60, message="B to run the new runs' first steps")
     _release(engine, one + newest)
     wait_until(lambda: _active(engine, one + newest) == 0, timeout=180, interval=0.5,
                message="batch 1 to finish with A and B live")
-    assert scalar(engine, "SELECT count(*) FROM flowq.jobs WHERE status = 'dead'") == 0
+    assert scalar(engine, "SELECT count(*) FROM flowq.steps WHERE status = 'dead'") == 0
     ran = Counter((r.step, r.release) for r in rows(
         engine, "SELECT l.step, l.release FROM deploy_ledger l WHERE l.run_id = ANY(:r)",
         r=one))
@@ -96,7 +96,7 @@ def test_a_deploy_under_runs_in_flight(engine: sa.Engine, db_url: str,
             assert ran[step, "A"] == PER_BATCH and ran[step, "B"] == 0, (step, ran)
         assert ran[LAST[name], "A"] + ran[LAST[name], "B"] == PER_BATCH, name
     assert ran["v_b", "A"] + ran["v_b", "B"] == PER_BATCH
-    handed = scalar(engine, "SELECT count(*) FROM flowq.jobs WHERE run_id = ANY(:r) "
+    handed = scalar(engine, "SELECT count(*) FROM flowq.steps WHERE run_id = ANY(:r) "
                     "AND last_error LIKE 'left to worker %'", r=one)
     assert handed > 0  # B claimed some of them and left them to A
     assert scalar(engine, "SELECT count(*) FROM deploy_ledger WHERE step = 'w_c' AND "
@@ -111,7 +111,7 @@ def test_a_deploy_under_runs_in_flight(engine: sa.Engine, db_url: str,
     wait_until(lambda: _active(engine, two) == 0, timeout=180, interval=0.5,
                message="batch 2 to end with B alone")
     dead = rows(engine, "SELECT j.task, j.step, j.run_id, j.attempts, j.last_error "
-                "FROM flowq.jobs j WHERE j.status = 'dead'")
+                "FROM flowq.steps j WHERE j.status = 'dead'")
     assert Counter(d.task for d in dead) == {
         "chain": PER_BATCH, "rename": PER_BATCH, "argchange": PER_BATCH,
         "fanin": 2 * PER_BATCH}

@@ -60,7 +60,7 @@ def ledger(engine: sa.Engine, table: str, run_id: int) -> list[tuple[str, int]]:
 
 
 def status(engine: sa.Engine, run_id: int) -> str:
-    return str(scalar(engine, "SELECT status FROM flowq.jobs WHERE run_id = :r", r=run_id))
+    return str(scalar(engine, "SELECT status FROM flowq.steps WHERE run_id = :r", r=run_id))
 
 
 def test_a_step_killed_after_its_third_checkpoint_runs_only_the_fourth_and_fifth_again(
@@ -82,7 +82,7 @@ def test_a_step_killed_after_its_third_checkpoint_runs_only_the_fourth_and_fifth
     assert ledger(engine, "durable_effects", run_id) == [
         ("c1", 1), ("c2", 1), ("c3", 1), ("c4", 2), ("c5", 2)]
     assert recorded(engine, run_id) == ["c1", "c2", "c3", "c4", "c5"]
-    job = rows(engine, "SELECT attempts, result FROM flowq.jobs WHERE run_id = :r", r=run_id)[0]
+    job = rows(engine, "SELECT attempts, result FROM flowq.steps WHERE run_id = :r", r=run_id)[0]
     assert job.attempts == 2 and job.result == {"by": [1, 1, 1, 2, 2]}
 
 
@@ -113,7 +113,7 @@ def test_a_zombie_records_no_checkpoint_and_commits_none_of_its_writes(
     assert ledger(engine, "durable_effects", run_id) == [
         ("c1", 1), ("c2", 1), ("c3", 2), ("c4", 2), ("c5", 2)]
     assert recorded(engine, run_id) == ["c1", "c2", "c3", "c4", "c5"]
-    assert scalar(engine, "SELECT result FROM flowq.jobs WHERE run_id = :r",
+    assert scalar(engine, "SELECT result FROM flowq.steps WHERE run_id = :r",
                   r=run_id) == {"by": [1, 1, 2, 2, 2]}
 
 
@@ -129,7 +129,7 @@ def test_a_thousand_sleepers_hold_no_slot_survive_a_restart_and_spend_no_attempt
 
     def asleep() -> int:
         nonlocal asleep_at_once
-        n = int(scalar(engine, "SELECT count(*) FROM flowq.jobs WHERE status = 'pending' "
+        n = int(scalar(engine, "SELECT count(*) FROM flowq.steps WHERE status = 'pending' "
                                "AND run_at > now()"))
         asleep_at_once = max(asleep_at_once, n)
         return n
@@ -147,7 +147,7 @@ def test_a_thousand_sleepers_hold_no_slot_survive_a_restart_and_spend_no_attempt
 
     def finished() -> bool:
         asleep()
-        return int(scalar(engine, "SELECT count(*) FROM flowq.jobs WHERE status = 'succeeded'"
+        return int(scalar(engine, "SELECT count(*) FROM flowq.steps WHERE status = 'succeeded'"
                           )) == 1000
 
     wait_until(finished, timeout=180, interval=0.05, message="all 1,000 runs succeeded")
@@ -159,7 +159,7 @@ def test_a_thousand_sleepers_hold_no_slot_survive_a_restart_and_spend_no_attempt
                count(*) FILTER (WHERE j.finished_at >= (k.result->>'until')::timestamptz)
                    AS after_deadline,
                count(DISTINCT k.run_id) AS slept
-          FROM flowq.jobs j JOIN flowq.checkpoints k
+          FROM flowq.steps j JOIN flowq.checkpoints k
             ON k.run_id = j.run_id AND k.name = 'flowq.sleep.0'
          WHERE j.run_id = ANY(:ids)""", ids=run_ids)[0]
     assert tuple(summary) == (1000, 1000, 1000, 1000, 1000)

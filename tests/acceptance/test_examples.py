@@ -35,7 +35,7 @@ def test_the_example_never_reads_the_environment(db_url: str, engine: Any) -> No
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "starting an embedded PostgreSQL" in proc.stdout
     with engine.connect() as conn:
-        rows = conn.execute(sa.text("SELECT task, status, attempts FROM flowq.jobs")).all()
+        rows = conn.execute(sa.text("SELECT task, status, attempts FROM flowq.steps")).all()
         tables = conn.execute(sa.text("SELECT count(*) FROM pg_tables WHERE schemaname = "
                                       "'public'")).scalar()
     assert [tuple(r) for r in rows] == [("someone_elses_task", "pending", 0)]

@@ -271,7 +271,7 @@ def test_failover_mid_drain_and_mid_enqueue(pair: Pair, spawn_worker: Any,
     thread.join(timeout=30)
 
     def drained() -> bool:
-        return not scalar(new, "SELECT count(*) FROM flowq.jobs WHERE status NOT IN "
+        return not scalar(new, "SELECT count(*) FROM flowq.steps WHERE status NOT IN "
                                "('succeeded', 'dead', 'cancelled')")
 
     wait_until(drained, timeout=TIMEOUT, interval=0.2, message="everything drained")
@@ -287,18 +287,18 @@ def test_failover_mid_drain_and_mid_enqueue(pair: Pair, spawn_worker: Any,
              "WHERE at > :t GROUP BY pid", t=promoted_at)]
     # The business rows and their jobs: one to one, whatever was lost.
     orders = {r.n: r.job_id for r in rows(new, "SELECT n, job_id FROM fo_orders")}
-    record_jobs = {r.id for r in rows(new, "SELECT id FROM flowq.jobs WHERE task = 'fo_record'"
+    record_jobs = {r.id for r in rows(new, "SELECT id FROM flowq.steps WHERE task = 'fo_record'"
                                            " AND (args->>'n')::bigint >= :s", s=10**6)}
     assert set(orders.values()) == record_jobs, "a business row without its job, or back"
     lost = {n for n in producer.committed if n not in orders}
     if lossless:
         assert not lost, f"{len(lost)} enqueues that committed are gone after failover"
-    statuses = dict(rows(new, "SELECT status, count(*) FROM flowq.jobs GROUP BY 1"))
+    statuses = dict(rows(new, "SELECT status, count(*) FROM flowq.steps GROUP BY 1"))
     assert set(statuses) == {"succeeded"}, statuses
     doubles = rows(new, "SELECT job_id, step, count(*) FROM fo_ledger GROUP BY 1, 2 "
                         "HAVING count(*) > 1")
     assert not doubles, f"ledger rows written twice: {doubles[:5]}"
-    missing = scalar(new, "SELECT count(*) FROM flowq.jobs j WHERE task IN ('fo_record', "
+    missing = scalar(new, "SELECT count(*) FROM flowq.steps j WHERE task IN ('fo_record', "
                           "'fo_pipe') AND NOT EXISTS (SELECT 1 FROM fo_ledger l WHERE "
                           "l.job_id = j.id)")
     assert missing == 0, f"{missing} succeeded jobs without their ledger row"

@@ -242,7 +242,7 @@ def test_workers_drain_a_ledger_through_pgbouncer(pgbouncer: str, db_url: str,
     def settled() -> bool:
         with engine.connect() as conn:
             counts = {r[0]: r[1] for r in conn.execute(sa.text(
-                "SELECT status, count(*) FROM flowq.jobs GROUP BY status"))}
+                "SELECT status, count(*) FROM flowq.steps GROUP BY status"))}
         for w in (polling, listening):
             assert w.proc.poll() is None, f"a worker exited:\n{w.log()[-3000:]}"
         return counts == {"succeeded": JOBS}
@@ -252,7 +252,7 @@ def test_workers_drain_a_ledger_through_pgbouncer(pgbouncer: str, db_url: str,
     with engine.connect() as conn:
         # Exactly once: one ledger row per succeeded job, none for anything else.
         wrong = conn.execute(sa.text("""
-            SELECT j.id, count(l.job_id) FROM flowq.jobs j
+            SELECT j.id, count(l.job_id) FROM flowq.steps j
             LEFT JOIN pgb_ledger l ON l.job_id = j.id
             GROUP BY j.id HAVING count(l.job_id) <> 1""")).all()
         assert not wrong, f"jobs without exactly one ledger row: {wrong[:20]}"
@@ -278,7 +278,7 @@ def test_workers_drain_a_ledger_through_pgbouncer(pgbouncer: str, db_url: str,
     def extra_done() -> bool:
         with engine.connect() as conn:
             return conn.execute(sa.text(
-                "SELECT count(*) FILTER (WHERE status = 'succeeded') FROM flowq.jobs")
+                "SELECT count(*) FILTER (WHERE status = 'succeeded') FROM flowq.steps")
                 ).scalar() == JOBS + 1
 
     wait_until(extra_done, timeout=30, interval=0.1, message="the job enqueued last")
@@ -294,7 +294,7 @@ def test_workers_drain_a_ledger_through_pgbouncer(pgbouncer: str, db_url: str,
 
     with engine.connect() as conn:
         assert conn.execute(sa.text(
-            "SELECT count(*) FROM flowq.jobs WHERE status <> 'succeeded'")).scalar() == 0
+            "SELECT count(*) FROM flowq.steps WHERE status <> 'succeeded'")).scalar() == 0
         assert conn.execute(sa.text("SELECT count(*) FROM flowq.workers")).scalar() == 0
     assert prepared_statements_left(pgbouncer) == []
 
@@ -329,7 +329,7 @@ def test_enqueue_through_pgbouncer_needs_no_prepared_statements(pgbouncer: str,
                     "SELECT count(*) FROM pg_prepared_statements")).scalar()
                 assert prepared == 0
         with pooled.connect() as conn:
-            assert conn.execute(sa.text("SELECT count(*) FROM flowq.jobs")).scalar() == 20
+            assert conn.execute(sa.text("SELECT count(*) FROM flowq.steps")).scalar() == 20
     finally:
         pooled.dispose()
 

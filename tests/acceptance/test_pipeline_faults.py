@@ -67,12 +67,12 @@ def enqueue_relays(engine: sa.Engine, n: int, *, start: int = 0, stagger: float 
 
 
 def steps_succeeded(engine: sa.Engine) -> int:
-    return int(query(engine, "SELECT count(*) FROM flowq.jobs WHERE status = 'succeeded'")[0][0])
+    return int(query(engine, "SELECT count(*) FROM flowq.steps WHERE status = 'succeeded'")[0][0])
 
 
 def steps_in_flight(engine: sa.Engine) -> set[int]:
     """The step indexes at which some run is waiting or running."""
-    return {r[0] for r in query(engine, "SELECT DISTINCT step_index FROM flowq.jobs "
+    return {r[0] for r in query(engine, "SELECT DISTINCT step_index FROM flowq.steps "
                                         "WHERE status IN ('pending', 'running')")}
 
 

@@ -60,11 +60,11 @@ def test_500_runs_with_a_step_failing_twice_all_succeed_once(
         spawn_worker("pipeline_app:app", db_url, "--concurrency", "8", "--no-job-log",
                      *FAST_POLL)
 
-    wait_until(lambda: scalar(ledger, "SELECT count(*) FROM flowq.jobs WHERE step = 'finish' "
+    wait_until(lambda: scalar(ledger, "SELECT count(*) FROM flowq.steps WHERE step = 'finish' "
                                       "AND status = 'succeeded'") == 500,
                timeout=240, interval=0.2, message="500 runs to finish")
 
-    by_step = rows(ledger, "SELECT step, status, attempts, count(*) AS n FROM flowq.jobs "
+    by_step = rows(ledger, "SELECT step, status, attempts, count(*) AS n FROM flowq.steps "
                            "GROUP BY 1, 2, 3 ORDER BY 1")
     assert {(r.step, r.status, r.attempts, r.n) for r in by_step} == {
         ("create", "succeeded", 1, 500), ("flaky", "succeeded", 3, 500),
@@ -75,7 +75,7 @@ def test_500_runs_with_a_step_failing_twice_all_succeed_once(
     assert ledger_counts(ledger, "finish") == expected
     # Step 3 received step 2's output, and the run's result is step 3's.
     mismatched = scalar(ledger, """
-        SELECT count(*) FROM flowq.jobs f JOIN flowq.jobs s
+        SELECT count(*) FROM flowq.steps f JOIN flowq.steps s
           ON s.run_id = f.run_id AND s.step = 'finish'
          WHERE f.step = 'flaky'
            AND (s.args <> f.result OR s.result->>'done' <> f.result->>'token'
@@ -95,7 +95,7 @@ def test_sigkill_during_step_two_every_run_finishes_with_steps_once(
                                      [{"n": i, "sleep": 1.5} for i in range(40)])
     first = spawn_worker("pipeline_app:app", db_url, "--concurrency", "20", *FAST_POLL,
                          *FAST_REAP)
-    wait_until(lambda: scalar(ledger, "SELECT count(*) FROM flowq.jobs WHERE step = 'flaky' "
+    wait_until(lambda: scalar(ledger, "SELECT count(*) FROM flowq.steps WHERE step = 'flaky' "
                                       "AND status = 'running'") >= 10,
                timeout=60, message="step two of many runs to be running")
     first.signal(signal.SIGKILL)
@@ -104,7 +104,7 @@ def test_sigkill_during_step_two_every_run_finishes_with_steps_once(
     assert killed
 
     spawn_worker("pipeline_app:app", db_url, "--concurrency", "20", *FAST_POLL, *FAST_REAP)
-    wait_until(lambda: scalar(ledger, "SELECT count(*) FROM flowq.jobs WHERE step = 'finish' "
+    wait_until(lambda: scalar(ledger, "SELECT count(*) FROM flowq.steps WHERE step = 'finish' "
                                       "AND status = 'succeeded'") == 40,
                timeout=120, interval=0.2, message="all runs to finish")
 

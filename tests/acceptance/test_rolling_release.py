@@ -228,7 +228,7 @@ def _roll_out(engine: sa.Engine, url: str, old: Release, new: Release,
         conn.exec_driver_sql(LEDGER_DDL)
     enq = old.run("-c", ENQUEUE, url, str(OLD_RECORDS), str(OLD_FLOWS), "0.1")
     assert enq.returncode == 0 and "flowq-0006" in enq.stdout, enq
-    backlog_runs = scalar(engine, "SELECT max(run_id) FROM flowq.jobs")
+    backlog_runs = scalar(engine, "SELECT max(run_id) FROM flowq.steps")
 
     old_workers = [start(old, url) for _ in range(2)]
     _listening(engine, *old_workers)
@@ -241,7 +241,7 @@ def _roll_out(engine: sa.Engine, url: str, old: Release, new: Release,
     holder_engine = sa.create_engine(url, poolclass=sa.pool.NullPool,
                                      connect_args={"application_name": "rolling-report"})
     holder = holder_engine.connect()
-    holder.execute(sa.text("SELECT count(*) FROM flowq.jobs"))
+    holder.execute(sa.text("SELECT count(*) FROM flowq.steps"))
     migrate_since = _db_now(engine)
     clock = time.monotonic()
     migrate_log = tmp_path / "migrate.log"
@@ -280,7 +280,7 @@ def _roll_out(engine: sa.Engine, url: str, old: Release, new: Release,
                        "AND at > :t", t=migrate_until)
 
     # Midway: one old worker stopped as a deploy stops it, the other killed outright.
-    pending = scalar(engine, "SELECT count(*) FROM flowq.jobs WHERE status <> 'succeeded'")
+    pending = scalar(engine, "SELECT count(*) FROM flowq.steps WHERE status <> 'succeeded'")
     termed, killed = old_workers
     wait_until(lambda: held_by(engine, killed.pid), timeout=30, interval=0.01,
                message="the old worker to be killed holding jobs")
@@ -290,21 +290,21 @@ def _roll_out(engine: sa.Engine, url: str, old: Release, new: Release,
     killed.wait(timeout=10)
 
     total_jobs = OLD_RECORDS + NEW_RECORDS + len(STEPS) * (OLD_FLOWS + NEW_FLOWS)
-    wait_until(lambda: scalar(engine, "SELECT count(*) FROM flowq.jobs WHERE status = "
+    wait_until(lambda: scalar(engine, "SELECT count(*) FROM flowq.steps WHERE status = "
                               "'succeeded'") == total_jobs, timeout=90,
                message="every job succeeded")
     stop_workers(*new_workers)
 
     ledger = rows(engine, "SELECT job_id, run_id, step, release FROM rolling_ledger")
     jobs = rows(engine, "SELECT id, run_id, coalesce(step, task) AS step, status "
-                        "FROM flowq.jobs")
+                        "FROM flowq.steps")
     per_job: dict[int, int] = {}
     for r in ledger:
         per_job[r.job_id] = per_job.get(r.job_id, 0) + 1
     doubles = sum(1 for c in per_job.values() if c > 1)
     lost = sum(1 for j in jobs if per_job.get(j.id, 0) == 0)
     not_final = [j for j in jobs if j.status != "succeeded"]
-    flows = rows(engine, "SELECT run_id, count(*) AS steps FROM flowq.jobs WHERE task = 'flow' "
+    flows = rows(engine, "SELECT run_id, count(*) AS steps FROM flowq.steps WHERE task = 'flow' "
                          "GROUP BY run_id")
     by_release = {rel: sum(1 for r in ledger if r.release == rel) for rel in ("old", "new")}
     gap = _longest_gap(engine, migrate_since, migrate_until, backlog_runs)

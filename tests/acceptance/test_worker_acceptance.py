@@ -50,7 +50,7 @@ def enqueue_records(engine: sa.Engine, n: int, *, sleep: float = 0.0, start: int
 def status_counts(engine: sa.Engine) -> dict[str, int]:
     with engine.connect() as conn:
         return dict(conn.execute(sa.text(  # type: ignore[arg-type]
-            "SELECT status, count(*) FROM flowq.jobs GROUP BY status")).all())
+            "SELECT status, count(*) FROM flowq.steps GROUP BY status")).all())
 
 
 def all_succeeded(engine: sa.Engine, n: int) -> Callable[[], bool]:
@@ -62,11 +62,11 @@ def assert_ledger_exact(engine: sa.Engine, task: str = "record") -> int:
     with engine.connect() as conn:
         per_job = conn.execute(sa.text("""
             SELECT j.id, j.status, count(l.job_id) AS n
-              FROM flowq.jobs j LEFT JOIN ledger l ON l.job_id = j.id
+              FROM flowq.steps j LEFT JOIN ledger l ON l.job_id = j.id
              WHERE j.task = :task GROUP BY j.id, j.status"""), {"task": task}).all()
         orphans = conn.execute(sa.text(
             "SELECT count(*) FROM ledger l WHERE NOT EXISTS "
-            "(SELECT 1 FROM flowq.jobs j WHERE j.id = l.job_id)")).scalar()
+            "(SELECT 1 FROM flowq.steps j WHERE j.id = l.job_id)")).scalar()
     wrong = [(r.id, r.status, r.n) for r in per_job if r.n != (r.status == "succeeded")]
     assert not wrong, f"ledger rows per job are not one per succeeded job: {wrong[:20]}"
     assert orphans == 0

@@ -125,7 +125,7 @@ def test_hostile_outcomes_never_wedge_the_worker(ledger: sa.Engine, db_url: str,
     for name in far_retries:
         far = rows[hostile[name]]
         assert (far.status, far.attempts) == ("pending", 1), name
-        assert scalar(ledger, "SELECT run_at > now() + interval '300 days' FROM flowq.jobs "
+        assert scalar(ledger, "SELECT run_at > now() + interval '300 days' FROM flowq.steps "
                           "WHERE id = :j", j=far.id), name
     # Still claiming: nothing is stuck in the completer or holding a slot.
     more = [enqueue(ledger, ha.record, n=100 + i) for i in range(10)]

@@ -95,7 +95,7 @@ def wait_finished(engine: sa.Engine, run_ids: Sequence[int], *, leaf: str,
         left, leaves = query(engine, """
             SELECT count(*) FILTER (WHERE status IN ('pending', 'running', 'waiting')),
                    count(*) FILTER (WHERE step = :leaf AND status = 'succeeded')
-              FROM flowq.jobs WHERE run_id = ANY(:ids)""", ids=ids, leaf=leaf)[0]
+              FROM flowq.steps WHERE run_id = ANY(:ids)""", ids=ids, leaf=leaf)[0]
         return left == 0 and leaves == len(ids)
 
     try:
@@ -173,7 +173,7 @@ def assert_diamonds_exact(engine: sa.Engine, run_ids: Sequence[int], ns: Sequenc
 def assert_one_row_per_step(engine: sa.Engine, run_ids: Sequence[int]) -> None:
     """flowq.jobs holds no (run_id, step) twice, map instances apart (one per map_index)."""
     twice = query(engine, """
-        SELECT run_id, step, map_index, count(*) FROM flowq.jobs WHERE run_id = ANY(:ids)
+        SELECT run_id, step, map_index, count(*) FROM flowq.steps WHERE run_id = ANY(:ids)
          GROUP BY run_id, step, map_index HAVING count(*) > 1""", ids=list(run_ids))
     assert not twice, f"steps created more than once: {twice[:20]}"
 
@@ -211,7 +211,7 @@ def test_sigkill_mid_diamonds_every_join_once(ledger: sa.Engine, db_url: str,
     victim = rng.choice(workers)
 
     def mid_run() -> list[Row]:
-        if scalar(ledger, "SELECT count(*) FROM flowq.jobs WHERE status = 'succeeded'") \
+        if scalar(ledger, "SELECT count(*) FROM flowq.steps WHERE status = 'succeeded'") \
                 < progress:
             return []
         held = held_by(ledger, victim.pid)
@@ -346,7 +346,7 @@ def test_sigkill_mid_map_creates_and_counts_each_instance_once(
         victim = rng.choice(workers)
 
         def mid_map() -> list[Row]:
-            if scalar(ledger, "SELECT count(*) FROM flowq.jobs WHERE step = 'work' AND "
+            if scalar(ledger, "SELECT count(*) FROM flowq.steps WHERE step = 'work' AND "
                               "status = 'succeeded'") < progress:
                 return []
             return [r for r in held_by(ledger, victim.pid) if r.step == "work"]
@@ -423,7 +423,7 @@ def test_signals_across_processes(ledger: sa.Engine, db_url: str,
             assert flowq.signal(conn, run_id, "approval", payloads[run_id]).created
 
     def waiting(run_id: int) -> bool:
-        return bool(query(ledger, "SELECT 1 FROM flowq.jobs WHERE run_id = :r AND step = "
+        return bool(query(ledger, "SELECT 1 FROM flowq.steps WHERE run_id = :r AND step = "
                                   "'publish' AND status = 'waiting'", r=run_id))
 
     wait_until(lambda: waiting(late) and waiting(rb_late), timeout=60,
@@ -437,7 +437,7 @@ def test_signals_across_processes(ledger: sa.Engine, db_url: str,
 
     delivered = [early, late, *racing]
     wait_finished(ledger, delivered, leaf="publish", timeout=120)
-    wait_until(lambda: query(ledger, "SELECT status FROM flowq.jobs WHERE run_id = :r AND "
+    wait_until(lambda: query(ledger, "SELECT status FROM flowq.steps WHERE run_id = :r AND "
                                      "step = 'hurry'", r=hasty) == [("dead",)],
                timeout=60, message="`hurry` to time out")
     # A run that finished takes no signal, not even the same one again.

@@ -33,7 +33,7 @@ def run(db_url: str, fn: Callable[[AsyncEngine], Awaitable[T]]) -> T:
 def _rows(engine: sa.Engine) -> list[sa.Row[Any]]:
     with engine.connect() as c:
         return list(c.execute(sa.text(
-            "SELECT run_id, task, queue, args FROM flowq.jobs ORDER BY id")))
+            "SELECT run_id, task, queue, args FROM flowq.steps ORDER BY id")))
 
 
 def test_flowq_does_not_import_the_async_module() -> None:

@@ -182,7 +182,7 @@ def test_pipeline_is_enqueued_at_its_first_step(app: flowq.FlowQ, engine: sa.Eng
         flowq.enqueue(conn, flow, x=1)
     with engine.connect() as c:
         row = c.execute(sa.text(
-            "SELECT task, step, queue, priority, max_attempts FROM flowq.jobs")).one()
+            "SELECT task, step, queue, priority, max_attempts FROM flowq.steps")).one()
     assert tuple(row) == ("flow", "first", "first_q", 4, 3)
 
 

@@ -85,7 +85,7 @@ def rows(conn: sa.Connection, run_id: int) -> list[dict[str, Any]]:
     got = conn.execute(sa.text(
         "SELECT step, status, attempts, max_attempts, result, last_error, "
         "       extract(epoch FROM run_at - now()) AS due_in "
-        "  FROM flowq.jobs WHERE run_id = :run ORDER BY id"), {"run": run_id})
+        "  FROM flowq.steps WHERE run_id = :run ORDER BY id"), {"run": run_id})
     return [{"step": r.step, "status": r.status, "attempts": r.attempts,
              "max_attempts": r.max_attempts, "result": r.result,
              "error": (r.last_error or "").splitlines()[0] if r.last_error else None,

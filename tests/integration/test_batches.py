@@ -270,12 +270,12 @@ def test_a_batch_of_200_runs_survives_a_sigkilled_worker(
         succeeded = conn.execute(sa.text("SELECT count(DISTINCT run_id) FROM ledger")).scalar()
         written = conn.execute(sa.text("SELECT count(*) FROM ledger")).scalar()
         dead = conn.execute(sa.text(
-            "SELECT count(DISTINCT run_id) FROM flowq.jobs WHERE task = 'item' "
+            "SELECT count(DISTINCT run_id) FROM flowq.steps WHERE task = 'item' "
             "AND status = 'dead'")).scalar()
         unfinished = conn.execute(sa.text(
-            "SELECT count(*) FROM flowq.jobs WHERE status IN ('pending', 'running', "
+            "SELECT count(*) FROM flowq.steps WHERE status IN ('pending', 'running', "
             "'waiting') AND task = 'item'")).scalar()
-        fired = conn.execute(sa.text("SELECT count(*) FROM flowq.jobs WHERE task = 'finished'"
+        fired = conn.execute(sa.text("SELECT count(*) FROM flowq.steps WHERE task = 'finished'"
                                      )).scalar()
     assert unfinished == 0
     assert succeeded == written == 180 and dead == 20  # each success written once

@@ -223,7 +223,7 @@ def test_a_sleep_gives_its_attempt_back_and_resumes_past_its_checkpoints(
     job = the_job(engine, run_id)
     assert job.status == "pending" and job.attempts == 0 and job.last_error is None
     with engine.connect() as conn:
-        due_in = conn.execute(sa.text("SELECT extract(epoch FROM run_at - now()) FROM flowq.jobs"
+        due_in = conn.execute(sa.text("SELECT extract(epoch FROM run_at - now()) FROM flowq.steps"
                                       " WHERE run_id = :r"), {"r": run_id}).scalar_one()
     assert 25 < due_in <= 30
     (sleep,) = [s for s in stored(engine, run_id) if s[0] == "flowq.sleep.0"]

@@ -173,7 +173,7 @@ def test_jobs_claimed_ahead_are_handed_back_at_shutdown_with_their_attempt(
     with w.running():
         wait_until(lambda: w.executor.active == 2 and w.executor.ready == 3, timeout=10,
                    message="2 running and 3 claimed ahead")
-        assert scalar(engine, "SELECT count(*) FROM flowq.jobs WHERE status = 'running'") == 5
+        assert scalar(engine, "SELECT count(*) FROM flowq.steps WHERE status = 'running'") == 5
         w.stop()
         # The shutdown takes the ready ones back before the running ones finish.
         wait_until(lambda: w.executor.ready == 0, timeout=10, message="the ready ones taken")
@@ -194,10 +194,10 @@ def test_jobs_claimed_ahead_that_wait_too_long_are_handed_back(
             # reset to nothing, so the worker holds just its running job.
             wait_until(lambda: w.executor.active == 1 and w.executor.ready == 0
                        and w.producer.ahead == 0, timeout=10, message="the stale ones handed back")
-            wait_until(lambda: scalar(engine, "SELECT count(*) FROM flowq.jobs "
+            wait_until(lambda: scalar(engine, "SELECT count(*) FROM flowq.steps "
                                               "WHERE status = 'running'") == 1,
                        timeout=10, message="one row running")
-            assert scalar(engine, "SELECT count(*) FROM flowq.jobs WHERE status = 'pending' "
+            assert scalar(engine, "SELECT count(*) FROM flowq.steps WHERE status = 'pending' "
                                   "AND attempts = 0") == 5
             release.set()
             wait_until(lambda: {r.status for r in job_rows(engine)} == {"succeeded"},
@@ -250,7 +250,7 @@ def test_a_worker_whose_jobs_turn_slow_does_not_hoard_them(engine: sa.Engine, db
     assert len(slow_per_worker) == 2 and min(slow_per_worker.values()) >= 4, slow_per_worker
     with engine.connect() as c:
         attempts = {r.attempts for r in c.execute(sa.text(
-            "SELECT attempts FROM flowq.jobs WHERE id = ANY(:ids)"), {"ids": slow})}
+            "SELECT attempts FROM flowq.steps WHERE id = ANY(:ids)"), {"ids": slow})}
     assert attempts == {1}  # a hand-back gives the attempt back
     assert json.dumps(sorted(slow_per_worker.values()))  # (printed on failure above)
 

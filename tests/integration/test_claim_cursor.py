@@ -200,7 +200,7 @@ def test_two_workers_under_hostile_inserts_claim_every_due_job_once_and_soon(
             w.now += 0.1
     with engine.connect() as conn:
         due = set(conn.execute(sa.text(
-            "SELECT id FROM flowq.jobs WHERE run_at <= now()")).scalars())
+            "SELECT id FROM flowq.steps WHERE run_at <= now()")).scalars())
     claimed = [j.id for w in workers for j in w.got]
     assert len(claimed) == len(set(claimed)), "a job claimed twice"
     assert due <= set(claimed), f"never claimed: {sorted(due - set(claimed))}"

@@ -470,7 +470,7 @@ def test_a_run_with_10000_map_instances_is_capped(engine: sa.Engine) -> None:
         " max_attempts, args, result, map_index) "
         "SELECT run_id, task, 'each', 1, queue, 'succeeded', 1, 1,"
         " jsonb_build_object('item', g, 'pad', repeat('x', 100)), to_jsonb(g), g "
-        "FROM flowq.jobs, generate_series(0, 9999) g WHERE run_id = :r"))
+        "FROM flowq.steps, generate_series(0, 9999) g WHERE run_id = :r"))
     rows = r.text.count("<tr")
     print(f"\nrun of 10,001 steps: {r.status_code}, page {len(r.content):,} bytes, "
           f"{rows} table rows, {took:.2f} s")
@@ -494,7 +494,7 @@ def test_a_run_page_with_fat_steps_stays_bounded(engine: sa.Engine) -> None:
         "SELECT run_id, task, 'each', 1, queue, 'dead', 1, 1,"
         " jsonb_build_object('s', repeat('<', 25000)), to_jsonb(repeat('\"', 25000)),"
         " repeat('&', 25000), g "
-        "FROM flowq.jobs, generate_series(0, 199) g WHERE run_id = :r"))
+        "FROM flowq.steps, generate_series(0, 199) g WHERE run_id = :r"))
     print(f"\nrun of 200 steps with 25 kB values: {r.status_code}, "
           f"page {len(r.content):,} bytes, {took:.2f} s")
     assert r.status_code == 200

@@ -67,13 +67,13 @@ def make_app() -> flowq.FlowQ:
 def deadlines(engine: sa.Engine, run_id: int) -> list[Any]:
     with engine.connect() as conn:
         return [r.deadline for r in conn.execute(sa.text(
-            "SELECT deadline FROM flowq.jobs WHERE run_id = :r ORDER BY id"), {"r": run_id})]
+            "SELECT deadline FROM flowq.steps WHERE run_id = :r ORDER BY id"), {"r": run_id})]
 
 
 def seconds_left(engine: sa.Engine, run_id: int) -> float:
     with engine.connect() as conn:
         return float(conn.execute(sa.text(
-            "SELECT extract(epoch FROM min(deadline) - now()) FROM flowq.jobs "
+            "SELECT extract(epoch FROM min(deadline) - now()) FROM flowq.steps "
             "WHERE run_id = :r"), {"r": run_id}).scalar_one())
 
 

@@ -96,7 +96,7 @@ def _claim(engine: sa.Engine, step: str) -> ClaimedJob:
         return read(ClaimedJob, runner(conn)(queries("flowq").claim_run_jobs, {
             "queue": "default", "limit": 1, "worker": "worker-b",
             "run_ids": [r.run_id for r in rows(
-                engine, "SELECT run_id FROM flowq.jobs WHERE step = :s", s=step)]}))[0]
+                engine, "SELECT run_id FROM flowq.steps WHERE step = :s", s=step)]}))[0]
 
 
 def test_b_leaves_a_job_it_cannot_run_to_a_live_worker_of_a_or_ends_it_dead(
@@ -120,7 +120,7 @@ def test_b_leaves_a_job_it_cannot_run_to_a_live_worker_of_a_or_ends_it_dead(
         assert f"`flowq runs fork {job.run_id}`" in dead.text
         with engine.begin() as conn:  # the hand-over gives the attempt back
             assert write_outcome(Store(runner(conn), "flowq"), job, left) is not None
-        [row] = rows(engine, "SELECT status, attempts, last_error FROM flowq.jobs WHERE id = :i",
+        [row] = rows(engine, "SELECT status, attempts, last_error FROM flowq.steps WHERE id = :i",
                      i=job.id)
         assert (row.status, row.attempts) == ("pending", 0)
         assert row.last_error.startswith("left to worker 'worker-a'")

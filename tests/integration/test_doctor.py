@@ -96,7 +96,7 @@ def held_transaction(db_url: str, name: str, sql: str,
 
 def test_a_long_transaction_on_another_connection_is_reported(engine: sa.Engine,
                                                               db_url: str) -> None:
-    with held_transaction(db_url, "report-builder", "SELECT count(*) FROM flowq.jobs",
+    with held_transaction(db_url, "report-builder", "SELECT count(*) FROM flowq.steps",
                           "REPEATABLE READ") as snapshot_pid, \
             held_transaction(db_url, "batch-writer", "SELECT txid_current()") as xid_pid:
         time.sleep(0.2)

@@ -104,7 +104,7 @@ def test_a_run_records_its_fingerprint_and_its_later_steps_copy_it(
                                  "WHERE status = 'pending'"))
         conn.commit()
     got = {(r.run_id, r.step): r.fingerprint for r in rows(
-        engine, "SELECT run_id, step, fingerprint FROM flowq.jobs")}
+        engine, "SELECT run_id, step, fingerprint FROM flowq.steps")}
     assert {got[chain.id, s] for s in "abc"} == {deploy_a.chain.fingerprint}
     assert {got[fan.id, s] for s in ("x", "y1", "y2", "z")} == {deploy_a.fanin.fingerprint}
     assert got[newest.id, "w_a"] == deploy_b.versioned_v2.fingerprint

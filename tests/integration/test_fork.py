@@ -212,5 +212,5 @@ def test_refusals_are_clear_sentences(engine: sa.Engine, db_url: str) -> None:
     code, _, err = cli(db_url, "fork", str(old), "--from", "nowhere", "--app", "test_fork:app")
     assert code == 2 and "has no step 'nowhere'" in err and "Traceback" not in err
     with engine.connect() as conn:  # nothing was enqueued by the refusals
-        runs = conn.execute(sa.text("SELECT count(DISTINCT run_id) FROM flowq.jobs")).scalar()
+        runs = conn.execute(sa.text("SELECT count(DISTINCT run_id) FROM flowq.steps")).scalar()
     assert runs == 2

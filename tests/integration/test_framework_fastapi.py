@@ -114,7 +114,7 @@ def test_drain_runs_the_pipeline_in_a_rolled_back_transaction(db_url: str,
                         sa.select(Account.id, Account.user_id))).one()
                     assert (shown["account_id"], account.user_id) == (account.id, user_id)
                     steps = (await conn.execute(sa.text(
-                        "SELECT step, status FROM flowq.jobs ORDER BY id"))).all()
+                        "SELECT step, status FROM flowq.steps ORDER BY id"))).all()
                     assert [tuple(s) for s in steps] == [
                         ("create_account", "succeeded"), ("send_welcome", "succeeded"),
                         ("notify_sales", "succeeded")]

@@ -276,12 +276,12 @@ class LifecycleMachine(RuleBasedStateMachine):
             return {r.id: r for r in conn.execute(sa.text("""
                 SELECT *, run_at <= now() AS is_due,
                        heartbeat_at < now() - make_interval(secs => :stale) AS is_stale
-                  FROM flowq.jobs ORDER BY id"""), {"stale": STALE_AFTER})}
+                  FROM flowq.steps ORDER BY id"""), {"stale": STALE_AFTER})}
 
     def run_rows(self, run_id: int) -> list[tuple[Any, ...]]:
         with self.engine.connect() as conn:
             return [tuple(r) for r in conn.execute(sa.text(
-                "SELECT * FROM flowq.jobs WHERE run_id = :r ORDER BY id"), {"r": run_id})]
+                "SELECT * FROM flowq.steps WHERE run_id = :r ORDER BY id"), {"r": run_id})]
 
     def steps_of(self, run_id: int) -> list[Job]:
         return sorted((j for j in self.jobs.values() if j.run_id == run_id),
@@ -302,7 +302,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         and no other claim's (id, lease) matches a running row."""
         with self.engine.connect() as conn:
             rows = conn.execute(sa.text(
-                "SELECT id, lease FROM flowq.jobs WHERE id = ANY(:ids) AND status = 'running'"),
+                "SELECT id, lease FROM flowq.steps WHERE id = ANY(:ids) AND status = 'running'"),
                 {"ids": [c.id for c in claims]}).all()
         running = {(r.id, r.lease) for r in rows}
         for c in claims:
@@ -341,7 +341,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.settled = False
         with self.engine.connect() as conn:
             due = [r.id for r in conn.execute(sa.text("""
-                SELECT id FROM flowq.jobs
+                SELECT id FROM flowq.steps
                  WHERE status = 'pending' AND queue = :q AND run_at <= now()
                  ORDER BY priority, run_at, id"""), {"q": queue})]
         model = [j.id for j in self.jobs.values()
@@ -417,7 +417,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         steps = pipeline(job.task).steps
         with self.engine.connect() as conn:
             found = conn.execute(sa.text("""
-                SELECT id, queue, max_attempts, step FROM flowq.jobs
+                SELECT id, queue, max_attempts, step FROM flowq.steps
                  WHERE run_id = :r AND step_index = :i"""),
                 {"r": job.run_id, "i": job.step_index + 1}).all()
         if job.cancel_requested or job.step_index + 1 >= len(steps):
@@ -773,6 +773,6 @@ def test_a_batch_with_two_claims_of_one_step_inserts_one_successor(engine: sa.En
             "channel": CHANNEL}).all()
         assert [r.id for r in done] == [new.id]  # the fence holds: only the new attempt lands
         steps = conn.execute(sa.text(
-            "SELECT step_index FROM flowq.jobs WHERE run_id = :r ORDER BY step_index"),
+            "SELECT step_index FROM flowq.steps WHERE run_id = :r ORDER BY step_index"),
             {"r": new.run_id}).scalars().all()
     assert steps == [0, 1]  # before the fix: [0, 1, 1]

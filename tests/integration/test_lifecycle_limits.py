@@ -244,7 +244,7 @@ class LimitsMachine(RuleBasedStateMachine):
 
     def rows(self) -> list[Any]:
         with self.engine.connect() as conn:
-            return conn.execute(sa.text("SELECT * FROM flowq.jobs ORDER BY id")).all()
+            return conn.execute(sa.text("SELECT * FROM flowq.steps ORDER BY id")).all()
 
     def read(self, sql: str, **params: Any) -> list[Any]:
         with self.engine.connect() as conn:
@@ -253,7 +253,7 @@ class LimitsMachine(RuleBasedStateMachine):
     def active(self) -> set[int]:
         """The runs with a row pending, running or waiting."""
         return {r.run_id for r in self.read(
-            "SELECT DISTINCT run_id FROM flowq.jobs WHERE status = ANY(:s)",
+            "SELECT DISTINCT run_id FROM flowq.steps WHERE status = ANY(:s)",
             s=list(ACTIVE_STATUSES))}
 
     def signal_sent(self, run_id: int) -> bool:
@@ -262,12 +262,12 @@ class LimitsMachine(RuleBasedStateMachine):
 
     def due_queues(self) -> list[str]:
         return [r.queue for r in self.read(
-            "SELECT DISTINCT queue FROM flowq.jobs WHERE status = 'pending' AND run_at <= now() "
+            "SELECT DISTINCT queue FROM flowq.steps WHERE status = 'pending' AND run_at <= now() "
             "ORDER BY queue")]
 
     def later(self) -> bool:
         """Whether a retry or a wait is due later (time passing changes something)."""
-        return bool(self.read("SELECT 1 FROM flowq.jobs WHERE status IN ('pending', 'waiting') "
+        return bool(self.read("SELECT 1 FROM flowq.steps WHERE status IN ('pending', 'waiting') "
                               "AND run_at > now() LIMIT 1"))
 
     def signal_runs(self, *, live: bool) -> list[int]:
@@ -379,7 +379,7 @@ class LimitsMachine(RuleBasedStateMachine):
         """The serials whose rows run under their lease (where a fenced write must land)."""
         ids = [h.job.id for h in held]
         rows = {(r.id, r.lease) for r in self.read(
-            "SELECT id, lease FROM flowq.jobs WHERE id = ANY(:ids) AND status = 'running'",
+            "SELECT id, lease FROM flowq.steps WHERE id = ANY(:ids) AND status = 'running'",
             ids=ids)}
         return {h.serial for h in held if h.job.claim in rows}
 
@@ -435,7 +435,7 @@ class LimitsMachine(RuleBasedStateMachine):
         with self.engine.begin() as conn:
             conn.execute(sa.text("UPDATE flowq.jobs SET heartbeat_at = now() - interval "
                                  "'1 hour' WHERE id = ANY(:ids)"), {"ids": ids})
-        stale = len(self.read("SELECT id FROM flowq.jobs WHERE status = 'running' AND "
+        stale = len(self.read("SELECT id FROM flowq.steps WHERE status = 'running' AND "
                               "heartbeat_at < now() - make_interval(secs => :s)", s=STALE_AFTER))
         assert Reaper(self.engine, Q, stale_after=STALE_AFTER).run_once() == stale
 
@@ -446,7 +446,7 @@ class LimitsMachine(RuleBasedStateMachine):
         with self.engine.begin() as conn:
             conn.execute(sa.text("UPDATE flowq.jobs SET run_at = now() - interval '1 second' "
                                  "WHERE status IN ('pending', 'waiting') AND run_at > now()"))
-        waiting = len(self.read("SELECT id FROM flowq.jobs WHERE status = 'waiting'"))
+        waiting = len(self.read("SELECT id FROM flowq.steps WHERE status = 'waiting'"))
         assert WaitExpirer(self.engine, Q).run_once() == waiting
 
     def signal(self, run_id: int, payload: Any) -> None:
@@ -455,7 +455,7 @@ class LimitsMachine(RuleBasedStateMachine):
         self.settled = False
         run = self.runs[run_id]
         status = get_run(self.engine, run_id).status
-        reached = self.read("SELECT status FROM flowq.jobs WHERE run_id = :r AND step = "
+        reached = self.read("SELECT status FROM flowq.steps WHERE run_id = :r AND step = "
                             "'gated'", r=run_id)
         before = self.read("SELECT * FROM flowq.signals WHERE run_id = :r", r=run_id)
         with self.engine.connect() as conn:  # a refused signal is rolled back at close
@@ -793,7 +793,7 @@ def test_a_signal_racing_its_timeout_ends_one_way(engine: sa.Engine) -> None:
     m.finish("w1", [late], succeed=True)  # it started without: SignalTimeout, retried
     m.invariants_hold()
     assert m.read("SELECT status, attempts, last_error LIKE 'SignalTimeout%' AS timed_out "
-                  "FROM flowq.jobs WHERE id = :i", i=late.job.id) == [("pending", 1, True)]
+                  "FROM flowq.steps WHERE id = :i", i=late.job.id) == [("pending", 1, True)]
     m.let_time_pass()
     m.finish("w2", [claim_one(m, "w2", "gated")], succeed=True)  # with the payload
     m.invariants_hold()

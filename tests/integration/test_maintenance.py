@@ -71,7 +71,7 @@ def test_reaper_requeues_stale_running_jobs_and_counts_the_attempt(engine: sa.En
     assert rows[fresh].status == "running" and rows[fresh].locked_by == "old-worker"
     assert rows[pending].status == "pending" and rows[pending].last_error is None
     with engine.connect() as conn:  # due at once
-        assert conn.execute(sa.text("SELECT run_at <= now() FROM flowq.jobs WHERE id = :i"),
+        assert conn.execute(sa.text("SELECT run_at <= now() FROM flowq.steps WHERE id = :i"),
                             {"i": stale}).scalar()
     assert Reaper(engine, Q, stale_after=30).run_once() == 0  # nothing left to reap
 
@@ -224,7 +224,7 @@ def test_heartbeat_refreshes_held_jobs_and_reports_lost_ones(engine: sa.Engine) 
     assert sorted(beat.lost) == sorted([reaped, taken])
     with engine.connect() as conn:
         ages: dict[int, float] = dict(conn.execute(sa.text(
-            "SELECT id, extract(epoch FROM now() - heartbeat_at) FROM flowq.jobs "
+            "SELECT id, extract(epoch FROM now() - heartbeat_at) FROM flowq.steps "
             "WHERE heartbeat_at IS NOT NULL")).all())
     assert ages[mine] < 10 and ages[taken] >= 19
 
@@ -254,7 +254,7 @@ def age_entry(engine: sa.Engine, seconds: float, name: str = "old-worker") -> No
 def beat_ages(engine: sa.Engine) -> dict[int, float]:
     with engine.connect() as conn:
         return dict(conn.execute(sa.text(  # type: ignore[arg-type]
-            "SELECT id, extract(epoch FROM now() - heartbeat_at) FROM flowq.jobs "
+            "SELECT id, extract(epoch FROM now() - heartbeat_at) FROM flowq.steps "
             "WHERE heartbeat_at IS NOT NULL")).all())
 
 
@@ -312,12 +312,12 @@ def test_a_beat_of_a_registered_worker_reads_its_jobs_without_writing_them(
     with engine.begin() as conn:
         mine = add_job(conn, status="running", attempts=1, heartbeat_ago=20, lease=11)
         taken = add_job(conn, status="running", attempts=1, heartbeat_ago=20, lease=14)
-        xmin = dict(conn.execute(sa.text("SELECT id, xmin::text FROM flowq.jobs")).all())
+        xmin = dict(conn.execute(sa.text("SELECT id, xmin::text FROM flowq.steps")).all())
     age_entry(engine, 20)
     beat = heartbeat(engine, [(mine, 11), (taken, 13)])
     assert beat.run_once() == 1 and beat.lost == [taken]
     with engine.connect() as conn:
-        assert dict(conn.execute(sa.text("SELECT id, xmin::text FROM flowq.jobs")).all()) == xmin
+        assert dict(conn.execute(sa.text("SELECT id, xmin::text FROM flowq.steps")).all()) == xmin
         assert conn.execute(sa.text("SELECT heartbeat_at > now() - interval '5 seconds' "
                                     "FROM flowq.workers")).scalar_one()
     ages = beat_ages(engine)
@@ -368,7 +368,7 @@ def test_cancellation_and_progress_reach_a_beat_that_writes_no_heartbeat(
         (landed,) = store.heartbeat("old-worker", [(quiet, 11)], {quiet: '{"done": 3}'})
         assert landed.id == quiet
     with engine.connect() as conn:
-        progress = conn.execute(sa.text("SELECT progress FROM flowq.jobs WHERE id = :i"),
+        progress = conn.execute(sa.text("SELECT progress FROM flowq.steps WHERE id = :i"),
                                 {"i": quiet}).scalar_one()
     assert progress["done"] == 3 and "at" in progress
     assert beat_ages(engine)[quiet] >= 19
@@ -380,23 +380,23 @@ def test_cancellation_and_progress_reach_a_beat_that_writes_no_heartbeat(
 def test_pruner_deletes_whole_old_runs_and_keeps_the_rest(engine: sa.Engine) -> None:
     with engine.begin() as conn:
         old = add_job(conn, status="succeeded", finished_ago=5 * DAY)
-        old_run = conn.execute(sa.text("SELECT run_id FROM flowq.jobs WHERE id = :i"),
+        old_run = conn.execute(sa.text("SELECT run_id FROM flowq.steps WHERE id = :i"),
                                {"i": old}).scalar_one()
         add_job(conn, run_id=old_run, status="succeeded", finished_ago=4 * DAY)
         recent = add_job(conn, status="succeeded", finished_ago=DAY)
         cancelled_old = add_job(conn, status="cancelled", finished_ago=5 * DAY)
         # A run whose first step finished long ago but whose next step is still pending.
         half = add_job(conn, status="succeeded", finished_ago=5 * DAY)
-        half_run = conn.execute(sa.text("SELECT run_id FROM flowq.jobs WHERE id = :i"),
+        half_run = conn.execute(sa.text("SELECT run_id FROM flowq.steps WHERE id = :i"),
                                 {"i": half}).scalar_one()
         add_job(conn, run_id=half_run, status="pending")
         # A run with an old step and a recently finished one: kept whole.
         mixed = add_job(conn, status="succeeded", finished_ago=5 * DAY)
-        mixed_run = conn.execute(sa.text("SELECT run_id FROM flowq.jobs WHERE id = :i"),
+        mixed_run = conn.execute(sa.text("SELECT run_id FROM flowq.steps WHERE id = :i"),
                                  {"i": mixed}).scalar_one()
         add_job(conn, run_id=mixed_run, status="succeeded", finished_ago=60)
         running_run = add_job(conn, status="succeeded", finished_ago=5 * DAY)
-        rr = conn.execute(sa.text("SELECT run_id FROM flowq.jobs WHERE id = :i"),
+        rr = conn.execute(sa.text("SELECT run_id FROM flowq.steps WHERE id = :i"),
                           {"i": running_run}).scalar_one()
         add_job(conn, run_id=rr, status="running", attempts=1, heartbeat_ago=1)
     assert Pruner(engine, Q, retention=3 * DAY).run_once() == 3

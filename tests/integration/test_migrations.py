@@ -24,6 +24,7 @@ from flowq.db.migrations import (
     HEAD_REVISION,
     VERSION_TABLE,
     Migrated,
+    compared,
     current_revision,
     downgrade,
     migrate,
@@ -84,15 +85,10 @@ def test_own_version_table_leaves_the_apps_alembic_version_alone(
 
 
 def test_migrated_schema_equals_schema_py(engine: sa.Engine) -> None:
-    def include_name(name: str | None, type_: str, parent_names: object) -> bool:
-        if type_ == "schema":
-            return name == DEFAULT_SCHEMA
-        return not (type_ == "table" and name == VERSION_TABLE)
-
     with engine.connect() as conn:
         ctx = MigrationContext.configure(conn, opts={
             "include_schemas": True,
-            "include_name": include_name,
+            "include_name": compared(DEFAULT_SCHEMA),
             "target_metadata": metadata,
             "compare_type": True,
             "compare_server_default": True,

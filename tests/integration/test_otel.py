@@ -60,12 +60,12 @@ def traces(monkeypatch: pytest.MonkeyPatch) -> Iterator[Traces]:
 def trace_contexts(engine: sa.Engine) -> dict[str, Any]:
     with engine.connect() as c:
         return {f"{r.step}#{r.id}": r.trace_context for r in c.execute(sa.text(
-            "SELECT id, step, trace_context FROM flowq.jobs ORDER BY id"))}
+            "SELECT id, step, trace_context FROM flowq.steps ORDER BY id"))}
 
 
 def finished(engine: sa.Engine, n: int) -> bool:
     with engine.connect() as c:
-        return c.execute(sa.text("SELECT count(*) FROM flowq.jobs WHERE status = 'succeeded'")
+        return c.execute(sa.text("SELECT count(*) FROM flowq.steps WHERE status = 'succeeded'")
                          ).scalar() == n
 
 
@@ -332,7 +332,7 @@ with engine.begin() as conn:
     flowq.enqueue(conn, noop)
 run_until_idle(app, os.environ["FLOWQ_TEST_URL"])
 with engine.connect() as conn:
-    assert list(conn.execute(sa.text("SELECT status, trace_context FROM flowq.jobs"))) == [
+    assert list(conn.execute(sa.text("SELECT status, trace_context FROM flowq.steps"))) == [
         ("succeeded", None)]
 loaded = [m for m, v in sys.modules.items() if m.startswith("opentelemetry") and v is not None]
 assert not loaded, loaded

@@ -35,7 +35,7 @@ FAST = ("--poll-interval", "0.2", "--heartbeat-interval", "0.5", "--stale-after"
 
 
 def running(engine: sa.Engine, queue: str = "lim") -> int:
-    return int(scalar(engine, "SELECT count(*) FROM flowq.jobs WHERE queue = :q "
+    return int(scalar(engine, "SELECT count(*) FROM flowq.steps WHERE queue = :q "
                       "AND status = 'running'", q=queue))
 
 
@@ -210,7 +210,7 @@ def test_permits_are_given_back_when_idle_and_at_shutdown(engine: sa.Engine,
     (w1, got1), (w3, _) = claimers["w1"], claimers["w3"]
     with engine.begin() as c:
         c.execute(sa.text("DELETE FROM flowq.jobs WHERE id > (SELECT min(id) + 2 "
-                          "FROM flowq.jobs)"))
+                          "FROM flowq.steps)"))
     assert w1.run_once(8) == 3  # the queue is empty after: w1 keeps what runs only
     assert held(engine) == {"w1": 3}
     finish(engine, got1[:1])

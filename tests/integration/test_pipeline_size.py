@@ -97,6 +97,6 @@ def test_defining_steps_is_linear(big: Big) -> None:
 def test_the_last_storable_step_index_is_stored(big: Big, engine: sa.Engine) -> None:
     with engine.begin() as conn:
         run = big.pipeline.enqueue(conn)
-        rows = conn.execute(sa.text("SELECT step, step_index FROM flowq.jobs WHERE run_id = :r "
+        rows = conn.execute(sa.text("SELECT step, step_index FROM flowq.steps WHERE run_id = :r "
                                     "ORDER BY step_index"), {"r": run.id}).all()
     assert [tuple(r) for r in rows] == [("s0", 0), ("s32767", 32_767)]

@@ -143,7 +143,7 @@ def test_a_key_that_is_not_a_json_scalar_is_refused_at_enqueue(engine: sa.Engine
         with pytest.raises(flowq.InvalidArgumentsError, match="JSON scalar"):
             b.enqueue(conn, user=1)
         a.enqueue(conn, user="ann")
-        key = conn.execute(sa.text("SELECT concurrency_key, key_limit FROM flowq.jobs")).one()
+        key = conn.execute(sa.text("SELECT concurrency_key, key_limit FROM flowq.steps")).one()
     assert tuple(key) == ('"ann"', 1)
 
 
@@ -216,7 +216,7 @@ def test_the_limited_claim_honours_concurrency_rate_and_keys(engine: sa.Engine) 
     assert claim(engine, "c", 10) == []
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE flowq.jobs SET status = 'succeeded' WHERE queue = 'c' "
-                             "AND status = 'running' AND id IN (SELECT id FROM flowq.jobs "
+                             "AND status = 'running' AND id IN (SELECT id FROM flowq.steps "
                              "WHERE queue = 'c' AND status = 'running' LIMIT 1)"))
     assert len(claim(engine, "c", 10)) == 1
     # A rate: a bucket of 3, refilled at 3 per hour: 3 now, then nothing.

@@ -71,7 +71,7 @@ def kill(engine: sa.Engine, run_ids: list[int], *, ago: timedelta | None = None)
 def statuses(engine: sa.Engine, run_ids: list[int]) -> dict[str, int]:
     with engine.connect() as c:
         return {r.status: r.n for r in c.execute(sa.text(
-            "SELECT status, count(*) AS n FROM flowq.jobs WHERE run_id = ANY(:ids) "
+            "SELECT status, count(*) AS n FROM flowq.steps WHERE run_id = ANY(:ids) "
             "GROUP BY status"), {"ids": run_ids})}
 
 
@@ -87,7 +87,7 @@ def test_a_thousand_runs_killed_by_real_workers_are_redriven_by_the_cli(
     for _ in range(2):
         spawn_worker("pipeline_app:app", db_url, "--concurrency", "20", "--no-job-log",
                      *FAST_POLL)
-    wait_until(lambda: scalar(engine, "SELECT count(*) FROM flowq.jobs WHERE step = 'fix_two' "
+    wait_until(lambda: scalar(engine, "SELECT count(*) FROM flowq.steps WHERE step = 'fix_two' "
                                       "AND status = 'dead'") == 1000,
                timeout=300, interval=0.2, message="1,000 runs to die")
     wait_until(lambda: statuses(engine, ok) == {"succeeded": 60}, timeout=60,
@@ -104,7 +104,7 @@ def test_a_thousand_runs_killed_by_real_workers_are_redriven_by_the_cli(
     # Each run's first step ran once; its second step once more, with a fresh budget.
     assert scalar(engine, "SELECT count(*) FROM pipeline_ledger WHERE step = 'fix_one'") == 1000
     assert scalar(engine, "SELECT count(*) FROM pipeline_ledger WHERE step = 'fix_two'") == 1000
-    assert scalar(engine, "SELECT max(attempts) FROM flowq.jobs WHERE step = 'fix_two'") == 1
+    assert scalar(engine, "SELECT max(attempts) FROM flowq.steps WHERE step = 'fix_two'") == 1
     assert get_run(engine, run_ids[0]).result == {"n": 0, "total": 1}
     assert cli(db_url, "retry", "--status", "dead")[1].strip() == "retried 0 run(s)."
 
@@ -126,7 +126,7 @@ def test_the_api_retries_in_batches_each_its_own_transaction(engine: sa.Engine) 
     assert {(r.status, r.attempts, r.finished_at) for r in rows} == {("pending", 0, None)}
     assert {r.last_error for r in rows} == {"RuntimeError: boom"}  # kept until the next end
     # Four batches (300, 300, 300, 100), four transactions.
-    assert scalar(engine, "SELECT count(DISTINCT xmin::text) FROM flowq.jobs "
+    assert scalar(engine, "SELECT count(DISTINCT xmin::text) FROM flowq.steps "
                           "WHERE run_id = ANY(:ids)", ids=dead) == 4
     assert statuses(engine, alive) == {"pending": 5}
     assert retry_runs(engine) == 0  # none is dead any more
@@ -148,7 +148,7 @@ def test_filters_by_task_queue_and_time(engine: sa.Engine) -> None:
         pipes = [flowq.enqueue(conn, two, n=i).id for i in range(3)]
         conn.execute(sa.text(
             "INSERT INTO flowq.jobs (run_id, task, step, step_index, queue, args) "
-            "SELECT run_id, task, 'two_b', 1, 'second', args FROM flowq.jobs "
+            "SELECT run_id, task, 'two_b', 1, 'second', args FROM flowq.steps "
             "WHERE run_id = ANY(:ids)"), {"ids": pipes})
     kill(engine, mails[:5], ago=timedelta(days=3))
     kill(engine, mails[5:])
@@ -285,7 +285,7 @@ def test_waiting_steps_and_workflows_are_retried_like_retry_run(engine: sa.Engin
     assert retry_runs(engine) == 1
     [row] = job_rows(engine)
     assert row.status == "waiting"
-    assert scalar(engine, "SELECT run_at > now() + interval '50 seconds' FROM flowq.jobs")
+    assert scalar(engine, "SELECT run_at > now() + interval '50 seconds' FROM flowq.steps")
 
 
 # -- bad input ----------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ def only(app: flowq.FlowQ) -> Schedule:
 def scheduled_runs(engine: sa.Engine) -> list[sa.Row[Any]]:
     with engine.connect() as conn:
         return list(conn.execute(sa.text(
-            f"SELECT run_id, idempotency_key, scheduled_at, run_at, task FROM flowq.jobs "
+            f"SELECT run_id, idempotency_key, scheduled_at, run_at, task FROM flowq.steps "
             f"WHERE {KEYS} ORDER BY idempotency_key")))
 
 
@@ -355,7 +355,7 @@ def test_a_new_schedule_starts_from_now_then_enqueues_each_tick_once(
     assert [r.scheduled_at for r in runs] == ticks == [r.run_at for r in runs]
     with engine.connect() as conn:
         row = conn.execute(sa.text("SELECT * FROM flowq.schedules")).one()
-        args = conn.execute(sa.text(f"SELECT DISTINCT args FROM flowq.jobs WHERE {KEYS}")).all()
+        args = conn.execute(sa.text(f"SELECT DISTINCT args FROM flowq.steps WHERE {KEYS}")).all()
     assert (row.name, row.task, row.spec, row.last_tick, row.last_run_id) == (
         "tick", "tick", "every 1s", ticks[-1], runs[-1].run_id)
     assert args == [({"n": 7},)]

@@ -70,7 +70,7 @@ def _rows(engine: sa.Engine) -> list[sa.Row[Any]]:
     with engine.connect() as c:
         return list(c.execute(sa.text(
             "SELECT id, run_id, task, step, queue, status, priority, max_attempts, args, "
-            "idempotency_key, run_at FROM flowq.jobs ORDER BY id")))
+            "idempotency_key, run_at FROM flowq.steps ORDER BY id")))
 
 
 def _tasks(engine: sa.Engine) -> list[str]:
@@ -262,7 +262,7 @@ def test_delay_is_added_to_the_database_clock(
         s.enqueue("later", queue="default", delay=delay)
         # now() is the transaction's start time on the database clock: the same now() that
         # the INSERT used, so the difference is exact.
-        diff = s.execute(sa.text("SELECT run_at - now() FROM flowq.jobs")).scalar_one()
+        diff = s.execute(sa.text("SELECT run_at - now() FROM flowq.steps")).scalar_one()
         s.rollback()
     assert diff == expected
 
@@ -270,7 +270,7 @@ def test_delay_is_added_to_the_database_clock(
 def test_no_delay_means_due_now(Session: sessionmaker[flowq.Session]) -> None:
     with Session() as s:
         s.enqueue("now", queue="default")
-        assert s.execute(sa.text("SELECT run_at = now() FROM flowq.jobs")).scalar_one()
+        assert s.execute(sa.text("SELECT run_at = now() FROM flowq.steps")).scalar_one()
         s.rollback()
 
 
@@ -333,7 +333,7 @@ def test_the_extreme_due_times_accepted_read_back_in_any_time_zone(
         s.enqueue("long_ago", queue="default", delay=-1e10)  # a negative delay is due at once, as before
         s.enqueue_many("latest_many", [{}], queue="default", delay=latest - datetime.now(timezone.utc)
                        - timedelta(hours=1))
-        run_at = dict(s.execute(sa.text("SELECT task, run_at FROM flowq.jobs")).all())
+        run_at = dict(s.execute(sa.text("SELECT task, run_at FROM flowq.steps")).all())
         s.commit()
     assert run_at["latest"] == latest
     assert run_at["earliest"] == MIN_RUN_AT
@@ -360,7 +360,7 @@ def test_enqueue_many_returns_ids_in_order_in_one_statement(
     assert len(statements) == 1
     assert len(ids) == 10_000 == len(set(ids))
     with engine.connect() as c:
-        result = c.execute(sa.text("SELECT run_id, (args->>'n')::int FROM flowq.jobs"))
+        result = c.execute(sa.text("SELECT run_id, (args->>'n')::int FROM flowq.steps"))
         by_run = {run_id: n for run_id, n in result}
     assert [by_run[i] for i in ids] == list(range(10_000))
     assert listener.received() == ["bulkq"]
@@ -549,7 +549,7 @@ def test_enqueue_first_in_the_transaction_rides_with_begin(
     with Session() as s:
         run = s.enqueue("t", queue="default", n=1)
         xid_then = s.execute(sa.text("SELECT txid_current()")).scalar()
-        job_xmin = s.execute(sa.text("SELECT xmin::text::bigint FROM flowq.jobs WHERE id = :i"),
+        job_xmin = s.execute(sa.text("SELECT xmin::text::bigint FROM flowq.steps WHERE id = :i"),
                              {"i": run.job_id}).scalar()
         assert job_xmin == xid_then % 2**32
         s.rollback()

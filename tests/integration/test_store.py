@@ -79,7 +79,7 @@ def test_a_claim_read_in_another_column_order(engine: sa.Engine, store: Store) -
              "age": "extract(epoch FROM now() - created_at)::float8 AS age",
              "pickup_delay": "0::float8 AS pickup_delay",
              "enqueued_at": "created_at AS enqueued_at", "claimed_at": "locked_at AS claimed_at"}
-    text = sa.text(f"SELECT {', '.join(exprs.get(c, c) for c in columns)} FROM flowq.jobs "
+    text = sa.text(f"SELECT {', '.join(exprs.get(c, c) for c in columns)} FROM flowq.steps "
                    "WHERE id = :id")
     with engine.connect() as conn:
         (again,) = read(ClaimedJob, sqlalchemy_runner(conn)(text, {"id": claimed.id}))

@@ -211,7 +211,7 @@ def test_drain_retries_a_failing_job_until_it_succeeds(app: flowq.FlowQ,
         flowq.enqueue(conn, flaky)
         result = drain(conn, app)
         assert result == DrainResult(succeeded=1, retried=2) and result.total == 3
-        [row] = conn.execute(sa.text("SELECT * FROM flowq.jobs")).all()
+        [row] = conn.execute(sa.text("SELECT * FROM flowq.steps")).all()
         assert (row.status, row.attempts, row.result, row.locked_by) == (
             "succeeded", 3, "ok", None)
         assert "ValueError: boom 2" in row.last_error  # the retry_job write kept the error
@@ -238,7 +238,7 @@ def test_drain_runs_a_pipeline_across_queues_in_order(app: flowq.FlowQ,
         assert drain(conn, app) == DrainResult(succeeded=2, retried=1)
         assert seen == [("create", {"user": 4}), ("welcome", {"account": 40}),
                         ("welcome", {"account": 40})]
-        rows = conn.execute(sa.text("SELECT step, status, run_id, queue FROM flowq.jobs "
+        rows = conn.execute(sa.text("SELECT step, status, run_id, queue FROM flowq.steps "
                                     "ORDER BY id")).all()
         assert [tuple(r) for r in rows] == [("create", "succeeded", run.id, "default"),
                                             ("welcome", "succeeded", run.id, "mail")]
@@ -256,7 +256,7 @@ def test_drain_raises_on_a_dead_job_naming_it_and_its_error(app: flowq.FlowQ,
                                                  r"step 'doomed'\) is dead after attempt 3: "
                                                  r"RuntimeError: no luck with 5"):
             drain(conn, app)
-        [row] = conn.execute(sa.text("SELECT status, attempts FROM flowq.jobs")).all()
+        [row] = conn.execute(sa.text("SELECT status, attempts FROM flowq.steps")).all()
         assert tuple(row) == ("dead", 3)  # written before raising, at the attempt cap
 
 
@@ -300,7 +300,7 @@ def test_drain_inside_a_rolled_back_transaction_leaves_nothing_behind(
         assert drain(session, app) == DrainResult(succeeded=2, retried=1)
         assert session.execute(sa.text("SELECT body FROM notes")).scalars().all() == [
             "hello 2", "audit hello"]
-        assert [r.status for r in session.execute(sa.text("SELECT * FROM flowq.jobs"))] == [
+        assert [r.status for r in session.execute(sa.text("SELECT * FROM flowq.steps"))] == [
             "succeeded", "succeeded"]
         assert job_rows(engine) == []  # nothing committed, even mid-test
         session.rollback()
@@ -330,7 +330,7 @@ def test_drain_a_handler_whose_writes_fail_at_commit_is_retried(app: flowq.FlowQ
         flowq.enqueue(conn, clash)
         with pytest.raises(AssertionError, match="IntegrityError"):
             drain(conn, app)
-        assert conn.execute(sa.text("SELECT attempts FROM flowq.jobs")).scalar() == 2
+        assert conn.execute(sa.text("SELECT attempts FROM flowq.steps")).scalar() == 2
 
 
 def test_drain_options_skip_waits_runs_queues_and_an_engine(app: flowq.FlowQ,
@@ -387,7 +387,7 @@ def test_drain_awaits_async_handlers_and_unknown_tasks_die(app: flowq.FlowQ,
         # By name, unknown to this app: the default policy's cap, then dead.
         assert drain(conn, app, raise_on_dead=False) == DrainResult(
             succeeded=1, retried=DEFAULT_MAX_ATTEMPTS - 1, dead=1)
-        assert conn.execute(sa.text("SELECT result FROM flowq.jobs WHERE task = 'nap'")
+        assert conn.execute(sa.text("SELECT result FROM flowq.steps WHERE task = 'nap'")
                             ).scalar() == 2
 
 
@@ -430,7 +430,7 @@ def test_run_step_gives_the_handler_a_real_context(app: flowq.FlowQ,
                                                    engine: sa.Engine) -> None:
     @app.task(queue="mail")
     def greet(ctx: Context, name: str) -> dict[str, Any]:
-        count = ctx.session.execute(sa.text("SELECT count(*) FROM flowq.jobs")).scalar()
+        count = ctx.session.execute(sa.text("SELECT count(*) FROM flowq.steps")).scalar()
         return {"hello": name, "ctx": [ctx.job_id, ctx.run_id, ctx.step, ctx.attempt,
                                        ctx.queue, ctx.idempotency_key], "jobs": count}
 

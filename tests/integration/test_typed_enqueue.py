@@ -33,7 +33,7 @@ ROW = "task, step, queue, priority, max_attempts, status, args, idempotency_key"
 
 def _rows(engine: sa.Engine) -> list[sa.Row[Any]]:
     with engine.connect() as c:
-        return list(c.execute(sa.text(f"SELECT run_id, {ROW} FROM flowq.jobs ORDER BY id")))
+        return list(c.execute(sa.text(f"SELECT run_id, {ROW} FROM flowq.steps ORDER BY id")))
 
 
 def _add(ctx: flowq.Context, a: int, b: int = 0) -> int:
@@ -69,13 +69,13 @@ def test_options_apply(app: flowq.FlowQ, engine: sa.Engine) -> None:
     with engine.begin() as conn:
         add.options(queue="urgent", priority=-5, run_at=at).enqueue(conn, a=1)
         add.options(delay=timedelta(hours=1)).enqueue(conn, 2)
-        due_in = conn.execute(sa.text("SELECT max(run_at) - now() FROM flowq.jobs "
+        due_in = conn.execute(sa.text("SELECT max(run_at) - now() FROM flowq.steps "
                                       "WHERE args->>'a' = '2'")).scalar_one()
         # The option reaches prepare_enqueue: an unknown flowq schema is reported as such.
         with pytest.raises(flowq.SchemaMissingError, match="elsewhere"):
             add.options(schema="elsewhere").enqueue(conn, a=3)
     with engine.connect() as c:
-        got = c.execute(sa.text("SELECT queue, priority, run_at FROM flowq.jobs ORDER BY id")
+        got = c.execute(sa.text("SELECT queue, priority, run_at FROM flowq.steps ORDER BY id")
                         ).all()
     assert got[0] == ("urgent", -5, at)
     assert got[1][:2] == ("math", 3)  # the task's own queue and priority by default

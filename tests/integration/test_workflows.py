@@ -372,7 +372,7 @@ def test_by_name_enqueue_of_a_many_rooted_pipeline_starts_every_root(engine: sa.
         # As a producer without the definition would: one row, step ''.
         conn.execute(sa.text("INSERT INTO flowq.jobs (task, step, queue, args) "
                              "VALUES ('roots_by_name', '', 'default', '{\"x\": 5}')"))
-        run_id = conn.execute(sa.text("SELECT max(run_id) FROM flowq.jobs")).scalar_one()
+        run_id = conn.execute(sa.text("SELECT max(run_id) FROM flowq.steps")).scalar_one()
     drain(engine, app)
     info = get_run(engine, run_id)
     assert info.status == "succeeded" and info.result == {"a": 5, "b": -5}
@@ -393,7 +393,7 @@ def test_a_delayed_step_starts_that_long_after_its_parent(engine: sa.Engine) -> 
     drain(engine, app)
     with engine.connect() as conn:
         wait = conn.execute(sa.text(
-            "SELECT extract(epoch FROM s.run_at - f.finished_at) FROM flowq.jobs s, flowq.jobs f "
+            "SELECT extract(epoch FROM s.run_at - f.finished_at) FROM flowq.steps s, flowq.jobs f "
             "WHERE s.run_id = :r AND f.run_id = :r AND s.step = 'second' AND f.step = 'first'"),
             {"r": run.id}).scalar_one()
     assert 7199 <= float(wait) <= 7201

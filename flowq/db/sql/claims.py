@@ -161,7 +161,7 @@ class ClaimStatements(Statements):
 
     def _complete(self, *, single: bool) -> TextClause:
         return self.sql(f"""
-            WITH done AS ({succeed(single)}), {wake_parents("done")}
+            WITH {succeed(single)}, {wake_parents("done")}
             SELECT id, cancel_requested,
                    {notify_ended("SELECT run_id FROM done")} AS ended
               FROM done""")
@@ -187,7 +187,7 @@ class ClaimStatements(Statements):
         # Successors are always a batch: one success may create many (a map's instances).
         successors = rows("n", SUCCESSOR, single=False, prefix="next_")
         return self.sql(f"""
-            WITH done AS ({succeed(single)}), {wake_parents("done")}, inserted AS (
+            WITH {succeed(single)}, {wake_parents("done")}, inserted AS (
                 INSERT INTO {S}.jobs (run_id, task, step, step_index, queue, priority,
                                         max_attempts, args, map_index, run_at, trace_context,
                                         deadline, fingerprint)
@@ -226,7 +226,7 @@ class ClaimStatements(Statements):
         spawns = rows("n", SPAWN, single=False, prefix="next_")
         waits = "r.signal IS NOT NULL AND m.sent_at IS NULL"
         return self.sql(f"""
-            WITH done AS ({succeed(single)}), {wake_parents("done")}, spawn AS (
+            WITH {succeed(single)}, {wake_parents("done")}, spawn AS (
                 SELECT d.run_id, d.priority, d.trace_context, d.fingerprint,
                        d.step AS done_step,
                        d.map_index AS instance, d.deadline, n.*

@@ -16,7 +16,7 @@ from typing import Any, Final
 import sqlalchemy as sa
 from sqlalchemy.sql.elements import TextClause
 
-from flowq.db.schema import run_end_channel
+from flowq.db.schema import JOB_COLUMNS, run_end_channel
 from flowq.names import validate_schema_name
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
     "notify_ended_row",
     "notify_new",
     "registered_without",
+    "retire",
     "rows",
     "stale",
     "start_run",
@@ -108,7 +109,9 @@ FENCE = "j.id = c.id AND j.lease = c.lease AND (j.status = 'running') IS TRUE"
 
 # Clears the claim on a row that goes back to pending or ends. The lease stays: it is the
 # last claim's token, and the next claim draws a new one.
-UNLOCK = "locked_by = NULL, locked_at = NULL, heartbeat_at = NULL"
+UNLOCKED: Final[dict[str, str]] = {"locked_by": "NULL", "locked_at": "NULL",
+                                   "heartbeat_at": "NULL"}
+UNLOCK = ", ".join(f"{name} = {value}" for name, value in UNLOCKED.items())
 
 # Attempt history (revision 0008): at most this many earlier attempts per row (the latest
 # kept), each error cut to this many characters, so a step retried without end stays small.
@@ -315,18 +318,33 @@ CONTROLLED = f"""SELECT 1 AS one, q.name, q.paused FROM {S}.queues q
     WHERE (q.paused OR q.keyed OR q.concurrency IS NOT NULL OR q.rate_limit IS NOT NULL)"""
 
 
+def retire(gone: str, ends: dict[str, str]) -> str:
+    """The SELECT list writing the rows of `gone` (a FROM item returning a job row's columns,
+    alias `g`) to `job_history`, with the columns of `ends` (name -> SQL expression over
+    `g`) as they end: every column listed by name (`JOB_COLUMNS`), so none is ever shifted."""
+    items = ", ".join(ends.get(name, f"g.{name}") for name in JOB_COLUMNS.split(", "))
+    return f"""INSERT INTO {S}.job_history ({JOB_COLUMNS})
+                SELECT {items} FROM {gone} g"""
+
+
 def succeed(single: bool) -> str:
     """Mark claims succeeded with their results (`c(id, lease, result)`, batch or single),
-    fenced; every completing statement starts with it, as its `done` CTE."""
+    fenced; every completing statement starts with it: CTEs ending in `done`, the rows that
+    were still ours. A success is the common end, so it moves its row to `job_history`
+    itself (a DELETE and an INSERT), where every other end relies on the trigger
+    `jobs_retire` (revision 0018), which would UPDATE the row first: a dead tuple more."""
     claims = rows("c", (*CLAIM_KEY, ("result", "jsonb")), single=single)
-    return f"""
-                UPDATE {S}.jobs j
-                   SET status = 'succeeded', result = c.result, finished_at = now(),
-                       started_at = j.locked_at, {UNLOCK}
-                  FROM {claims}
+    ends = {"status": "'succeeded'", "result": "g.new_result", "finished_at": "now()",
+            "started_at": "g.locked_at", **UNLOCKED}
+    return f"""gone AS (
+                DELETE FROM {S}.jobs j
+                 USING {claims}
                  WHERE {FENCE}
-                RETURNING j.id, j.lease, j.run_id, j.priority, j.cancel_requested,
-                          j.trace_context, j.fingerprint, j.step, j.map_index, j.deadline"""
+                RETURNING j.*, c.result AS new_result
+            ), retired AS ({retire("gone", ends)}
+            ), done AS (
+                SELECT id, lease, run_id, priority, cancel_requested, trace_context,
+                       fingerprint, step, map_index, deadline FROM gone)"""
 
 
 # The run holding :idempotency_key, as (id, run_id, created = false).

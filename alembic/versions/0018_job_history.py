@@ -9,7 +9,8 @@ writer keeps the rule without knowing it. `job_history` is partitioned by range 
 `retired_at`, by day (`flowq.db.history` creates the days ahead; a DEFAULT partition takes
 what comes before), so retention drops whole days. `flowq.steps` reads both tables, with the
 same columns (and `retired_at`, NULL for a live row). `flowq.run_keys` holds the idempotency
-keys of runs, for as long as the run is retained.
+keys of runs, for as long as the run is retained (the trigger also records the key of a
+keyed row it moves, for a run enqueued by the previous release).
 
 Expand-only, and cheap: new tables, a view, a function and a trigger; no row moves here
 (the maintenance pass moves the finished rows already in `jobs`, in batches, and the view
@@ -59,15 +60,14 @@ def upgrade() -> None:
         "run_keys",
         sa.Column("key", sa.Text, primary_key=True),
         sa.Column("run_id", sa.BigInteger, nullable=False),
-        sa.Column("job_id", sa.BigInteger, nullable=False),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False,
                   server_default=sa.func.now()),
         schema=s,
     )
     op.create_index("run_keys_run_id_idx", "run_keys", ["run_id"], schema=s)
     op.execute(f"""
-        INSERT INTO {s}.run_keys (key, run_id, job_id, created_at)
-        SELECT idempotency_key, run_id, id, created_at FROM {s}.jobs
+        INSERT INTO {s}.run_keys (key, run_id, created_at)
+        SELECT idempotency_key, run_id, created_at FROM {s}.jobs
          WHERE idempotency_key IS NOT NULL
         ON CONFLICT DO NOTHING""")
     op.execute(f"""
@@ -81,6 +81,10 @@ def upgrade() -> None:
             DELETE FROM {s}.jobs WHERE id = NEW.id;
             IF FOUND THEN
                 INSERT INTO {s}.job_history ({COLUMNS}) VALUES ({new});
+                IF NEW.idempotency_key IS NOT NULL THEN
+                    INSERT INTO {s}.run_keys (key, run_id)
+                    VALUES (NEW.idempotency_key, NEW.run_id) ON CONFLICT DO NOTHING;
+                END IF;
             END IF;
             RETURN NULL;
         END $$""")

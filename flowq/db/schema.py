@@ -198,13 +198,13 @@ HISTORY_PARTITION: Final = "job_history_"
 # retained. A run's first step leaves `jobs` when it ends, and a partitioned `job_history`
 # cannot hold a unique index without its partition key, so the keys have their own table,
 # written by the keyed enqueue (its INSERT ... ON CONFLICT DO NOTHING is where two enqueues
-# of one key meet) and pruned with the run.
+# of one key meet), and by the move to history of a keyed row that has none (a run enqueued
+# by an earlier release); pruned with the run.
 run_keys = sa.Table(
     "run_keys",
     metadata,
     sa.Column("key", sa.Text, primary_key=True),
     sa.Column("run_id", sa.BigInteger, nullable=False),
-    sa.Column("job_id", sa.BigInteger, nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False,
               server_default=sa.func.now()),
     sa.Index("run_keys_run_id_idx", "run_id"),

@@ -147,7 +147,7 @@ def _drop_own_schema(engine: sa.Engine, schema: str) -> None:
 def _show_jobs(engine: sa.Engine, demo: Demo, title: str) -> None:
     with engine.connect() as c:
         rows = c.execute(sa.text(f"SELECT id, run_id, task, status, args::text "
-                                 f"FROM {demo.table('jobs')} ORDER BY id")).all()
+                                 f"FROM {demo.table('steps')} ORDER BY id")).all()
         orders = c.execute(sa.text(f"SELECT count(*) FROM {demo.table('orders')}")).scalar()
     click.echo(f"  {title}: {len(rows)} job row(s), {orders} order row(s)")
     for r in rows:
@@ -205,7 +205,7 @@ def _part_two(demo: Demo, session_factory: sessionmaker[flowq.Session],
 def _counts(engine: sa.Engine, demo: Demo) -> dict[str, int]:
     with engine.connect() as c:
         return dict(c.execute(sa.text(  # type: ignore[arg-type]
-            f"SELECT status, count(*) FROM {demo.table('jobs')} GROUP BY status")).all())
+            f"SELECT status, count(*) FROM {demo.table('steps')} GROUP BY status")).all())
 
 
 def _run(engine: sa.Engine, url: str, demo: Demo, n_jobs: int) -> None:
@@ -251,7 +251,7 @@ def _run(engine: sa.Engine, url: str, demo: Demo, n_jobs: int) -> None:
             for line in held.getvalue().splitlines():
                 click.echo(f"    {line}")
 
-    jobs, orders, shipments = demo.table("jobs"), demo.table("orders"), demo.table("shipments")
+    jobs, orders, shipments = demo.table("steps"), demo.table("orders"), demo.table("shipments")
     with engine.connect() as c:
         retried = c.execute(sa.text(
             f"SELECT count(*) FROM {jobs} WHERE attempts > 1")).scalar() or 0

@@ -341,6 +341,7 @@ def test_a_winner_deleted_before_it_is_read_is_retried_then_reported(
             with engine.begin() as c:  # the winner is pruned before we can read it
                 c.execute(sa.text("DELETE FROM flowq.jobs WHERE idempotency_key = :k"),
                           {"k": KEY})
+                c.execute(sa.text("DELETE FROM flowq.run_keys WHERE key = :k"), {"k": KEY})
 
     async def go(aengine: AsyncEngine) -> flowq.Enqueued | None:
         sa.event.listen(aengine.sync_engine, "before_cursor_execute", interfere)

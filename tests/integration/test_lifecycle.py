@@ -329,7 +329,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     def enqueue(self, counts: dict[str, int]) -> None:
         self.settled = False
         with self.engine.begin() as conn:
-            conn.execute(sa.text("TRUNCATE flowq.jobs"))  # one database for all examples
+            conn.execute(sa.text("TRUNCATE flowq.jobs, flowq.job_history"))  # one database for all examples
             for name, n in counts.items():
                 if n:
                     flowq.enqueue_many(conn, pipeline(name), [{"n": i} for i in range(n)])

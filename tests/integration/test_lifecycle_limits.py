@@ -290,8 +290,8 @@ class LimitsMachine(RuleBasedStateMachine):
     def reset(self) -> None:
         self.settled = False
         with self.engine.begin() as conn:  # one database for all examples
-            conn.execute(sa.text("TRUNCATE flowq.jobs, flowq.joins, flowq.join_shards, "
-                                 "flowq.signals, flowq.uniques, flowq.queues, flowq.permits, "
+            conn.execute(sa.text("TRUNCATE flowq.jobs, flowq.job_history, flowq.joins, "
+                                 "flowq.join_shards, flowq.signals, flowq.uniques, flowq.queues, flowq.permits, "
                                  "flowq.workers"))
         # w1 and w2 are in the registry; w3 is not (as a worker whose entry expired): every
         # lease of a queue takes its permits back, while its running jobs still count.

@@ -58,14 +58,14 @@ def kill(engine: sa.Engine, run_ids: list[int], *, ago: timedelta | None = None)
     """End every row of these runs dead, as a worker would after their last attempt (and
     optionally pretend they were created `ago`)."""
     with engine.begin() as conn:
+        if ago is not None:  # first: a row that ends moves to flowq.job_history
+            conn.execute(sa.text(
+                "UPDATE flowq.jobs SET created_at = now() - CAST(:ago AS interval) "
+                "WHERE run_id = ANY(:ids)"), {"ids": run_ids, "ago": ago})
         conn.execute(sa.text(
             "UPDATE flowq.jobs SET status = 'dead', attempts = max_attempts, "
             "finished_at = now(), last_error = 'RuntimeError: boom' "
             "WHERE run_id = ANY(:ids)"), {"ids": run_ids})
-        if ago is not None:
-            conn.execute(sa.text(
-                "UPDATE flowq.jobs SET created_at = now() - CAST(:ago AS interval) "
-                "WHERE run_id = ANY(:ids)"), {"ids": run_ids, "ago": ago})
 
 
 def statuses(engine: sa.Engine, run_ids: list[int]) -> dict[str, int]:
@@ -245,15 +245,15 @@ def test_a_run_that_stops_being_dead_meanwhile_is_skipped(engine: sa.Engine) -> 
     with engine.connect() as other:
         with other.begin():
             # Holds run dead[1]'s row while the redrive picks its batch, then cancels it.
-            other.execute(sa.text("SELECT id FROM flowq.jobs WHERE run_id = :r FOR UPDATE"),
-                          {"r": dead[1]})
+            other.execute(sa.text("SELECT id FROM flowq.job_history WHERE run_id = :r "
+                                  "FOR UPDATE"), {"r": dead[1]})
             redrive = threading.Thread(target=lambda: result.append(retry_runs(engine)))
             redrive.start()
             wait_until(lambda: scalar(
                 engine, "SELECT count(*) FROM pg_stat_activity WHERE datname = "
                         "current_database() AND wait_event_type = 'Lock'") > 0,
                 message="the redrive to wait for the row lock")
-            other.execute(sa.text("UPDATE flowq.jobs SET status = 'cancelled' "
+            other.execute(sa.text("UPDATE flowq.job_history SET status = 'cancelled' "
                                   "WHERE run_id = :r"), {"r": dead[1]})
         redrive.join(30)
     assert result == [2]

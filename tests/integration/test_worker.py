@@ -660,7 +660,7 @@ def test_a_prune_waiting_on_a_lock_does_not_delay_heartbeats(app: flowq.FlowQ,
     with engine.connect() as blocker, running_worker(
             app, db_url, heartbeat_interval=0.5, stale_after=2.0, prune_interval=0.5,
             retention=60.0, reap_interval=60.0):
-        blocker.execute(sa.text("SELECT id FROM flowq.jobs WHERE task = 'old' FOR UPDATE"))
+        blocker.execute(sa.text("SELECT id FROM flowq.job_history WHERE task = 'old' FOR UPDATE"))
         wait_until(lambda: only_row(engine, "id = :id", id=job).status == "running",
                    timeout=10, message="the job to start")
         # A fresh transaction per look: pg_stat_activity is a snapshot taken once per

@@ -393,7 +393,8 @@ def test_a_delayed_step_starts_that_long_after_its_parent(engine: sa.Engine) -> 
     drain(engine, app)
     with engine.connect() as conn:
         wait = conn.execute(sa.text(
-            "SELECT extract(epoch FROM s.run_at - f.finished_at) FROM flowq.steps s, flowq.jobs f "
+            "SELECT extract(epoch FROM s.run_at - f.finished_at) "
+            "FROM flowq.steps s, flowq.steps f "
             "WHERE s.run_id = :r AND f.run_id = :r AND s.step = 'second' AND f.step = 'first'"),
             {"r": run.id}).scalar_one()
     assert 7199 <= float(wait) <= 7201

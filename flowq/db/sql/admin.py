@@ -50,7 +50,7 @@ class AdminStatements(Statements):
         """Count per queue the jobs that ended in the last hour.
 
         Per queue, the jobs that ended in the last hour: succeeded in the last minute and
-        hour, dead in the last hour. Reads `jobs_finished_idx` from an hour ago on (its
+        hour, dead in the last hour. Reads the finished indexes of `job_history` and `jobs` from an hour ago on (its
         predicate written out, so the planner can use it): never the older retained rows."""
         return self.sql(f"""
             SELECT queue,
@@ -59,7 +59,7 @@ class AdminStatements(Statements):
                        AS succeeded_last_minute,
                    count(*) FILTER (WHERE status = 'succeeded') AS succeeded_last_hour,
                    count(*) FILTER (WHERE status = 'dead') AS dead_last_hour
-              FROM {S}.jobs
+              FROM {S}.steps
              WHERE status IN ('succeeded', 'dead', 'cancelled')
                AND finished_at >= now() - interval '1 hour'
              GROUP BY queue""")
@@ -70,7 +70,7 @@ class AdminStatements(Statements):
 
         Dead jobs by task, most first, up to :limit tasks (`jobs_dead_idx`)."""
         return self.sql(f"""
-            SELECT task, count(*) AS jobs FROM {S}.jobs WHERE status = 'dead'
+            SELECT task, count(*) AS jobs FROM {S}.steps WHERE status = 'dead'
              GROUP BY task ORDER BY count(*) DESC, task LIMIT :limit""")
 
     @cached_property
@@ -80,7 +80,7 @@ class AdminStatements(Statements):
         For each run of :run_ids, its first dead step (lowest id) and that step's error
         (the run_id index, then only the runs' rows)."""
         return self.sql(f"""
-            SELECT DISTINCT ON (run_id) run_id, step, map_index, last_error FROM {S}.jobs
+            SELECT DISTINCT ON (run_id) run_id, step, map_index, last_error FROM {S}.steps
              WHERE run_id = ANY(CAST(:run_ids AS bigint[])) AND status = 'dead'
              ORDER BY run_id, id""")
 

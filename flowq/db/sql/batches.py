@@ -73,7 +73,7 @@ class BatchStatements(Statements):
                 SELECT p.batch_id, p.run_id, e.status
                   FROM picked p CROSS JOIN LATERAL (
                        SELECT {RUN_STATUS} AS status, bool_or(status IN {ACTIVE}) AS active
-                         FROM {S}.jobs WHERE run_id = p.run_id) e
+                         FROM {S}.steps WHERE run_id = p.run_id) e
                  WHERE e.active IS NOT TRUE
             ), ended AS (
                 DELETE FROM {S}.batch_runs r USING judged j

@@ -99,7 +99,7 @@ class ChildStatements(Statements):
                     AND c.run_id = ANY(CAST(:run_ids AS bigint[]))
               LEFT JOIN LATERAL (
                   SELECT {RUN_STATUS} AS status, {FINISHED} AS finished
-                    FROM {S}.jobs j WHERE j.run_id = c.run_id HAVING count(*) > 0) s ON true""")
+                    FROM {S}.steps j WHERE j.run_id = c.run_id HAVING count(*) > 0) s ON true""")
 
     @cached_property
     def set_children_waiter(self) -> TextClause:
@@ -148,7 +148,7 @@ class ChildStatements(Statements):
             UNION ALL
             (SELECT 'child', c.run_id, c.parent_step,
                     NULLIF(c.parent_map_index, {NO_MAP_INDEX}), c.name, c.created_at,
-                    (SELECT {RUN_STATUS} FROM {S}.jobs j WHERE j.run_id = c.run_id
+                    (SELECT {RUN_STATUS} FROM {S}.steps j WHERE j.run_id = c.run_id
                       HAVING count(*) > 0)
                FROM {S}.children c WHERE c.parent_run_id = CAST(:run_id AS bigint)
               ORDER BY c.run_id LIMIT :limit)""")

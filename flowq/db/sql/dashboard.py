@@ -46,7 +46,8 @@ class DashboardStatements(Statements):
         became due then, or before :since for bucket 0, and had not started by then) and
         `taken` (those of them that started then): the caller sums `due - taken` into the
         queue's depth. The rows read are the latest :limit finished since :since
-        (`jobs_finished_idx`), the running ones (`jobs_running_idx`) and the due pending
+        (`job_history_finished_idx`, and `jobs_finished_idx` for rows the move to history has
+        not reached), the running ones (`jobs_running_idx`) and the due pending
         ones (`jobs_pending_idx`), :limit each; `read` says how many of each were read, so
         the caller knows when the window was cut. Apart from `failed`, each row counts by
         its latest attempt (an earlier failed one is in its `attempt_log`); a retry due
@@ -54,7 +55,7 @@ class DashboardStatements(Statements):
         return self.sql(f"""
             WITH ended AS (
                 SELECT queue, status, run_at, started_at AS began, finished_at, attempt_log
-                  FROM {S}.jobs
+                  FROM {S}.steps
                  WHERE status IN ('succeeded', 'dead', 'cancelled')
                    AND finished_at >= CAST(:since AS timestamptz)
                  ORDER BY finished_at DESC LIMIT :limit
@@ -129,7 +130,7 @@ class DashboardStatements(Statements):
         walks the rows from the newest id down, so the caller bounds it with a statement
         timeout as well as :limit."""
         return self.sql(f"""
-            SELECT id, run_id, task, step, queue, status, created_at FROM {S}.jobs
+            SELECT id, run_id, task, step, queue, status, created_at FROM {S}.steps
              WHERE args @> CAST(:args AS jsonb)
              ORDER BY id DESC LIMIT :limit""")
 
@@ -155,5 +156,5 @@ class DashboardStatements(Statements):
             SELECT task FROM (
                 SELECT unnest(tasks) AS task FROM {S}.workers
                 UNION
-                SELECT task FROM (SELECT task FROM {S}.jobs ORDER BY id DESC LIMIT :recent) r
+                SELECT task FROM (SELECT task FROM {S}.steps ORDER BY id DESC LIMIT :recent) r
             ) t ORDER BY task LIMIT :limit""")

@@ -34,6 +34,7 @@ __all__ = [
     "DUE",
     "FENCE",
     "FIND_RUN_BY_KEY",
+    "KEY_CLAIMED",
     "RUN_STATUS",
     "SPAWN",
     "SUCCESSOR",
@@ -45,13 +46,15 @@ __all__ = [
     "Statements",
     "bind_rows",
     "cancel",
+    "claim_key",
+    "copy_rows",
+    "keyed_run",
     "log_attempt",
     "mark_keyed",
     "notify_ended",
     "notify_ended_row",
     "notify_new",
     "registered_without",
-    "retire",
     "rows",
     "stale",
     "start_run",
@@ -318,13 +321,15 @@ CONTROLLED = f"""SELECT 1 AS one, q.name, q.paused FROM {S}.queues q
     WHERE (q.paused OR q.keyed OR q.concurrency IS NOT NULL OR q.rate_limit IS NOT NULL)"""
 
 
-def retire(gone: str, ends: dict[str, str]) -> str:
-    """The SELECT list writing the rows of `gone` (a FROM item returning a job row's columns,
-    alias `g`) to `job_history`, with the columns of `ends` (name -> SQL expression over
-    `g`) as they end: every column listed by name (`JOB_COLUMNS`), so none is ever shifted."""
+def copy_rows(into: str, source: str, ends: dict[str, str]) -> str:
+    """An INSERT writing job rows into table `into` (`jobs` or `job_history`) from `source`
+    (FROM items whose job row is aliased `g`, e.g. the RETURNING rows of a DELETE), with the
+    columns of `ends` (name -> SQL expression) replaced: every column listed by name
+    (`JOB_COLUMNS`), so none is ever shifted. How a row moves between the live table and
+    history (a success, a retry of a dead step)."""
     items = ", ".join(ends.get(name, f"g.{name}") for name in JOB_COLUMNS.split(", "))
-    return f"""INSERT INTO {S}.job_history ({JOB_COLUMNS})
-                SELECT {items} FROM {gone} g"""
+    return f"""INSERT INTO {S}.{into} ({JOB_COLUMNS})
+                SELECT {items} FROM {source}"""
 
 
 def succeed(single: bool) -> str:
@@ -341,16 +346,58 @@ def succeed(single: bool) -> str:
                  USING {claims}
                  WHERE {FENCE}
                 RETURNING j.*, c.result AS new_result
-            ), retired AS ({retire("gone", ends)}
+            ), retired AS ({copy_rows("job_history", "gone g", ends)}
+            ), kept_keys AS (
+                -- A run an earlier release enqueued has its key on its row only.
+                INSERT INTO {S}.run_keys (key, run_id)
+                SELECT idempotency_key, run_id FROM gone WHERE idempotency_key IS NOT NULL
+                ON CONFLICT (key) DO NOTHING
             ), done AS (
                 SELECT id, lease, run_id, priority, cancel_requested, trace_context,
                        fingerprint, step, map_index, deadline FROM gone)"""
 
 
-# The run holding :idempotency_key, as (id, run_id, created = false).
+# The run holding :idempotency_key, as (id: its first row, run_id, created = false): the key's
+# entry in `flowq.run_keys` (revision 0018), else a live row holding it in `jobs` (a run an
+# earlier release enqueued; its key is recorded when its row moves to history).
 FIND_RUN_BY_KEY: Final = f"""
-            SELECT id, run_id, false AS created FROM {S}.jobs
-             WHERE idempotency_key = CAST(:idempotency_key AS text)"""
+            SELECT f.id, k.run_id, false AS created
+              FROM {S}.run_keys k
+             CROSS JOIN LATERAL (SELECT min(s.id) AS id FROM {S}.steps s
+                                  WHERE s.run_id = k.run_id) f
+             WHERE k.key = CAST(:idempotency_key AS text) AND f.id IS NOT NULL
+            UNION ALL
+            SELECT j.id, j.run_id, false AS created FROM {S}.jobs j
+             WHERE j.idempotency_key = CAST(:idempotency_key AS text)
+               AND NOT EXISTS (SELECT 1 FROM {S}.run_keys k
+                                WHERE k.key = CAST(:idempotency_key AS text))"""
+
+
+def claim_key(source: str, where: str, run_id: str) -> str:
+    """A CTE `keyed` claiming :idempotency_key (when not NULL) for the new run `run_id` (an
+    SQL expression over `source`, a FROM item; only where `where`): the run's entry in
+    `flowq.run_keys`, whose primary key is where two enqueues of one key meet. An enqueue
+    that finds the key taken (DO NOTHING; PostgreSQL waits for the other transaction, and
+    inserts if that rolls back) inserts no row (`KEY_CLAIMED`), and its caller reads the
+    run holding the key. The run's rows take its run id from `keyed_run`."""
+    return f"""keyed AS (
+                INSERT INTO {S}.run_keys (key, run_id)
+                SELECT CAST(:idempotency_key AS text), {run_id} FROM {source}
+                 WHERE CAST(:idempotency_key AS text) IS NOT NULL AND {where}
+                ON CONFLICT (key) DO NOTHING
+                RETURNING run_id)"""
+
+
+# Whether the new run may be inserted: no key, or `claim_key` claimed it.
+KEY_CLAIMED: Final = ("(CAST(:idempotency_key AS text) IS NULL "
+                      "OR EXISTS (SELECT 1 FROM keyed))")
+
+
+def keyed_run(run_id: str) -> str:
+    """The new run's id: the one `claim_key` recorded with the key, else `run_id`
+    (evaluated only then: COALESCE stops at its first value)."""
+    return f"COALESCE((SELECT run_id FROM keyed), {run_id})"
+
 
 # The job states in which a run is active (holds its unique key).
 ACTIVE: Final = "('pending', 'running', 'waiting')"
@@ -408,11 +455,12 @@ def start_run(head: str, source: str, where: str, run_id: str, tail: str) -> str
                  CAST(:fingerprint AS text)"""
 
     return f"""{head},
+        {claim_key(source, f"r.n = 1 AND {where}", run_id)},
         first AS (
             INSERT INTO {S}.jobs ({columns}, idempotency_key)
-            SELECT {values(run_id)}, CAST(:idempotency_key AS text)
+            SELECT {values(keyed_run(run_id))}, CAST(:idempotency_key AS text)
               FROM {source}
-             WHERE r.n = 1 AND {where}
+             WHERE r.n = 1 AND {where} AND {KEY_CLAIMED}
             ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
             RETURNING id, run_id, step, queue, status, run_at
         ), rest AS (

@@ -13,6 +13,7 @@ from flowq.db.sql.fragments import (
     FIND_RUN_BY_KEY,
     S,
     Statements,
+    claim_key,
     mark_keyed,
     start_run,
     wake,
@@ -54,8 +55,7 @@ class JobStatements(Statements):
 
         The run holding :idempotency_key, as (id, run_id, created = false)."""
         return self.sql(f"""
-            SELECT id, run_id, false AS created FROM {S}.jobs
-             WHERE idempotency_key = CAST(:idempotency_key AS text)""")
+            {FIND_RUN_BY_KEY}""")
 
     @cached_property
     def insert_job_by_key(self) -> TextClause:
@@ -63,27 +63,28 @@ class JobStatements(Statements):
 
         The keyed enqueue: the run holding :idempotency_key, else a new one (notified).
 
-        The key is read first, in the statement's snapshot, and the INSERT runs only when
-        nothing was found; so a duplicate touches no row and takes no lock that a worker's
-        heartbeat of the existing run would wait behind (`ON CONFLICT DO UPDATE` did). Under
-        REPEATABLE READ an old key is found in the snapshot even if a worker updated its row
-        since, where any ON CONFLICT arbitration would raise a serialization failure (the
-        newest version of the row is invisible to the snapshot).
+        The key is read first, in the statement's snapshot, and the key is claimed
+        (`fragments.claim_key`) and the row inserted only when nothing was found; so a
+        duplicate touches no row and takes no lock. Under REPEATABLE READ an old key is found
+        in the snapshot, where any ON CONFLICT arbitration against a newer version would
+        raise a serialization failure.
 
-        `DO NOTHING` remains for a key inserted concurrently: PostgreSQL makes the INSERT
-        wait for that transaction. If it rolls back, ours goes in; if it commits, the
-        statement returns no row (the winner is newer than its snapshot), and the caller
-        sends `find_run_by_key`. A concurrency key marks the queue keyed
+        `DO NOTHING` on the key's entry remains for a key claimed concurrently: PostgreSQL
+        makes the INSERT wait for that transaction. If it rolls back, ours goes in; if it
+        commits, the statement returns no row (the winner is newer than its snapshot), and
+        the caller sends `find_run_by_key`. A concurrency key marks the queue keyed
         (`fragments.mark_keyed`)."""
         return self.sql(f"""
             WITH existing AS ({FIND_RUN_BY_KEY}),
             {mark_keyed("CAST(:concurrency_key AS text) IS NOT NULL")},
+            {claim_key("(VALUES (1)) AS one(n)", "NOT EXISTS (SELECT 1 FROM existing)",
+                       f"nextval('{S}.run_id_seq')")},
             inserted AS (
-                INSERT INTO {S}.jobs ({CALL_COLUMNS}, args, run_at, concurrency_key,
+                INSERT INTO {S}.jobs (run_id, {CALL_COLUMNS}, args, run_at, concurrency_key,
                                         idempotency_key)
-                SELECT {CALL}, CAST(:args AS jsonb), {DUE}, CAST(:concurrency_key AS text),
-                       CAST(:idempotency_key AS text)
-                 WHERE NOT EXISTS (SELECT 1 FROM existing)
+                SELECT k.run_id, {CALL}, CAST(:args AS jsonb), {DUE},
+                       CAST(:concurrency_key AS text), CAST(:idempotency_key AS text)
+                  FROM keyed k
                 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
                 RETURNING id, run_id, queue, run_at)
             SELECT id, run_id, true AS created, pg_notify(:channel, {wake("queue", "run_at")})
@@ -146,7 +147,7 @@ class JobStatements(Statements):
         a join's input from a mapped parent, collected when the join runs (an instance
         completing never reads its siblings; the join's counter is all it touches)."""
         return self.sql(f"""
-            SELECT result FROM {S}.jobs
+            SELECT result FROM {S}.steps
              WHERE run_id = :run_id AND step = :step AND map_index IS NOT NULL
              ORDER BY map_index""")
 

@@ -214,7 +214,7 @@ class QueueStatements(Statements):
                  WHERE (status = 'pending' OR status = 'waiting' OR status = 'running')
                  GROUP BY queue),
             dead AS (
-                SELECT queue AS name, count(*) AS dead FROM {S}.jobs
+                SELECT queue AS name, count(*) AS dead FROM {S}.steps
                  WHERE status = 'dead' GROUP BY queue),
             counts AS (
                 SELECT COALESCE(l.name, d.name) AS name, l.pending, l.scheduled, l.waiting,

@@ -6,12 +6,20 @@ from functools import cached_property
 
 from sqlalchemy.sql.elements import TextClause
 
-from flowq.db.sql.fragments import CANCELLABLE, RUN_STATUS, S, Statements, cancel, notify_ended_row
+from flowq.db.sql.fragments import (
+    CANCELLABLE,
+    RUN_STATUS,
+    S,
+    Statements,
+    cancel,
+    copy_rows,
+    notify_ended_row,
+)
 
 __all__ = ["RunStatements"]
 
 # The columns of a run's rows that `flowq.ops.runinfo` reads.
-# A run's rows as `flowq.ops.runinfo` reads them (of `{S}.jobs j`), with the pipeline version
+# A run's rows as `flowq.ops.runinfo` reads them (of `{S}.steps j`: live and finished), with the pipeline version
 # its definition's fingerprint was recorded under (`flowq.definitions`, a primary key lookup;
 # NULL when none was).
 RUN_JOB_COLUMNS = f"""id, run_id, task, step, step_index, queue, status, priority, attempts,
@@ -21,6 +29,46 @@ RUN_JOB_COLUMNS = f"""id, run_id, task, step, step_index, queue, status, priorit
                    fingerprint,
                    (SELECT d.version FROM {S}.definitions d
                      WHERE d.fingerprint = j.fingerprint) AS version"""
+
+
+def _lock_rows(where: str) -> str:
+    """Lock the rows of runs matching `where`: live ones (`jobs`), then finished ones
+    (`job_history`), each in id order, returning their ids."""
+    return f"""
+            WITH live AS (SELECT id FROM {S}.jobs WHERE {where} ORDER BY id FOR UPDATE),
+                 done AS (SELECT id FROM {S}.job_history WHERE {where} ORDER BY id FOR UPDATE)
+            SELECT id FROM live UNION ALL SELECT id FROM done"""
+
+
+def _retried(signal: str) -> dict[str, str]:
+    """A retried dead step's columns: pending again (or waiting again until its timeout, for
+    a step whose signal never came: `signal`, the alias of its `flowq.signals` row, NULL
+    otherwise), with a fresh attempt budget; `last_error` stays until the next attempt."""
+    return {"status": f"CASE WHEN {signal}.run_id IS NULL THEN 'pending' ELSE 'waiting' END",
+            "attempts": "0", "finished_at": "NULL",
+            "run_at": f"now() + make_interval(secs => COALESCE({signal}.timeout_s, 0))"}
+
+
+def _retry_dead(where: str) -> str:
+    """CTEs ending in `retried` (id, run_id, queue, status): the dead steps of the runs
+    `where` selects (on alias `d`) sent back, moved from `job_history` to `jobs` (and, for
+    a dead row still in `jobs` from before revision 0018, updated in place)."""
+    sets = ", ".join(f"{name} = {value}" for name, value in _retried("x").items())
+    return f"""back AS (
+                DELETE FROM {S}.job_history d WHERE {where} AND d.status = 'dead'
+                RETURNING d.*
+            ), moved AS (
+                {copy_rows("jobs", f"back g LEFT JOIN {S}.signals x ON x.run_id = g.run_id "
+                                   "AND x.step = g.step AND x.sent_at IS NULL", _retried("x"))}
+                RETURNING id, run_id, queue, status
+            ), kept AS (
+                UPDATE {S}.jobs j SET {sets}
+                  FROM {S}.jobs d
+                  LEFT JOIN {S}.signals x
+                         ON x.run_id = d.run_id AND x.step = d.step AND x.sent_at IS NULL
+                 WHERE {where} AND d.status = 'dead' AND j.id = d.id
+                RETURNING j.id, j.run_id, j.queue, j.status
+            ), retried AS (SELECT * FROM moved UNION ALL SELECT * FROM kept)"""
 
 
 class RunStatements(Statements):
@@ -35,7 +83,7 @@ class RunStatements(Statements):
         none was). One statement, so one snapshot: a step's success and its successor's
         insert (one transaction) are seen together or not at all."""
         return self.sql(f"""
-            SELECT {RUN_JOB_COLUMNS} FROM {S}.jobs j WHERE run_id = :run_id
+            SELECT {RUN_JOB_COLUMNS} FROM {S}.steps j WHERE run_id = :run_id
              ORDER BY step_index, map_index NULLS FIRST, id""")
 
     @cached_property
@@ -45,7 +93,7 @@ class RunStatements(Statements):
         `select_run_jobs` for the runs :run_ids (a parent reading its children), in one
         statement, so in one snapshot."""
         return self.sql(f"""
-            SELECT {RUN_JOB_COLUMNS} FROM {S}.jobs j
+            SELECT {RUN_JOB_COLUMNS} FROM {S}.steps j
              WHERE run_id = ANY(CAST(:run_ids AS bigint[]))
              ORDER BY run_id, step_index, map_index NULLS FIRST, id""")
 
@@ -65,9 +113,9 @@ class RunStatements(Statements):
 
         Lock every row of run :run_id (waiting for an in-flight completion); returns their
         ids. Repeat until the set stops growing: a completion that committed while we waited
-        may have inserted a successor this statement's snapshot could not see."""
-        return self.sql(f"""
-            SELECT id FROM {S}.jobs WHERE run_id = :run_id ORDER BY id FOR UPDATE""")
+        may have inserted a successor this statement's snapshot could not see. Live rows
+        first, then finished ones (a dead step a retry moves back), always in that order."""
+        return self.sql(_lock_rows("run_id = :run_id"))
 
     @cached_property
     def cancel_run_jobs(self) -> TextClause:
@@ -91,16 +139,7 @@ class RunStatements(Statements):
         came, `waiting` again for its timeout. `last_error` is kept until the next attempt
         ends. Returns the ids."""
         return self.sql(f"""
-            WITH retried AS (
-                UPDATE {S}.jobs j
-                   SET status = CASE WHEN g.run_id IS NULL THEN 'pending' ELSE 'waiting' END,
-                       attempts = 0, finished_at = NULL,
-                       run_at = now() + make_interval(secs => COALESCE(g.timeout_s, 0))
-                  FROM {S}.jobs d
-                  LEFT JOIN {S}.signals g
-                         ON g.run_id = d.run_id AND g.step = d.step AND g.sent_at IS NULL
-                 WHERE d.run_id = :run_id AND d.status = 'dead' AND j.id = d.id
-                RETURNING j.id, j.queue, j.status)
+            WITH {_retry_dead("d.run_id = :run_id")}
             SELECT r.id, pg_notify(:channel, r.queue) FROM retried r""")
 
     def _runs_page(self, *, newest_first: bool, status: str) -> TextClause:
@@ -110,7 +149,7 @@ class RunStatements(Statements):
         :task, :fingerprints (the definitions its run started under: a version), :queue (any
         of its steps on it), created (its first row) in [:since, :until).
 
-        The plan walks the run ids of `jobs_run_id_idx` in order from the cursor, keeping
+        The plan walks the run ids of the run id indexes of `jobs` and `job_history` in order (merged) from the cursor, keeping
         the rows that could make their run match (its task; created since :since; a row
         with the status asked for, which every run of that status has, else a row on
         :queue, else one created before :until), computes each kept run's status from its rows (an index lookup per run)
@@ -123,7 +162,7 @@ class RunStatements(Statements):
         order, param, op = ("DESC", "before", "<") if newest_first else ("ASC", "after", ">")
         return self.sql(f"""
             SELECT r.* FROM (
-                SELECT j.run_id FROM {S}.jobs j
+                SELECT j.run_id FROM {S}.steps j
                  WHERE (CAST(:{param} AS bigint) IS NULL
                         OR j.run_id {op} CAST(:{param} AS bigint))
                    AND (CAST(:task AS text) IS NULL OR j.task = CAST(:task AS text))
@@ -137,7 +176,7 @@ class RunStatements(Statements):
                    AND (CAST(:queue AS text) IS NULL
                         OR (CAST({status} AS text) IS NULL AND j.queue = CAST(:queue AS text))
                         OR (CAST({status} AS text) IS NOT NULL AND EXISTS (
-                            SELECT 1 FROM {S}.jobs o
+                            SELECT 1 FROM {S}.steps o
                              WHERE o.run_id = j.run_id AND o.queue = CAST(:queue AS text))))
                    AND (CAST(:until AS timestamptz) IS NULL OR CAST({status} AS text) IS NOT NULL
                         OR CAST(:queue AS text) IS NOT NULL
@@ -154,7 +193,7 @@ class RunStatements(Statements):
                        min(created_at) AS created_at,
                        (array_agg(finished_at ORDER BY step_index DESC, id DESC))[1]
                            AS finished_at
-                  FROM {S}.jobs a WHERE a.run_id = c.run_id
+                  FROM {S}.steps a WHERE a.run_id = c.run_id
             ) r
              WHERE (CAST({status} AS text) IS NULL OR r.status = CAST({status} AS text))
                AND (CAST(:since AS timestamptz) IS NULL
@@ -190,9 +229,7 @@ class RunStatements(Statements):
         `lock_run_jobs` for the runs :run_ids: lock every row, in id order (the order
         every run lock takes, so two redrives never deadlock), returning the ids; repeat
         until the set stops growing."""
-        return self.sql(f"""
-            SELECT id FROM {S}.jobs WHERE run_id = ANY(CAST(:run_ids AS bigint[]))
-             ORDER BY id FOR UPDATE""")
+        return self.sql(_lock_rows("run_id = ANY(CAST(:run_ids AS bigint[]))"))
 
     @cached_property
     def retry_dead_runs(self) -> TextClause:
@@ -203,21 +240,11 @@ class RunStatements(Statements):
         run ids retried (one row each), and wakes the queues of the steps due now."""
         return self.sql(f"""
             WITH dead AS (
-                SELECT run_id FROM {S}.jobs
+                SELECT run_id FROM {S}.steps
                  WHERE run_id = ANY(CAST(:run_ids AS bigint[]))
                  GROUP BY run_id
                 HAVING {RUN_STATUS} = 'dead'
-            ), retried AS (
-                UPDATE {S}.jobs j
-                   SET status = CASE WHEN g.run_id IS NULL THEN 'pending' ELSE 'waiting' END,
-                       attempts = 0, finished_at = NULL,
-                       run_at = now() + make_interval(secs => COALESCE(g.timeout_s, 0))
-                  FROM {S}.jobs d
-                  LEFT JOIN {S}.signals g
-                         ON g.run_id = d.run_id AND g.step = d.step AND g.sent_at IS NULL
-                 WHERE d.run_id IN (SELECT run_id FROM dead) AND d.status = 'dead'
-                   AND j.id = d.id
-                RETURNING j.run_id, j.queue, j.status)
+            ), {_retry_dead("d.run_id IN (SELECT run_id FROM dead)")}
             SELECT DISTINCT r.run_id,
                    (SELECT count(pg_notify(:channel, w.queue))
                       FROM (SELECT DISTINCT queue FROM retried WHERE status = 'pending') w)

@@ -52,7 +52,7 @@ class SignalStatements(Statements):
             SELECT min(task), count(*),
                    count(*) FILTER (WHERE status IN ('pending', 'running', 'waiting')),
                    bool_or(status = 'cancelled' OR cancel_requested)
-              FROM {S}.jobs WHERE run_id = :run_id""")
+              FROM {S}.steps WHERE run_id = :run_id""")
 
     @cached_property
     def send_signal(self) -> TextClause:

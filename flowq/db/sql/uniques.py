@@ -12,8 +12,10 @@ from flowq.db.sql.fragments import (
     CALL_COLUMNS,
     DUE,
     FIND_RUN_BY_KEY,
+    KEY_CLAIMED,
     S,
     Statements,
+    claim_key,
     mark_keyed,
     start_run,
     wake,
@@ -39,8 +41,8 @@ class UniqueStatements(Statements):
             held AS (
                 SELECT f.id, u.run_id, false AS created
                   FROM {S}.uniques u
-                 CROSS JOIN LATERAL (SELECT id FROM {S}.jobs WHERE run_id = u.run_id
-                                      ORDER BY id LIMIT 1) f
+                 CROSS JOIN LATERAL (SELECT min(s.id) AS id FROM {S}.steps s
+                                      WHERE s.run_id = u.run_id) f
                  WHERE u.key = CAST(:unique_key AS text)
                    AND EXISTS (SELECT 1 FROM {S}.jobs x WHERE {active})
                    AND NOT EXISTS (SELECT 1 FROM existing)
@@ -95,12 +97,14 @@ class UniqueStatements(Statements):
         way)."""
         return self.sql(f"""{self._unique_claim()},
             {mark_keyed("CAST(:concurrency_key AS text) IS NOT NULL")},
+            {claim_key("claimed c", "true", "c.run_id")},
             inserted AS (
                 INSERT INTO {S}.jobs (run_id, {CALL_COLUMNS}, args, run_at, concurrency_key,
                                         idempotency_key)
                 SELECT c.run_id, {CALL}, CAST(:args AS jsonb), {DUE},
                        CAST(:concurrency_key AS text), CAST(:idempotency_key AS text)
                   FROM claimed c
+                 WHERE {KEY_CLAIMED}
                 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
                 RETURNING id, run_id, queue, run_at)
             SELECT id, run_id, true AS created, pg_notify(:channel, {wake("queue", "run_at")})

@@ -12,6 +12,12 @@ same columns (and `retired_at`, NULL for a live row). `flowq.run_keys` holds the
 keys of runs, for as long as the run is retained (the trigger also records the key of a
 keyed row it moves, for a run enqueued by the previous release).
 
+Online: a worker of the previous release reads finished rows from `jobs` only (a join's
+mapped results, a child's end, a batch's runs), so while one is registered (it lacks the
+capability `job_history`, revision 0009's mechanism) nothing moves: rows end in `jobs` as
+before, and this release reads both tables. Once the last one is gone, ends move their rows
+and the maintenance pass moves the rest.
+
 Expand-only, and cheap: new tables, a view, a function and a trigger; no row moves here
 (the maintenance pass moves the finished rows already in `jobs`, in batches, and the view
 shows them meanwhile). The keys of runs already in `jobs` are copied to `run_keys`. The
@@ -78,6 +84,12 @@ def upgrade() -> None:
     op.execute(f"""
         CREATE FUNCTION {s}.retire_job() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
+            -- A worker of an earlier release reads finished rows from jobs only.
+            IF EXISTS (SELECT 1 FROM {s}.workers w
+                        WHERE w.capabilities IS NULL
+                           OR NOT 'job_history' = ANY(w.capabilities)) THEN
+                RETURN NULL;
+            END IF;
             DELETE FROM {s}.jobs WHERE id = NEW.id;
             IF FOUND THEN
                 INSERT INTO {s}.job_history ({COLUMNS}) VALUES ({new});

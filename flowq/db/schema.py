@@ -27,6 +27,7 @@ __all__ = [
     "BATCH_ARGUMENTS",
     "CAPABILITIES",
     "DEFAULT_SCHEMA",
+    "HISTORY_CAPABILITY",
     "HISTORY_PARTITION",
     "JOBS_STORAGE_PARAMETERS",
     "JOB_COLUMNS",
@@ -276,11 +277,16 @@ definitions = sa.Table(
 #   its `locked_by` names beats and lists its lease (`workers.leases`; an older reaper reads
 #   the job's own `heartbeat_at` only, so until none is registered every worker still beats
 #   each job it holds).
+# - `HISTORY_CAPABILITY`: it reads finished rows from `job_history` too (revision 0018; an
+#   older worker reads `jobs` only: a join's mapped results, a child's end, a batch's runs),
+#   so rows move to history only while every registered worker has it (`fragments.succeed`,
+#   the trigger `jobs_retire`, the mover); until then they end in `jobs` as before.
 JOIN_SHARDS_CAPABILITY: Final = "join_shards"
 PERMITS_CAPABILITY: Final = "permits"
 LIVENESS_CAPABILITY: Final = "worker_liveness"
+HISTORY_CAPABILITY: Final = "job_history"
 CAPABILITIES: Final[tuple[str, ...]] = (JOIN_SHARDS_CAPABILITY, PERMITS_CAPABILITY,
-                                        LIVENESS_CAPABILITY)
+                                        LIVENESS_CAPABILITY, HISTORY_CAPABILITY)
 
 
 # One counter per join step of a run: the parent units still to succeed (a parent, or each

@@ -16,7 +16,7 @@ from typing import Any, Final
 import sqlalchemy as sa
 from sqlalchemy.sql.elements import TextClause
 
-from flowq.db.schema import JOB_COLUMNS, run_end_channel
+from flowq.db.schema import HISTORY_CAPABILITY, JOB_COLUMNS, run_end_channel
 from flowq.names import validate_schema_name
 
 __all__ = [
@@ -336,15 +336,21 @@ def succeed(single: bool) -> str:
     """Mark claims succeeded with their results (`c(id, lease, result)`, batch or single),
     fenced; every completing statement starts with it: CTEs ending in `done`, the rows that
     were still ours. A success is the common end, so it moves its row to `job_history`
-    itself (a DELETE and an INSERT), where every other end relies on the trigger
-    `jobs_retire` (revision 0018), which would UPDATE the row first: a dead tuple more."""
+    itself (a DELETE and an INSERT: no new version of the row in `jobs`), where every other
+    end relies on the trigger `jobs_retire` (revision 0018). While a worker of an earlier
+    release is registered (`HISTORY_CAPABILITY`), the row is updated in place instead, as
+    before, and stays in `jobs` (the trigger leaves it there too)."""
     claims = rows("c", (*CLAIM_KEY, ("result", "jsonb")), single=single)
     ends = {"status": "'succeeded'", "result": "g.new_result", "finished_at": "now()",
             "started_at": "g.locked_at", **UNLOCKED}
-    return f"""gone AS (
+    done = ("id, lease, run_id, priority, cancel_requested, trace_context, fingerprint, "
+            "step, map_index, deadline")
+    return f"""history AS (
+                SELECT NOT {registered_without(HISTORY_CAPABILITY)} AS moves
+            ), gone AS (
                 DELETE FROM {S}.jobs j
                  USING {claims}
-                 WHERE {FENCE}
+                 WHERE {FENCE} AND (SELECT moves FROM history)
                 RETURNING j.*, c.result AS new_result
             ), retired AS ({copy_rows("job_history", "gone g", ends)}
             ), kept_keys AS (
@@ -352,9 +358,15 @@ def succeed(single: bool) -> str:
                 INSERT INTO {S}.run_keys (key, run_id)
                 SELECT idempotency_key, run_id FROM gone WHERE idempotency_key IS NOT NULL
                 ON CONFLICT (key) DO NOTHING
+            ), stayed AS (
+                UPDATE {S}.jobs j
+                   SET status = 'succeeded', result = c.result, finished_at = now(),
+                       started_at = j.locked_at, {UNLOCK}
+                  FROM {claims}
+                 WHERE {FENCE} AND NOT (SELECT moves FROM history)
+                RETURNING j.{done.replace(", ", ", j.")}
             ), done AS (
-                SELECT id, lease, run_id, priority, cancel_requested, trace_context,
-                       fingerprint, step, map_index, deadline FROM gone)"""
+                SELECT {done} FROM gone UNION ALL SELECT {done} FROM stayed)"""
 
 
 # The run holding :idempotency_key, as (id: its first row, run_id, created = false): the key's

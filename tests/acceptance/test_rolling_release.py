@@ -228,7 +228,7 @@ def _roll_out(engine: sa.Engine, url: str, old: Release, new: Release,
         conn.exec_driver_sql(LEDGER_DDL)
     enq = old.run("-c", ENQUEUE, url, str(OLD_RECORDS), str(OLD_FLOWS), "0.1")
     assert enq.returncode == 0 and "flowq-0006" in enq.stdout, enq
-    backlog_runs = scalar(engine, "SELECT max(run_id) FROM flowq.steps")
+    backlog_runs = scalar(engine, "SELECT max(run_id) FROM flowq.jobs")
 
     old_workers = [start(old, url) for _ in range(2)]
     _listening(engine, *old_workers)
@@ -241,7 +241,7 @@ def _roll_out(engine: sa.Engine, url: str, old: Release, new: Release,
     holder_engine = sa.create_engine(url, poolclass=sa.pool.NullPool,
                                      connect_args={"application_name": "rolling-report"})
     holder = holder_engine.connect()
-    holder.execute(sa.text("SELECT count(*) FROM flowq.steps"))
+    holder.execute(sa.text("SELECT count(*) FROM flowq.jobs"))
     migrate_since = _db_now(engine)
     clock = time.monotonic()
     migrate_log = tmp_path / "migrate.log"

@@ -312,12 +312,12 @@ def test_a_beat_of_a_registered_worker_reads_its_jobs_without_writing_them(
     with engine.begin() as conn:
         mine = add_job(conn, status="running", attempts=1, heartbeat_ago=20, lease=11)
         taken = add_job(conn, status="running", attempts=1, heartbeat_ago=20, lease=14)
-        xmin = dict(conn.execute(sa.text("SELECT id, xmin::text FROM flowq.steps")).all())
+        xmin = dict(conn.execute(sa.text("SELECT id, xmin::text FROM flowq.jobs")).all())
     age_entry(engine, 20)
     beat = heartbeat(engine, [(mine, 11), (taken, 13)])
     assert beat.run_once() == 1 and beat.lost == [taken]
     with engine.connect() as conn:
-        assert dict(conn.execute(sa.text("SELECT id, xmin::text FROM flowq.steps")).all()) == xmin
+        assert dict(conn.execute(sa.text("SELECT id, xmin::text FROM flowq.jobs")).all()) == xmin
         assert conn.execute(sa.text("SELECT heartbeat_at > now() - interval '5 seconds' "
                                     "FROM flowq.workers")).scalar_one()
     ages = beat_ages(engine)

@@ -126,7 +126,7 @@ def test_the_api_retries_in_batches_each_its_own_transaction(engine: sa.Engine) 
     assert {(r.status, r.attempts, r.finished_at) for r in rows} == {("pending", 0, None)}
     assert {r.last_error for r in rows} == {"RuntimeError: boom"}  # kept until the next end
     # Four batches (300, 300, 300, 100), four transactions.
-    assert scalar(engine, "SELECT count(DISTINCT xmin::text) FROM flowq.steps "
+    assert scalar(engine, "SELECT count(DISTINCT xmin::text) FROM flowq.jobs "
                           "WHERE run_id = ANY(:ids)", ids=dead) == 4
     assert statuses(engine, alive) == {"pending": 5}
     assert retry_runs(engine) == 0  # none is dead any more

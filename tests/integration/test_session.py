@@ -549,7 +549,7 @@ def test_enqueue_first_in_the_transaction_rides_with_begin(
     with Session() as s:
         run = s.enqueue("t", queue="default", n=1)
         xid_then = s.execute(sa.text("SELECT txid_current()")).scalar()
-        job_xmin = s.execute(sa.text("SELECT xmin::text::bigint FROM flowq.steps WHERE id = :i"),
+        job_xmin = s.execute(sa.text("SELECT xmin::text::bigint FROM flowq.jobs WHERE id = :i"),
                              {"i": run.job_id}).scalar()
         assert job_xmin == xid_then % 2**32
         s.rollback()

@@ -32,6 +32,7 @@ from flowq_bench import baselines
 from flowq_bench.app import app as bench_app
 from flowq_bench.harness import WorkerGroup, conninfo, own_database, reset, reset_table, wait_for
 from flowq_bench.progress import repeats
+from flowq_bench.tables import JOBS, STEPS
 
 __all__ = [
     "Check",
@@ -53,7 +54,7 @@ Check = Callable[[sa.Engine], None]
 
 DRAIN_TIMEOUT: Final = 1800.0
 
-JOBS_TABLE: Final = "flowq.jobs"
+JOBS_TABLE: Final = JOBS
 # At most how long the server processes of finished loops or workers take to go.
 EXIT_TIMEOUT: Final = 30.0
 # application_name of the worker processes' connections and of the raw loops'.
@@ -67,6 +68,8 @@ def _busy(table: str) -> sa.TextClause:
 
 
 def _tally(table: str) -> sa.TextClause:
+    """Outcomes of `table`'s rows; flowq's in `flowq.steps`, where the finished ones are."""
+    table = STEPS if table == JOBS_TABLE else table
     return sa.text("SELECT count(*) FILTER (WHERE status = 'succeeded') AS ok, "
                    "count(*) AS total, extract(epoch FROM max(finished_at))::float8 AS last "
                    f"FROM {table}")
@@ -114,8 +117,9 @@ def enqueue_run(engine: sa.Engine, task: str, **args: Any) -> float:
 def wait_drained(engine: sa.Engine, expected: int, t0: float, table: str = JOBS_TABLE
                  ) -> float:
     """Wait until nothing is pending or running in `table` (flowq.jobs, or the minimal
-    table); the elapsed seconds from `t0` to the last completion. Raises if fewer than
-    `expected` rows succeeded."""
+    table), at most `DRAIN_TIMEOUT`; the elapsed seconds from `t0` to the last completion.
+    Raises if fewer than `expected` rows succeeded (flowq's counted in `flowq.steps`: a
+    finished row has left flowq.jobs for flowq.job_history)."""
     busy = _busy(table)
 
     def idle() -> bool:

@@ -27,6 +27,7 @@ import sqlalchemy as sa
 from flowq_bench import baselines
 from flowq_bench.app import app as bench_app
 from flowq_bench.drains import (
+    CALIBRATE_ROUNDS,
     DrainCost,
     db_clock,
     engine_for,
@@ -97,15 +98,18 @@ def drain(server: Server, o: Options) -> list[Row]:
         notes = [_cost_note(f"flowq C={c}", v)]
         if i == 0:
             notes += [_cost_note(name, r) for name, r in refs.items()]
-            notes.append("minimal-table variants, one drain of "
+            notes.append(f"minimal-table variants, best of {CALIBRATE_ROUNDS} drains of "
                          f"{min(o.jobs, CALIBRATE_JOBS):,} each: " + ", ".join(
                              f"{k} {r:,.0f} jobs/s" for k, r in variants.items()))
         rows.append(Row("drain", Figure(f"WAL bytes/job (P={p} C={c})", "B/job",
                                         [d.wal_per_row for d in v], False),
                         figures("B/job", lambda d: d.wal_per_row),
                         note="; ".join(notes) + (
-                            " (pg_stat_user_tables of the drained table; WAL of the whole "
-                            "server from t0 to the drain's end, after a CHECKPOINT)"
+                            " (pg_stat_user_tables of the drained table, flowq.jobs or the "
+                            "minimal one: a finished row is deleted there and inserted into "
+                            "flowq.job_history, never updated; WAL of the whole server, both "
+                            "job tables' included, from t0 to the drain's end, after a "
+                            "CHECKPOINT)"
                             if i == 0 else "")))
     return rows
 

@@ -192,10 +192,10 @@ _MINIMAL_CHAINED = f"""WITH done AS (
 # The variants of the minimal batched-100 drain: each statement in an explicit transaction
 # (psycopg sends BEGIN and COMMIT as round trips of their own) or autocommit (one round trip a
 # statement), and the claim and the previous batch's completion in two statements or in one.
-# Measured on the 2-core bench machine (/tmp/bh-minimal.py: an embedded server with durable
-# defaults, fresh database, P=2, 50,000 rows per drain, 8 rounds over two runs, the order of
-# the variants reversed every other round; jobs/s, median and best, noisy: other sessions
-# shared the machine):
+# Measured on the 2-core bench machine, 2026-12-02 (`drains.minimal_drains` of each variant in
+# turn: the embedded server with durable defaults, a fresh database, P=2, 50,000 rows a
+# drain, 8 rounds over two runs, the order of the variants reversed every other round; jobs/s,
+# median and best of the 8; noisy: other sessions shared the machine):
 #   minimal             6 round trips a batch   median 21,700  best 42,700
 #   minimal_autocommit  2                       median 27,200  best 45,300
 #   minimal_chained_tx  3                       median 26,700  best 45,900

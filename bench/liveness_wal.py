@@ -41,9 +41,9 @@ MARK = sa.text(f"""
            (SELECT sum(autovacuum_count + autoanalyze_count) FROM pg_stat_all_tables)
                AS autovacuums,
            pg_total_relation_size(relid) AS jobs_size,
-           (SELECT coalesce(sum(h.n_tup_ins + h.n_tup_upd + h.n_tup_del), 0)
+           (SELECT coalesce(sum(h.n_tup_ins + h.n_tup_upd + h.n_tup_del), 0)::float8
               FROM pg_stat_user_tables h WHERE h.relid IN ({HISTORY_PARTS})) AS history_writes,
-           (SELECT coalesce(sum(pg_total_relation_size(p.relid)), 0)
+           (SELECT coalesce(sum(pg_total_relation_size(p.relid)), 0)::bigint
               FROM ({HISTORY_PARTS}) p) AS history_size
       FROM pg_stat_user_tables WHERE schemaname = 'flowq' AND relname = 'jobs'""")
 

@@ -10,8 +10,10 @@ enqueues N jobs whose handlers sleep until the end, runs one worker (concurrency
 maintenance on) until all N run, vacuums the database and checkpoints, waits 15 s, then
 reads `pg_current_wal_insert_lsn()`, `pg_stat_wal` and `pg_stat_user_tables` of
 `flowq.jobs` before and after the window. Prints WAL bytes, records and full-page images per
-minute, the updates of `flowq.jobs` (and how many were HOT), and the autovacuum or
-autoanalyze runs in the window (PostgreSQL 14 or later).
+minute, the updates of `flowq.jobs` (and how many were HOT), the rows written to
+`flowq.job_history` (summed over its partitions: finished rows move there; none while the
+jobs are held), each table's size at the end, and the autovacuum or autoanalyze runs in the
+window (PostgreSQL 14 or later).
 """
 
 from __future__ import annotations
@@ -27,13 +29,22 @@ import flowq
 from flowq.local.postgres import LocalPostgres
 from flowq.worker import Worker, WorkerConfig
 
-MARK = sa.text("""
+# flowq.job_history (revision 0018: finished rows move there) over all its partitions; none
+# before that revision (to_regclass is NULL, the partition tree empty), so any release runs.
+HISTORY_PARTS = """SELECT relid FROM pg_partition_tree(to_regclass('flowq.job_history'))
+                    WHERE isleaf"""
+MARK = sa.text(f"""
     SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::float8 AS wal,
            (SELECT wal_records FROM pg_stat_wal) AS records,
            (SELECT wal_fpi FROM pg_stat_wal) AS fpi,
            n_tup_upd, n_tup_hot_upd,
            (SELECT sum(autovacuum_count + autoanalyze_count) FROM pg_stat_all_tables)
-               AS autovacuums
+               AS autovacuums,
+           pg_total_relation_size(relid) AS jobs_size,
+           (SELECT coalesce(sum(h.n_tup_ins + h.n_tup_upd + h.n_tup_del), 0)::float8
+              FROM pg_stat_user_tables h WHERE h.relid IN ({HISTORY_PARTS})) AS history_writes,
+           (SELECT coalesce(sum(pg_total_relation_size(p.relid)), 0)::bigint
+              FROM ({HISTORY_PARTS}) p) AS history_size
       FROM pg_stat_user_tables WHERE schemaname = 'flowq' AND relname = 'jobs'""")
 
 
@@ -87,7 +98,11 @@ def measure(url: str, jobs: int, heartbeat: float, seconds: float) -> dict[str, 
             "autovacuum_or_analyze_runs": int(after.autovacuums - before.autovacuums),
             "jobs_updates_per_min": round((after.n_tup_upd - before.n_tup_upd) * per_minute),
             "jobs_hot_updates_per_min": round(
-                (after.n_tup_hot_upd - before.n_tup_hot_upd) * per_minute)}
+                (after.n_tup_hot_upd - before.n_tup_hot_upd) * per_minute),
+            "jobs_size_bytes": int(after.jobs_size),
+            "job_history_writes_per_min": round(
+                (after.history_writes - before.history_writes) * per_minute),
+            "job_history_size_bytes": int(after.history_size)}
 
 
 def main() -> None:

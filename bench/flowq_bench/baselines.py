@@ -1,10 +1,12 @@
 """The raw-SQL references: hand-written psycopg loops on the same `flowq.jobs` table.
 
-They are what an expert writes without a library, and what flowq is measured against:
-- `one_per_tx`: BEGIN; SELECT … LIMIT 1 FOR UPDATE SKIP LOCKED; UPDATE … SET status =
-  'succeeded'; COMMIT (optionally inserting one ledger row in the same transaction);
+They are what an expert writes without a library, and what flowq is measured against. A
+completion moves its rows to `flowq.job_history` itself (`_retire`: DELETE … RETURNING and
+INSERT in one statement, as flowq's success does since revision 0018):
+- `one_per_tx`: BEGIN; SELECT … LIMIT 1 FOR UPDATE SKIP LOCKED; move it as 'succeeded';
+  COMMIT (optionally inserting one ledger row in the same transaction);
 - `batched`: claim 100 with flowq's own CTE `UPDATE … RETURNING`, then complete them with one
-  `UPDATE … WHERE id = ANY(…)`; `pipeline` also inserts the next steps, as flowq's completer does;
+  move `WHERE id = ANY(…)`; `pipeline` also inserts the next steps, as flowq's completer does;
 - `ten_tx`: a job claimed in one transaction (`running`), then ten ledger rows in ten
   transactions of their own, then completed in one more: what the `checkpoint` scenario's
   ten checkpoints do, written by hand without a fence or a record;
@@ -28,8 +30,9 @@ They are what an expert writes without a library, and what flowq is measured aga
   flatters flowq: `minimal` (each statement in an explicit transaction: BEGIN, statement,
   COMMIT), `minimal_autocommit` (each statement atomic on its own: one round trip each) and
   `minimal_chained` (autocommit, and one statement per batch that completes the previous
-  batch and claims the next: a data-modifying CTE). `drains.fastest_minimal` measures them
-  all and the scenario keeps the fastest.
+  batch and claims the next: a data-modifying CTE) and `minimal_chained_tx` (that statement
+  in an explicit transaction). `drains.fastest_minimal` measures them all and the scenario
+  keeps the fastest (see the measurement beside `MINIMAL_VARIANTS`).
 
 `run_loops` runs P of them in processes (multiprocessing, spawn), released together once all
 are connected, so process start-up is not timed. Each loop sets `finished_at = now()` like flowq,
@@ -47,16 +50,45 @@ from typing import Any, Final
 
 import psycopg
 
-__all__ = ["LOOPS", "MINIMAL", "MINIMAL_DDL", "MINIMAL_TABLE", "MINIMAL_VARIANTS", "run_loops"]
+from flowq.db.schema import JOB_COLUMNS
+
+__all__ = ["LOOPS", "MINIMAL", "MINIMAL_DDL", "MINIMAL_REFERENCE", "MINIMAL_TABLE",
+           "MINIMAL_VARIANTS", "run_loops"]
 
 BATCH: Final = 100
 QUEUE: Final = "bench"
 
+# -- the end of a row: moved to job_history by the statement itself ---------------------------
+
+# A finished row lives in flowq.job_history (revision 0018). Every raw completion moves its
+# rows itself, a DELETE and an INSERT of the same rows in one statement, as flowq's success
+# does (`fragments.succeed`): an UPDATE to 'succeeded' would be moved too, by the trigger
+# `jobs_retire`, but row by row and with a dead tuple more, a slower loop than an expert
+# writes for this layout.
+_UNLOCKED: Final = {"locked_by": "NULL", "locked_at": "NULL", "heartbeat_at": "NULL"}
+
+
+def _retire(where: str, ends: dict[str, str], returning: str = "id") -> str:
+    """Two CTEs, `gone` (the rows of flowq.jobs matching `where`, deleted) and `done` (the
+    same rows written to flowq.job_history with the columns of `ends`, name -> SQL over `g`,
+    RETURNING `returning`): every column listed by name (`JOB_COLUMNS`)."""
+    items = ", ".join(ends.get(name, f"g.{name}") for name in JOB_COLUMNS.split(", "))
+    return f"""gone AS (
+        DELETE FROM flowq.jobs WHERE {where} RETURNING *
+    ), done AS (
+        INSERT INTO flowq.job_history ({JOB_COLUMNS}) SELECT {items} FROM gone g
+        RETURNING {returning})"""
+
+
 _PICK_ONE = """SELECT id FROM flowq.jobs
     WHERE status = 'pending' AND queue = %s AND run_at <= now()
     ORDER BY priority, run_at, id LIMIT 1 FOR UPDATE SKIP LOCKED"""
-_DONE_ONE = """UPDATE flowq.jobs SET status = 'succeeded', attempts = attempts + 1,
-    finished_at = now() WHERE id = %s"""
+_DONE_ONE = "WITH " + _retire("id = %s", {
+    "status": "'succeeded'", "attempts": "g.attempts + 1", "finished_at": "now()"},
+) + " SELECT count(*) FROM done"
+# ten_tx's: its claim counted the attempt.
+_DONE_CLAIMED = "WITH " + _retire("id = %s", {
+    "status": "'succeeded'", "finished_at": "now()"}) + " SELECT count(*) FROM done"
 _LEDGER = "INSERT INTO bench_ledger (job_id) VALUES (%s)"
 _CLAIM = """WITH picked AS (
         SELECT id FROM flowq.jobs
@@ -66,9 +98,8 @@ _CLAIM = """WITH picked AS (
         locked_at = now(), heartbeat_at = now()
     FROM picked WHERE j.id = picked.id
     RETURNING j.id, j.run_id, j.task, j.step_index, j.args::text"""
-_DONE_MANY = """UPDATE flowq.jobs SET status = 'succeeded', finished_at = now(),
-    locked_by = NULL, locked_at = NULL, heartbeat_at = NULL
-    WHERE id = ANY(%s) AND status = 'running'"""
+_DONE_MANY = "WITH " + _retire("id = ANY(%s) AND status = 'running'", {
+    "status": "'succeeded'", "finished_at": "now()", **_UNLOCKED}) + " SELECT count(*) FROM done"
 _NEXT_STEPS = """INSERT INTO flowq.jobs (run_id, task, step, step_index, queue, args)
     SELECT r, t, s, i, %s, '{}'::jsonb
     FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::smallint[]) AS u(r, t, s, i)"""
@@ -81,12 +112,9 @@ _PIPELINE_STEPS: Final = ("first", "second", "third")
 # One statement per batch, like flowq's: complete, fork after `start`, count `left`/`right`
 # towards the join (grouped per run, since a batch may hold both parents of one run, and in
 # run_id order so that two loops lock counter rows in the same order), create `join` at 0.
-_DAG_COMPLETE = """WITH done AS (
-        UPDATE flowq.jobs SET status = 'succeeded', result = 'null'::jsonb, finished_at = now(),
-            locked_by = NULL, locked_at = NULL, heartbeat_at = NULL
-        WHERE id = ANY(%(ids)s) AND status = 'running'
-        RETURNING run_id, step, result
-    ), forked AS (
+_DAG_COMPLETE = "WITH " + _retire("id = ANY(%(ids)s) AND status = 'running'", {
+    "status": "'succeeded'", "result": "'null'::jsonb", "finished_at": "now()", **_UNLOCKED},
+    "run_id, step, result") + """, forked AS (
         INSERT INTO flowq.jobs (run_id, task, step, step_index, queue, args)
         SELECT d.run_id, 'dag', c.step, c.idx, %(queue)s, '{}'::jsonb
           FROM done d CROSS JOIN (VALUES ('left', 1), ('right', 2)) AS c(step, idx)
@@ -107,9 +135,9 @@ _DAG_COMPLETE = """WITH done AS (
 # clock_timestamp() here and in _MAP_GATHERED, not now() (the transaction's start): flowq
 # stamps these rows with the start of the statement that writes them, after the items were
 # built (split) or the results read (gather); so do these, in the same place.
-_MAP_SPLIT = """UPDATE flowq.jobs SET status = 'succeeded', result = %s::jsonb,
-    finished_at = clock_timestamp(), locked_by = NULL, locked_at = NULL, heartbeat_at = NULL
-    WHERE id = %s AND status = 'running'"""
+_MAP_SPLIT = "WITH " + _retire("id = %(id)s AND status = 'running'", {
+    "status": "'succeeded'", "result": "CAST(%(result)s AS jsonb)",
+    "finished_at": "clock_timestamp()", **_UNLOCKED}) + " SELECT count(*) FROM done"
 _MAP_ITEMS = """INSERT INTO flowq.jobs (run_id, task, step, step_index, queue, args, map_index)
     SELECT %s, 'fan', 'work', 1, %s, a.value, a.n - 1
       FROM unnest(%s::jsonb[]) WITH ORDINALITY AS a(value, n)"""
@@ -118,12 +146,9 @@ _MAP_COUNTER = """INSERT INTO flowq.joins (run_id, step, parents, remaining)
 _MAP_GATHER = """INSERT INTO flowq.jobs (run_id, task, step, step_index, queue, joined)
     VALUES (%s, 'fan', 'gather', 2, %s, true)"""
 # Items of one batch: completed, counted (one counter row per run), `gather` created at 0.
-_MAP_COMPLETE = """WITH done AS (
-        UPDATE flowq.jobs SET status = 'succeeded', result = 'null'::jsonb, finished_at = now(),
-            locked_by = NULL, locked_at = NULL, heartbeat_at = NULL
-        WHERE id = ANY(%(ids)s) AND status = 'running'
-        RETURNING run_id
-    ), counted AS (
+_MAP_COMPLETE = "WITH " + _retire("id = ANY(%(ids)s) AND status = 'running'", {
+    "status": "'succeeded'", "result": "'null'::jsonb", "finished_at": "now()", **_UNLOCKED},
+    "run_id") + """, counted AS (
         UPDATE flowq.joins k SET remaining = k.remaining - d.n
           FROM (SELECT run_id, count(*) AS n FROM done GROUP BY run_id) d
          WHERE k.run_id = d.run_id AND k.step = 'gather'
@@ -131,11 +156,10 @@ _MAP_COMPLETE = """WITH done AS (
     )
     INSERT INTO flowq.jobs (run_id, task, step, step_index, queue, joined)
     SELECT run_id, 'fan', 'gather', 2, %(queue)s, true FROM counted WHERE remaining = 0"""
-_MAP_RESULTS = """SELECT result FROM flowq.jobs
+# The items have all ended when `gather` runs: their rows are in job_history (revision 0018).
+_MAP_RESULTS = """SELECT result FROM flowq.job_history
     WHERE run_id = %s AND step = 'work' AND map_index IS NOT NULL ORDER BY map_index"""
-_MAP_GATHERED = """UPDATE flowq.jobs SET status = 'succeeded', result = %s::jsonb,
-    finished_at = clock_timestamp(), locked_by = NULL, locked_at = NULL, heartbeat_at = NULL
-    WHERE id = %s AND status = 'running'"""
+_MAP_GATHERED = _MAP_SPLIT
 
 # -- minimal: the least a queue table needs -------------------------------------------------
 
@@ -165,7 +189,23 @@ _MINIMAL_CHAINED = f"""WITH done AS (
     WHERE id IN (SELECT id FROM {MINIMAL_TABLE} WHERE status = 'pending'
                  ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)
     RETURNING id, payload"""
-MINIMAL_VARIANTS: Final = ("minimal", "minimal_autocommit", "minimal_chained")
+# The variants of the minimal batched-100 drain: each statement in an explicit transaction
+# (psycopg sends BEGIN and COMMIT as round trips of their own) or autocommit (one round trip a
+# statement), and the claim and the previous batch's completion in two statements or in one.
+# Measured on the 2-core bench machine, 2026-12-02 (`drains.minimal_drains` of each variant in
+# turn: the embedded server with durable defaults, a fresh database, P=2, 50,000 rows a
+# drain, 8 rounds over two runs, the order of the variants reversed every other round; jobs/s,
+# median and best of the 8; noisy: other sessions shared the machine):
+#   minimal             6 round trips a batch   median 21,700  best 42,700
+#   minimal_autocommit  2                       median 27,200  best 45,300
+#   minimal_chained_tx  3                       median 26,700  best 45,900
+#   minimal_chained     1                       median 34,400  best 60,400
+# One statement, autocommit, was the fastest in median and in best: `MINIMAL_REFERENCE`, the
+# default reference. The drain scenario still measures all four on its own server
+# (`drains.fastest_minimal`) and keeps whichever is fastest there.
+MINIMAL_VARIANTS: Final = ("minimal", "minimal_autocommit", "minimal_chained",
+                           "minimal_chained_tx")
+MINIMAL_REFERENCE: Final = "minimal_chained"
 
 _Row = tuple[Any, ...]
 
@@ -198,7 +238,7 @@ def _ten_tx(conn: psycopg.Connection[Any], rows: int = 10) -> int:
             with conn.transaction():
                 conn.execute(_LEDGER, row)
         with conn.transaction():
-            conn.execute(_DONE_ONE.replace("attempts = attempts + 1, ", ""), row)
+            conn.execute(_DONE_CLAIMED, row)
         done += 1
 
 
@@ -241,13 +281,16 @@ def _minimal(conn: psycopg.Connection[Any], autocommit: bool = False) -> int:
         done += len(rows)
 
 
-def _minimal_chained(conn: psycopg.Connection[Any]) -> int:
-    """One autocommit statement per batch: complete the previous, claim the next."""
-    conn.autocommit = True
+def _minimal_chained(conn: psycopg.Connection[Any], autocommit: bool = True) -> int:
+    """One statement per batch: complete the previous, claim the next; atomic on its own
+    (`autocommit`) or in an explicit transaction (BEGIN, statement, COMMIT)."""
+    conn.autocommit = autocommit
+    block = contextlib.nullcontext if autocommit else conn.transaction
     done = 0
     previous: list[int] = []
     while True:
-        rows = conn.execute(_MINIMAL_CHAINED, (previous, BATCH)).fetchall()
+        with block():
+            rows = conn.execute(_MINIMAL_CHAINED, (previous, BATCH)).fetchall()
         done += len(previous)
         if not rows:
             return done
@@ -308,7 +351,7 @@ def _map_complete(conn: psycopg.Connection[Any], rows: Sequence[_Row]) -> None:
         if index == 0:
             n = int(json.loads(args).get("n", 0))
             texts = [json.dumps({"i": i}) for i in range(n)]
-            conn.execute(_MAP_SPLIT, ("[" + ", ".join(texts) + "]", job_id))
+            conn.execute(_MAP_SPLIT, {"result": "[" + ", ".join(texts) + "]", "id": job_id})
             if n:
                 conn.execute(_MAP_ITEMS, (run_id, QUEUE, texts))
                 conn.execute(_MAP_COUNTER, (run_id, n))
@@ -316,7 +359,7 @@ def _map_complete(conn: psycopg.Connection[Any], rows: Sequence[_Row]) -> None:
                 conn.execute(_MAP_GATHER, (run_id, QUEUE))
         elif index == 2:
             results = [r[0] for r in conn.execute(_MAP_RESULTS, (run_id,))]
-            conn.execute(_MAP_GATHERED, (json.dumps(len(results)), job_id))
+            conn.execute(_MAP_GATHERED, {"result": json.dumps(len(results)), "id": job_id})
     items = [r[0] for r in rows if r[3] == 1]
     if items:
         conn.execute(_MAP_COMPLETE, {"ids": items, "queue": QUEUE})
@@ -334,6 +377,7 @@ LOOPS: Final[dict[str, Callable[[psycopg.Connection[Any], Any], int]]] = {
     MINIMAL: lambda conn, stop: _minimal(conn),
     "minimal_autocommit": lambda conn, stop: _minimal(conn, autocommit=True),
     "minimal_chained": lambda conn, stop: _minimal_chained(conn),
+    "minimal_chained_tx": lambda conn, stop: _minimal_chained(conn, autocommit=False),
 }
 
 

@@ -80,7 +80,7 @@ def _number(option: str, dest: str, help: str, default: str) -> Callable[[_F], _
 @click.option("--retained", type=click.IntRange(0), default=None, metavar="N",
               help="scale: finished rows retained beside the pending ones [default: 1,000,000].")
 @click.option("--rows", "index_rows", type=click.IntRange(2), default=None, metavar="N",
-              help="indexes: finished rows retained in flowq.jobs [default: 10,000,000; "
+              help="indexes: finished rows retained in flowq.job_history [default: 10,000,000; "
               "--quick: 20,000].")
 @click.option("--repeat", type=click.IntRange(1), default=None,
               help="Runs per figure; the table shows median and min-max [default: 3].")

@@ -5,8 +5,8 @@
   is used, never the environment's.
 - `Server.fresh_database()`: a new database cloned from a migrated template (CREATE DATABASE
   … TEMPLATE), dropped afterwards, so one scenario never sees another's rows or dead tuples.
-- `reset(engine)`: TRUNCATE the jobs, workflow and bench tables between repeats of one
-  scenario.
+- `reset(engine)`: TRUNCATE both job tables (`flowq.jobs`, `flowq.job_history`), the run
+  keys, the workflow and bench tables between repeats of one scenario.
 - `WorkerGroup`: real `python -m flowq worker flowq_bench.app:app --processes P` processes,
   started and ready (their LISTEN connections seen in pg_stat_activity) before timing starts.
   They serve `--queues bench` unless told otherwise (the bench app also declares the limited
@@ -56,8 +56,9 @@ _BENCH_DDL: Final = (
 )
 # The workflow tables too: RESTART IDENTITY restarts run ids, so a join counter left from the
 # previous repeat would be taken for the new run of the same id.
-_TRUNCATE: Final = ("TRUNCATE flowq.jobs, flowq.joins, flowq.join_shards, flowq.signals, "
-                    "flowq.checkpoints, bench_ledger, "
+# Both job tables and the run keys (revision 0018): a run's finished rows are in job_history.
+_TRUNCATE: Final = ("TRUNCATE flowq.jobs, flowq.job_history, flowq.run_keys, flowq.joins, "
+                    "flowq.join_shards, flowq.signals, flowq.checkpoints, bench_ledger, "
                     "bench_stamps, bench_orders RESTART IDENTITY")
 # The databases `fresh_database` created and has not dropped yet: all `reset` may empty.
 _created_databases: set[str] = set()
@@ -181,6 +182,7 @@ def reset(engine: sa.Engine) -> None:
         c.execute(sa.text(_TRUNCATE))
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
         c.execute(sa.text("VACUUM ANALYZE flowq.jobs"))
+        c.execute(sa.text("VACUUM ANALYZE flowq.job_history"))  # each partition, then the parent
         c.execute(sa.text("VACUUM ANALYZE flowq.joins"))
 
 

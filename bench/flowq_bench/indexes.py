@@ -1,11 +1,12 @@
 """The indexes scenario: every feature statement EXPLAINed over N retained rows (issue 21).
 
 `fill` writes a fresh flowq schema's tables as a long-running deployment leaves them: N
-finished rows in runs of 1 to 3 steps (succeeded, some dead, some cancelled; idempotency
+finished rows (in `flowq.job_history`, where revision 0018 moves them) in runs of 1 to 3 steps (succeeded, some dead, some cancelled; idempotency
 keys, map instances and their joins, signals, children, checkpoints) spread over four days
 (so about a quarter is past the pruner's default retention of 3 days), beside a live part
 that grows with N up to `LIVE` (pending, running, stale and waiting rows, deadlines, waits,
-unique keys, two workers). Then VACUUM ANALYZE: the statistics autovacuum would leave.
+unique keys, two workers) in `flowq.jobs`. Then VACUUM ANALYZE: the statistics autovacuum
+would leave.
 
 `checks` lists the statements a user path sends, each with real parameters looked up in that
 data: the worker's through `flowq.db.store.Store` verbs (so the parameters are the ones the
@@ -13,8 +14,9 @@ store builds), the others from `flowq.db.sql.Queries` as the CLI, dashboard and 
 them. `explain` runs one under EXPLAIN (ANALYZE, BUFFERS) in a transaction it rolls back,
 with the options of the connection that sends it (the worker's connections disable seq
 scans: `flowq.worker.connection.PLANNER_OPTIONS`), and says whether it is index-served: no
-Seq Scan and no walk without a condition over most of an index that grows with retained
-rows (`BOUNDED` tables hold a deployment's queues, workers and schedules).
+Seq Scan (on a table or on a partition of job_history: `Plan.history_seq_scans`) and no
+walk without a condition over most of an index that grows with retained rows (`BOUNDED`
+tables hold a deployment's queues, workers and schedules).
 
 tests/integration/test_index_plans.py runs the same list at 20,000 rows.
 """
@@ -42,6 +44,7 @@ from flowq.db.store import Store
 from flowq.enqueueing.prepare import prepare_enqueue
 from flowq.worker.config import DEFAULT_DEAD_RETENTION, DEFAULT_RETENTION
 from flowq.worker.connection import HOT_PATH_OPTIONS
+from flowq_bench.tables import HISTORY, HISTORY_SIZE, JOBS, JOBS_SIZE
 
 __all__ = ["BOUNDED", "BY_DESIGN", "LIVE", "Check", "Plan", "checks", "explain", "fill", "indexes",
            "live_size", "plan_nodes", "statement_name"]
@@ -78,16 +81,19 @@ def live_size(rows: int) -> int:
 # proportional to r, its steps a second apart. Every 50th run's last step is dead, every 97th
 # cancelled; every 10th holds an idempotency key on its first step.
 _FILL_FINISHED: Final = f"""
-    INSERT INTO flowq.jobs (run_id, task, step, step_index, queue, status, attempts,
-                            max_attempts, args, result, last_error, idempotency_key, run_at,
-                            locked_at, started_at, locked_by, created_at, finished_at, lease)
-    SELECT r, 'task_' || r % 20, 'step_' || s, s,
-           (ARRAY['default', 'emails', 'reports'])[1 + (r / 3) % 3], st,
+    INSERT INTO flowq.job_history (id, run_id, task, step, step_index, queue, status, priority,
+                                   attempts, max_attempts, args, result, last_error,
+                                   idempotency_key, cancel_requested, joined, run_at,
+                                   locked_at, started_at, locked_by, created_at, finished_at,
+                                   lease, retired_at)
+    SELECT nextval(pg_get_serial_sequence('flowq.jobs', 'id')), r, 'task_' || r % 20,
+           'step_' || s, s,
+           (ARRAY['default', 'emails', 'reports'])[1 + (r / 3) % 3], st, 0,
            CASE st WHEN 'dead' THEN 3 ELSE 1 END, 3, jsonb_build_object('user_id', r),
            CASE st WHEN 'succeeded' THEN '{{"ok": true}}'::jsonb END,
            CASE st WHEN 'dead' THEN 'ValueError: boom' END,
-           CASE WHEN s = 0 AND r % 10 = 0 THEN 'key-' || r END,
-           t, t, t, 'w-old', t, t + interval '1 second', r * 3 + s
+           CASE WHEN s = 0 AND r % 10 = 0 THEN 'key-' || r END, false, false,
+           t, t, t, 'w-old', t, t + interval '1 second', r * 3 + s, t + interval '1 second'
       FROM generate_series(CAST(:lo AS bigint), CAST(:hi AS bigint)) r
      CROSS JOIN LATERAL generate_series(0, (r % 3)::int) s
      CROSS JOIN LATERAL (SELECT
@@ -98,14 +104,16 @@ _FILL_FINISHED: Final = f"""
 """
 # Map runs :lo..:hi: a first step, MAP_ITEMS instances, and the join that collected them.
 _FILL_MAPS: Final = f"""
-    INSERT INTO flowq.jobs (run_id, task, step, step_index, queue, status, attempts, args,
-                            result, map_index, joined, created_at, run_at, finished_at, lease)
-    SELECT r, 'mapper', CASE WHEN i < 0 THEN 'split' WHEN i < {MAP_ITEMS} THEN 'item'
+    INSERT INTO flowq.job_history (id, run_id, task, step, step_index, queue, status, priority,
+                                   attempts, max_attempts, args, result, map_index,
+                                   cancel_requested, joined, created_at, run_at, finished_at,
+                                   lease, retired_at)
+    SELECT nextval(pg_get_serial_sequence('flowq.jobs', 'id')), r, 'mapper', CASE WHEN i < 0 THEN 'split' WHEN i < {MAP_ITEMS} THEN 'item'
                              ELSE 'collect' END,
            CASE WHEN i < 0 THEN 0 WHEN i < {MAP_ITEMS} THEN 1 ELSE 2 END, 'default',
-           'succeeded', 1, '{{}}', jsonb_build_object('n', i),
-           CASE WHEN i BETWEEN 0 AND {MAP_ITEMS - 1} THEN i END, i = {MAP_ITEMS}, t, t,
-           t + interval '1 second', r
+           'succeeded', 0, 1, 10, '{{}}', jsonb_build_object('n', i),
+           CASE WHEN i BETWEEN 0 AND {MAP_ITEMS - 1} THEN i END, false, i = {MAP_ITEMS}, t, t,
+           t + interval '1 second', r, t + interval '1 second'
       FROM generate_series(CAST(:lo AS bigint), CAST(:hi AS bigint)) r
      CROSS JOIN generate_series(-1, {MAP_ITEMS}) i
      CROSS JOIN LATERAL (SELECT now() - interval '{SPAN}' * random() AS t) x
@@ -152,7 +160,7 @@ _FILL_OTHERS: Final = [
     """INSERT INTO flowq.children (run_id, parent_run_id, parent_step, parent_map_index,
                                    parent_job_id, name)
        SELECT j.run_id + 1, j.run_id, j.step, -1, j.id, 'child'
-         FROM flowq.jobs j
+         FROM flowq.steps j
         WHERE (j.step_index = 0 AND j.run_id % 100 = 3 AND j.run_id < :runs)
            OR (j.status = 'running' AND j.run_id > :runs + :maps)""",
     # Checkpoints: three on step 0 of every 20th finished run, one on each running row.
@@ -191,27 +199,38 @@ _FILL_OTHERS: Final = [
     """INSERT INTO flowq.workers (name, host, pid, queues, tasks, concurrency, version)
        VALUES ('w-live', 'h', 1, '{default,emails,reports}', '{task_0,task_1}', 16, '1'),
               ('w-other', 'h', 2, '{default}', '{task_0}', 16, '1')""",
-    """SELECT setval('flowq.run_id_seq', (SELECT max(run_id) FROM flowq.jobs)),
-              setval('flowq.lease_seq', (SELECT max(lease) FROM flowq.jobs))""",
+    # The idempotency keys of runs (revision 0018), finished and live: what the migration
+    # copies and the keyed enqueue writes.
+    """INSERT INTO flowq.run_keys (key, run_id, job_id, created_at)
+       SELECT idempotency_key, run_id, id, created_at FROM flowq.steps
+        WHERE idempotency_key IS NOT NULL""",
+    """SELECT setval('flowq.run_id_seq', (SELECT max(run_id) FROM flowq.steps)),
+              setval('flowq.lease_seq', (SELECT max(lease) FROM flowq.steps))""",
 ]
 
 
+# The secondary indexes of both job tables (job_history's on the partitioned table: dropping
+# one drops its partitions' indexes, creating one builds them).
+_SECONDARY: Final = ("SELECT {} FROM pg_index i WHERE i.indrelid IN "
+                     "('flowq.jobs'::regclass, 'flowq.job_history'::regclass) "
+                     "AND NOT i.indisprimary")
+
+
 def fill(url: str, rows: int, progress: Callable[[str], None] = lambda _: None) -> None:
-    """Write about `rows` finished rows and the live part into the fresh flowq schema at
-    `url` (a psycopg URL), then VACUUM ANALYZE. The jobs table's secondary indexes are
-    dropped first and built again after (as `pg_get_indexdef` gave them): one build per
-    index is minutes faster than maintaining seven indexes for every row inserted."""
+    """Write about `rows` finished rows (into `flowq.job_history`, where a finished row
+    lives since revision 0018, retired when it finished) and the live part (into
+    `flowq.jobs`) into the fresh flowq schema at `url` (a psycopg URL), then VACUUM ANALYZE.
+    Both tables' secondary indexes are dropped first and built again after (as
+    `pg_get_indexdef` gave them; job_history's are partitioned indexes, built on each
+    partition): one build per index is minutes faster than maintaining them for every row
+    inserted."""
     runs = max(1, rows // 2)
     maps = max(1, runs // MAP_EVERY)
     live = live_size(rows)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SET maintenance_work_mem = '512MB'")
-        defs = [r[0] for r in conn.execute(
-            "SELECT pg_get_indexdef(i.indexrelid) FROM pg_index i "
-            "WHERE i.indrelid = 'flowq.jobs'::regclass AND NOT i.indisprimary")]
-        names = [r[0] for r in conn.execute(
-            "SELECT i.indexrelid::regclass::text FROM pg_index i "
-            "WHERE i.indrelid = 'flowq.jobs'::regclass AND NOT i.indisprimary")]
+        defs = [r[0] for r in conn.execute(_SECONDARY.format("pg_get_indexdef(i.indexrelid)"))]
+        names = [r[0] for r in conn.execute(_SECONDARY.format("i.indexrelid::regclass::text"))]
         for name in names:
             conn.execute(f"DROP INDEX {name}")
         for lo in range(1, runs + 1, RUNS_PER_FILL):
@@ -282,20 +301,21 @@ def checks(url: str) -> list[Check]:
                              "ORDER BY id LIMIT 20").fetchall()
         pending = one("SELECT priority, run_at, id FROM flowq.jobs WHERE status = 'pending' "
                       "AND run_at <= now() AND queue = 'default' ORDER BY id LIMIT 1")
-        [key] = one("SELECT idempotency_key FROM flowq.jobs WHERE idempotency_key LIKE 'key-%' "
-                    "ORDER BY run_id DESC LIMIT 1")
-        [finished] = one("SELECT max(run_id) FROM flowq.jobs WHERE idempotency_key = "
+        # Finished runs' parameters from job_history, where their rows are.
+        [key] = one("SELECT idempotency_key FROM flowq.job_history "
+                    "WHERE idempotency_key LIKE 'key-%' ORDER BY run_id DESC LIMIT 1")
+        [finished] = one("SELECT max(run_id) FROM flowq.job_history WHERE idempotency_key = "
                          f"'{key}'")
-        [dead] = one("SELECT max(run_id) FROM flowq.jobs WHERE status = 'dead'")
-        [mapped] = one("SELECT max(run_id) FROM flowq.jobs WHERE map_index IS NOT NULL")
+        [dead] = one("SELECT max(run_id) FROM flowq.job_history WHERE status = 'dead'")
+        [mapped] = one("SELECT max(run_id) FROM flowq.job_history WHERE map_index IS NOT NULL")
         waiting = one("SELECT run_id, step FROM flowq.jobs WHERE status = 'waiting' "
                       "ORDER BY id LIMIT 1")
         [parent] = one("SELECT max(parent_run_id) FROM flowq.children")
         kids = [r[0] for r in conn.execute(
             f"SELECT run_id FROM flowq.children WHERE parent_run_id = {parent}")]
         runs = [r[0] for r in conn.execute(
-            "SELECT run_id FROM flowq.jobs WHERE status = 'succeeded' ORDER BY run_id DESC "
-            "LIMIT 20")]
+            "SELECT run_id FROM flowq.job_history WHERE status = 'succeeded' "
+            "ORDER BY run_id DESC LIMIT 20")]
         # `prepare_enqueue` writes a unique key as "<task> key <unique_key>".
         [held_key] = one("SELECT 'u-' || max(run_id) FROM flowq.jobs WHERE status = "
                          "'pending' AND run_id % 4 = 0 AND task = 'task_0'")
@@ -430,23 +450,27 @@ class Plan:
     """What EXPLAIN ANALYZE showed of one `Check`."""
 
     label: str
-    seq_scans: tuple[str, ...]    # flowq tables read by a Seq Scan
+    seq_scans: tuple[str, ...]    # flowq tables read by a Seq Scan (partitions by their name)
     full_walks: tuple[str, ...]   # indexes walked without a condition, most of them
     index_only: tuple[str, ...]   # the same, by an Index Only Scan (not flagged)
     hit: int                      # shared buffers found in cache
     read: int                     # shared buffers read in
     ms: float                     # execution time
     plan: Any
+    history_seq_scans: tuple[str, ...] = ()  # the partitions of job_history among seq_scans
 
     @property
     def served(self) -> bool:
-        """No Seq Scan and no whole walk over a table that grows with retained rows."""
+        """No Seq Scan and no whole walk over a table that grows with retained rows (a
+        partition of job_history is one, whatever its name)."""
         return not [t for t in self.seq_scans if t not in BOUNDED] and not self.full_walks
 
     def line(self) -> str:
         verdict = ("index-served" if self.served else "not index-served, by design"
                    if self.label in BY_DESIGN else "NOT INDEX-SERVED")
-        why = "; ".join([*(f"Seq Scan on {t}" for t in self.seq_scans),
+        why = "; ".join([*(f"Seq Scan on {t}" + (" (flowq.job_history)"
+                                                  if t in self.history_seq_scans else "")
+                           for t in self.seq_scans),
                          *(f"whole {i}" for i in self.full_walks),
                          *(f"whole {i}, index-only" for i in self.index_only)])
         return (f"{self.label}: {verdict}, {self.hit + self.read:,} buffers "
@@ -476,8 +500,13 @@ def explain(url: str, check: Check, options: str | None = None) -> Plan:
     if options is None:
         options = HOT_PATH_OPTIONS if check.worker else ""
     with psycopg.connect(url, options=options) as conn:
+        # pg_tables lists partitions too (job_history_default, a day's job_history_...).
         ours = {r[0] for r in conn.execute(
             "SELECT tablename FROM pg_tables WHERE schemaname = 'flowq'")}
+        partitions = {r[0] for r in conn.execute(
+            "SELECT relid::regclass::text FROM pg_partition_tree('flowq.job_history') "
+            "WHERE isleaf")}
+        partitions = {p.rsplit(".", 1)[-1] for p in partitions}
         bounded_indexes = {r[0] for r in conn.execute(
             "SELECT indexname FROM pg_indexes WHERE schemaname = 'flowq' "
             "AND tablename = ANY(%s)", [list(BOUNDED)])}
@@ -511,7 +540,8 @@ def explain(url: str, check: Check, options: str | None = None) -> Plan:
                          if n["Node Type"] == "Index Only Scan"}))
     return Plan(check.label, seq, walks, only, int(top["Plan"].get("Shared Hit Blocks", 0)),
                 int(top["Plan"].get("Shared Read Blocks", 0)),
-                float(top.get("Execution Time", elapsed)), top)
+                float(top.get("Execution Time", elapsed)), top,
+                tuple(t for t in seq if t in partitions))
 
 
 def indexes(server: Any, o: Any) -> list[Any]:
@@ -525,9 +555,10 @@ def indexes(server: Any, o: Any) -> list[Any]:
         fill(pg_url, o.index_rows, progress=lambda m: print(m, end="", file=sys.stderr, flush=True))
         filled = time.perf_counter() - t
         with psycopg.connect(pg_url) as conn:
-            [(jobs, size)] = conn.execute(
-                "SELECT count(*), pg_size_pretty(pg_total_relation_size('flowq.jobs')) "
-                "FROM flowq.jobs").fetchall()
+            [(jobs, size, finished, history_size)] = conn.execute(
+                f"SELECT (SELECT count(*) FROM {JOBS}), pg_size_pretty({JOBS_SIZE}), "
+                f"(SELECT count(*) FROM {HISTORY}), pg_size_pretty({HISTORY_SIZE})"
+            ).fetchall()
         found = checks(pg_url)
         plans = [explain(pg_url, c) for c in found]
     bad = [p.label for p in plans if not p.served and p.label not in BY_DESIGN]
@@ -538,7 +569,8 @@ def indexes(server: Any, o: Any) -> list[Any]:
                        "index_only_walks": list(p.index_only), "hit": p.hit, "read": p.read,
                        **({} if p.served else {"plan": p.plan})})
             for c, p in zip(found, plans, strict=True)]
-    rows[0].note = (f"{jobs:,} rows in flowq.jobs ({size}), filled in {filled:.0f} s; "
+    rows[0].note = (f"{finished:,} rows in flowq.job_history ({history_size}, all partitions) "
+                    f"and {jobs:,} in flowq.jobs ({size}), filled in {filled:.0f} s; "
                     + (f"NOT index-served: {', '.join(bad)}" if bad
                        else "every statement index-served")
                     + "".join(f"; {label}: {why}" for label, why in BY_DESIGN.items()))

@@ -144,7 +144,8 @@ class Drained:
     seen: Sampled
 
 
-_DONE = sa.text("SELECT count(*) FROM flowq.jobs WHERE status = 'succeeded'")
+# Successes are in job_history (flowq.steps reads both); pending and running rows in jobs.
+_DONE = sa.text("SELECT count(*) FROM flowq.steps WHERE status = 'succeeded'")
 _IDLE = sa.text("SELECT NOT EXISTS (SELECT 1 FROM flowq.jobs WHERE queue = :queue "
                 "AND status IN ('pending', 'running'))")
 DROP_BACKLOG = sa.text("DELETE FROM flowq.jobs WHERE queue = :queue AND status = 'pending'")

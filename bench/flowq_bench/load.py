@@ -17,8 +17,12 @@ pickup the same way:
   themselves, so the handler does nothing and no handler's timing is what is measured), jobs
   finished in it (completed), the backlog at its end, the WAL written per completed job
   (`pg_current_wal_insert_lsn()` at the phase's edges; the server's, so the producer's
-  inserts count too) and the dead tuples of `flowq.jobs` at its end (`pg_stat_user_tables`,
-  updated asynchronously: indicative).
+  inserts count too, and the writes of both job tables) and, at its end, the dead tuples
+  and the size of each job table, named apart (`tables`): `flowq.jobs`, the live rows, and
+  `flowq.job_history`, where a finished row moves, summed over its partitions
+  (`pg_stat_user_tables`, updated asynchronously: indicative). Finished and enqueued rows
+  are read in `flowq.job_history` and `flowq.steps` (both tables): a finished row has left
+  `flowq.jobs`.
 
 Every wait is bounded (`DRAIN_TIMEOUT`, `SETTLE_TIMEOUT`); an error in the producer stops the
 phase at once and is raised, and the producer is stopped on any error of the caller's.
@@ -41,6 +45,15 @@ import flowq
 from flowq_bench.app import noop
 from flowq_bench.harness import wait_for
 from flowq_bench.progress import repeats
+from flowq_bench.tables import (
+    HISTORY,
+    HISTORY_DEAD,
+    HISTORY_SIZE,
+    JOBS,
+    JOBS_DEAD,
+    JOBS_SIZE,
+    STEPS,
+)
 
 __all__ = ["DRAIN_TIMEOUT", "MAX_BATCH", "TICK", "Phase", "PhaseFigures", "Producer", "left",
            "nothing_beside", "run_phases"]
@@ -50,20 +63,24 @@ MAX_BATCH: Final = 5_000  # jobs in one batch at most (100,000 jobs/s is 2,000 a
 DRAIN_TIMEOUT: Final = 600.0  # the backlog left after the last phase
 SETTLE_TIMEOUT: Final = 600.0  # the backlog of one phase, before the next (`settle`)
 STOP_TIMEOUT: Final = 30.0  # the producer's last batch
+MIB: Final = 1024.0 * 1024.0
 
-_EDGE = sa.text("""SELECT pg_current_wal_insert_lsn()::text AS lsn,
+_EDGE = sa.text(f"""SELECT pg_current_wal_insert_lsn()::text AS lsn,
     extract(epoch FROM clock_timestamp())::float8 AS at,
-    (SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'flowq.jobs'::regclass) AS dead,
-    (SELECT count(*) FROM flowq.jobs WHERE status = 'pending') AS backlog""")
+    {JOBS_DEAD} AS jobs_dead, {HISTORY_DEAD} AS history_dead,
+    {JOBS_SIZE} AS jobs_size, {HISTORY_SIZE} AS history_size,
+    (SELECT count(*) FROM {JOBS} WHERE status = 'pending') AS backlog""")
 _WAL = sa.text("SELECT pg_wal_lsn_diff(CAST(:b AS pg_lsn), CAST(:a AS pg_lsn))::float8")
-_FINISHED = sa.text("SELECT count(*) FROM flowq.jobs WHERE task = 'noop' AND "
+# Only finished rows have a finished_at: job_history's (its finished_at index serves this).
+_FINISHED = sa.text(f"SELECT count(*) FROM {HISTORY} WHERE task = 'noop' AND "
                     "finished_at >= to_timestamp(:a) AND finished_at < to_timestamp(:b)")
-# The jobs enqueued in a phase, and their pickups (created_at to the claim, in ms).
-_ENQUEUED = sa.text("""SELECT count(*) AS n, percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (
+# The jobs enqueued in a phase, and their pickups (created_at to the claim, in ms): live or
+# finished by now, so both tables.
+_ENQUEUED = sa.text(f"""SELECT count(*) AS n, percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (
         ORDER BY extract(epoch FROM started_at - created_at) * 1000) AS pickups
-    FROM flowq.jobs WHERE task = 'noop'
+    FROM {STEPS} WHERE task = 'noop'
      AND created_at >= to_timestamp(:a) AND created_at < to_timestamp(:b)""")
-_LEFT = sa.text("SELECT count(*) FROM flowq.jobs WHERE status IN ('pending', 'running')")
+_LEFT = sa.text(f"SELECT count(*) FROM {JOBS} WHERE status IN ('pending', 'running')")
 
 
 @dataclass
@@ -151,14 +168,18 @@ class Phase:
 class _Edge:
     lsn: str
     at: float
-    dead: int
+    jobs_dead: int
+    history_dead: int
+    jobs_size: int
+    history_size: int
     backlog: int
 
 
 def _edge(engine: sa.Engine) -> _Edge:
     with engine.connect() as c:
         r = c.execute(_EDGE).one()
-    return _Edge(r.lsn, float(r.at), int(r.dead or 0), int(r.backlog))
+    return _Edge(r.lsn, float(r.at), int(r.jobs_dead or 0), int(r.history_dead or 0),
+                 int(r.jobs_size), int(r.history_size), int(r.backlog))
 
 
 @dataclass(frozen=True)
@@ -173,8 +194,11 @@ class PhaseFigures:
     p50: float = math.nan  # pickup of the jobs enqueued in the window
     p99: float = math.nan
     backlog: int = 0  # jobs pending at the window's end
-    wal_per_job: float = 0.0  # WAL bytes written in the window, per completed job
+    wal_per_job: float = 0.0  # WAL bytes written in the window (server's), per completed job
     dead: int = 0  # dead tuples of flowq.jobs at the window's end
+    history_dead: int = 0  # dead tuples of flowq.job_history (all partitions) at its end
+    jobs_mb: float = 0.0  # size of flowq.jobs (indexes and TOAST included) at its end, MiB
+    history_mb: float = 0.0  # size of flowq.job_history (all partitions) at its end, MiB
 
     @property
     def offered_per_s(self) -> float:
@@ -198,7 +222,9 @@ def _read(engine: sa.Engine, phase: Phase, a: _Edge, b: _Edge) -> PhaseFigures:
     p50, p99 = enqueued.pickups or (math.nan, math.nan)
     return PhaseFigures(phase.name, phase.rate, seconds=b.at - a.at, offered=int(enqueued.n),
                         completed=completed, p50=float(p50), p99=float(p99),
-                        backlog=b.backlog, wal_per_job=wal / max(1, completed), dead=b.dead)
+                        backlog=b.backlog, wal_per_job=wal / max(1, completed),
+                        dead=b.jobs_dead, history_dead=b.history_dead,
+                        jobs_mb=b.jobs_size / MIB, history_mb=b.history_size / MIB)
 
 
 def left(engine: sa.Engine) -> int:

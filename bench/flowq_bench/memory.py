@@ -21,7 +21,7 @@ from sqlalchemy.orm import sessionmaker
 
 import flowq
 from flowq_bench.app import noop
-from flowq_bench.drains import engine_for, wait_drained
+from flowq_bench.drains import DRAIN_TIMEOUT, engine_for, wait_drained
 from flowq_bench.harness import Server, WorkerGroup
 from flowq_bench.options import Options
 from flowq_bench.report import Figure, Row
@@ -29,10 +29,11 @@ from flowq_bench.report import Figure, Row
 __all__ = ["memory", "rss_mb"]
 
 WARM_FRACTION: Final = 0.10
+# Live rows are in flowq.jobs; finished ones (with their finished_at) in flowq.job_history.
 _LEFT = sa.text("SELECT (SELECT count(*) FROM flowq.jobs WHERE status = 'pending') "
                 "+ (SELECT count(*) FROM flowq.jobs WHERE status = 'running')")
 _SPAN = sa.text("SELECT extract(epoch FROM max(finished_at) - min(finished_at))::float8 "
-                "FROM flowq.jobs")
+                "FROM flowq.job_history")
 
 
 def rss_mb(pid: int) -> float | None:
@@ -81,10 +82,14 @@ def memory(server: Server, o: Options) -> list[Row]:
             with WorkerGroup(url, processes=o.processes, concurrency=o.concurrency) as workers:
                 start = time.monotonic()
                 workers.wait_ready(engine)
+                deadline = time.monotonic() + DRAIN_TIMEOUT
                 while True:
                     samples.append(_sample(engine, workers, n, start))
                     if samples[-1]["done"] >= n:
                         break
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"timed out after {DRAIN_TIMEOUT:.0f}s waiting "
+                                           f"for {n:,} jobs to drain")
                     time.sleep(o.memory_sample_every)
                 wait_drained(engine, n, 0.0)
                 time.sleep(min(1.0, o.memory_sample_every))  # the last batch settled

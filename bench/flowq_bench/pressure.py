@@ -14,9 +14,11 @@ offered `pressure_rate` no-op jobs per second by the fixed-rate producer of
 
 Per phase (`load.PhaseFigures`, read from the job rows): completions against what was
 offered, pickup p50/p99 of the jobs enqueued in it, the backlog at its end, the WAL written
-per completed job and the dead tuples of `flowq.jobs` at its end. Each phase is reported
+per completed job (the server's: both job tables and the rest), and at its end the dead
+tuples and the size of each job table, named apart: `flowq.jobs` (the live rows) and
+`flowq.job_history` (the finished ones, summed over its partitions). Each phase is reported
 beside the clean phase, the reference; the backlog beside the jobs offered in the phase, the
-dead tuples beside those completed.
+dead tuples beside those completed, the sizes beside the clean phase's.
 """
 
 from __future__ import annotations
@@ -119,10 +121,16 @@ def pressure(server: Server, o: Options) -> list[Row]:
             beside_clean(p, "pickup p99", "ms", p.p99, clean.p99),
             beside_clean(p, "WAL per completed job", "B/job", p.wal_per_job,
                          clean.wal_per_job),
+            beside_clean(p, "size of flowq.jobs at the end", "MB", p.jobs_mb, clean.jobs_mb),
+            beside_clean(p, "size of flowq.job_history at the end", "MB", p.history_mb,
+                         clean.history_mb),
             # The clean phase may end with none left: these are read beside the phase's load.
             row(p, "backlog at the end", "jobs", float(p.backlog), False,
                 Figure(f"jobs offered, {p.name}", "jobs", [float(max(1, p.offered))])),
             row(p, "dead tuples of flowq.jobs at the end", "tuples", float(p.dead), False,
+                Figure(f"jobs completed, {p.name}", "jobs", [float(max(1, p.completed))])),
+            row(p, "dead tuples of flowq.job_history at the end", "tuples",
+                float(p.history_dead), False,
                 Figure(f"jobs completed, {p.name}", "jobs", [float(max(1, p.completed))])),
         ]
     rows[0].note = (f"{o.pressure_rate:g} jobs/s offered to P=1 C={o.pressure_c}, "

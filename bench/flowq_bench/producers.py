@@ -9,8 +9,9 @@
 - latency: one idle worker; jobs enqueued one per transaction at a steady rate; the handler
   stamps `time.time()` when it starts, the producer notes it right after its commit returns.
   Reference: a raw LISTEN + claim loop stamping the same way.
-- soak: a steady producer for `duration` with the pruner on (short retention); table size,
-  dead tuples and p99 pickup latency sampled over time, first half against second half.
+- soak: a steady producer for `duration` with the pruner on (short retention); the size and
+  dead tuples of each job table (`flowq.jobs`, and `flowq.job_history` over its partitions)
+  and p99 pickup latency sampled over time, first half against second half.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import psycopg
 import sqlalchemy as sa
@@ -34,6 +35,7 @@ from flowq_bench.harness import Server, WorkerGroup, conninfo, reset, wait_for
 from flowq_bench.options import Options
 from flowq_bench.progress import repeats
 from flowq_bench.report import Figure, Row, percentile
+from flowq_bench.tables import HISTORY, HISTORY_DEAD, HISTORY_SIZE, JOBS, JOBS_DEAD, JOBS_SIZE
 
 __all__ = ["enqueue", "latency", "soak"]
 
@@ -280,9 +282,17 @@ def latency(server: Server, o: Options) -> list[Row]:
 
 # -- soak -------------------------------------------------------------------------------------
 
-_SIZES = sa.text("""SELECT pg_total_relation_size('flowq.jobs') AS size,
-    (SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'flowq.jobs'::regclass) AS dead,
-    (SELECT count(*) FROM flowq.jobs) AS rows_""")
+# Each job table on its own (`tables`): the live rows' flowq.jobs, and flowq.job_history,
+# where finished rows move and the pruner deletes them, summed over its partitions.
+_SIZES = sa.text(f"""SELECT {JOBS_SIZE} AS jobs_size, {HISTORY_SIZE} AS history_size,
+    {JOBS_DEAD} AS jobs_dead, {HISTORY_DEAD} AS history_dead,
+    (SELECT count(*) FROM {JOBS}) AS jobs_rows, (SELECT count(*) FROM {HISTORY}) AS history_rows""")
+# The soak's sampled series: key, unit, label.
+_SOAK_SERIES: Final = (("jobs_mb", "MB", "flowq.jobs size"),
+                       ("history_mb", "MB", "flowq.job_history size"),
+                       ("jobs_dead", "tuples", "flowq.jobs dead tuples"),
+                       ("history_dead", "tuples", "flowq.job_history dead tuples"),
+                       ("p99_ms", "ms", "pickup p99"))
 
 
 def soak(server: Server, o: Options) -> list[Row]:
@@ -310,10 +320,14 @@ def soak(server: Server, o: Options) -> list[Row]:
                     with engine.connect() as c:
                         s = c.execute(_SIZES).one()
                     lat = _pickups(engine, dict(shared), since)
-                    samples.append({"t": round(time.time() - start, 1), "size_mb":
-                                    s.size / 2**20, "dead_tuples": int(s.dead or 0),
-                                    "rows": int(s.rows_), "p99_ms": percentile(lat, 99),
-                                    "jobs": len(lat)})
+                    samples.append({"t": round(time.time() - start, 1),
+                                    "jobs_mb": s.jobs_size / 2**20,
+                                    "history_mb": s.history_size / 2**20,
+                                    "jobs_dead": int(s.jobs_dead or 0),
+                                    "history_dead": int(s.history_dead or 0),
+                                    "jobs_rows": int(s.jobs_rows),
+                                    "history_rows": int(s.history_rows),
+                                    "p99_ms": percentile(lat, 99), "jobs": len(lat)})
                 stop.set()
                 producer.join(timeout=10)
         finally:
@@ -325,9 +339,7 @@ def soak(server: Server, o: Options) -> list[Row]:
         return [max(float(s[key]) for s in part)]
 
     rows = []
-    for key, unit, label in (("size_mb", "MB", "jobs table size"),
-                             ("dead_tuples", "tuples", "dead tuples"),
-                             ("p99_ms", "ms", "pickup p99")):
+    for key, unit, label in _SOAK_SERIES:
         rows.append(Row("soak", Figure(f"{label}, peak in 2nd half", unit, peak(second, key),
                                        False),
                         [Figure("peak in 1st half", unit, peak(first, key), False)],

@@ -42,6 +42,8 @@ __all__ = ["SAMPLE_EVERY", "sleep"]
 SAMPLE_EVERY: Final = 0.05  # seconds between samples of the jobs' states
 SLEEP_NAME: Final = "flowq.sleep.0"  # the checkpoint a step's first ctx.sleep records
 
+# Live rows (pending, running) are in flowq.jobs; outcomes and starts are read in flowq.steps,
+# which adds the finished rows of flowq.job_history.
 _STATE = sa.text("""
     SELECT count(*) FILTER (WHERE status IN ('pending', 'running')) AS busy,
            count(*) FILTER (WHERE status = 'pending' AND run_at > now()) AS asleep
@@ -49,13 +51,13 @@ _STATE = sa.text("""
 _ENDS = sa.text("""
     SELECT count(*) FILTER (WHERE status = 'succeeded' AND attempts = 1) AS ok,
            count(*) AS total, extract(epoch FROM max(finished_at))::float8 AS last
-      FROM flowq.jobs""")
+      FROM flowq.steps""")
 _SLEEP_LAGS = sa.text("""
     SELECT extract(epoch FROM j.started_at - (k.result->>'until')::timestamptz)::float8
-      FROM flowq.jobs j
+      FROM flowq.steps j
       JOIN flowq.checkpoints k ON k.run_id = j.run_id AND k.step = j.step
      WHERE k.name = :name""")
-_DELAY_LAGS = sa.text("SELECT extract(epoch FROM started_at - run_at)::float8 FROM flowq.jobs")
+_DELAY_LAGS = sa.text("SELECT extract(epoch FROM started_at - run_at)::float8 FROM flowq.steps")
 
 
 @dataclass

@@ -201,8 +201,8 @@ _FILL_OTHERS: Final = [
               ('w-other', 'h', 2, '{default}', '{task_0}', 16, '1')""",
     # The idempotency keys of runs (revision 0018), finished and live: what the migration
     # copies and the keyed enqueue writes.
-    """INSERT INTO flowq.run_keys (key, run_id, job_id, created_at)
-       SELECT idempotency_key, run_id, id, created_at FROM flowq.steps
+    """INSERT INTO flowq.run_keys (key, run_id, created_at)
+       SELECT idempotency_key, run_id, created_at FROM flowq.steps
         WHERE idempotency_key IS NOT NULL""",
     """SELECT setval('flowq.run_id_seq', (SELECT max(run_id) FROM flowq.steps)),
               setval('flowq.lease_seq', (SELECT max(lease) FROM flowq.steps))""",
@@ -241,7 +241,9 @@ def fill(url: str, rows: int, progress: Callable[[str], None] = lambda _: None) 
         _execute(conn, _FILL_LIVE, {"base": runs + maps, "n": live})
         progress("  fill: indexes\n")
         for ddl in defs:
-            conn.execute(ddl)
+            # A partitioned index's definition reads `ON ONLY`: built so, it would cover no
+            # partition (an invalid parent); without it, each partition's index is built.
+            conn.execute(ddl.replace(" ON ONLY ", " ON "))
         for statement in _FILL_OTHERS:
             _execute(conn, statement, {"runs": runs, "maps": maps})
         progress("  fill: VACUUM ANALYZE\n")

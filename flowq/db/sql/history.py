@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.sql.elements import TextClause
 
 from flowq.db.schema import HISTORY_PARTITION
-from flowq.db.sql.fragments import S, Statements, retire
+from flowq.db.sql.fragments import ACTIVE, S, Statements, copy_rows
 
 __all__ = ["DEFAULT_PARTITION", "HistoryStatements", "dependents", "keeps", "partition_name"]
 
@@ -41,7 +41,7 @@ def keeps(run: str) -> str:
     return f"""EXISTS (
                 SELECT 1 FROM {S}.steps o
                  WHERE o.run_id = {run}
-                   AND (o.status IN ('pending', 'running', 'waiting')
+                   AND (o.status IN {ACTIVE}
                         OR o.finished_at >= now() - make_interval(secs => :retention)
                         OR (o.status = 'dead' AND o.finished_at >=
                             now() - make_interval(secs => :dead_retention)))
@@ -230,13 +230,19 @@ class HistoryStatements(Statements):
 
         Rows of `jobs` with a terminal status (an earlier release's, see
         `exists_finished_jobs`) are deleted and written to `job_history` unchanged
-        (`fragments.retire`: every column by name), retired now. SKIP LOCKED: a row an
-        operator or a late writer holds waits for the next pass. Returns how many moved."""
+        (`fragments.copy_rows`: every column by name), retired now, and the key of a keyed
+        one recorded in `run_keys` if its run has none there (as the trigger `jobs_retire`
+        does: a run enqueued by the previous release). SKIP LOCKED: a row an operator or a
+        late writer holds waits for the next pass. Returns how many moved."""
         return self.sql(f"""
             WITH gone AS (
                 DELETE FROM {S}.jobs WHERE id = ANY(ARRAY(
                     SELECT id FROM {S}.jobs WHERE status IN ({_ENDED})
                      LIMIT :limit FOR UPDATE SKIP LOCKED))
                 RETURNING *)
-            , retired AS ({retire("gone", {})} RETURNING 1)
+            , retired AS ({copy_rows("job_history", "gone g", {})} RETURNING 1)
+            , keys AS (INSERT INTO {S}.run_keys (key, run_id)
+                       SELECT idempotency_key, run_id FROM gone
+                        WHERE idempotency_key IS NOT NULL
+                       ON CONFLICT (key) DO NOTHING)
             SELECT count(*) FROM retired""")

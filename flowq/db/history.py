@@ -166,7 +166,7 @@ def sweep_day(conn: sa.Connection, schema: str, day: date, *, after: int, retent
         row = conn.execute(queries(schema).prune_partition, {
             "lower": lower, "upper": upper, "after": after, "retention": retention,
             "dead_retention": dead_retention, "limit": limit}).one()
-    return Swept(row.last_run_id, int(row.pruned or 0), int(row.rehomed))
+    return Swept(row.last_run_id, int(row.deleted), int(row.rehomed))
 
 
 def drop_day(conn: sa.Connection, schema: str, day: date) -> int | None:

@@ -186,7 +186,7 @@ class HistoryStatements(Statements):
         re-homed (`retired_at = now()` moves them to today's partition); every other run is
         pruned whole: its rows elsewhere deleted, what hangs off it too (`dependents`), its
         rows in the day left for the DROP. Returns the last run id seen (NULL: the day is
-        swept), the rows the prune removes (the day's included) and the rows re-homed.
+        swept), the rows deleted outside the day and the rows re-homed.
 
         The day is frozen (new rows retire at now()), so a sweep by run_id sees each run once;
         every run is looked up in the run_id indexes only."""
@@ -201,8 +201,6 @@ class HistoryStatements(Statements):
             , rehomed AS (UPDATE {S}.job_history h SET retired_at = now()
                            WHERE h.run_id IN (SELECT run_id FROM kept) AND {day}
                           RETURNING 1)
-            , dropped AS (SELECT count(*) AS n FROM {S}.job_history h
-                           WHERE h.run_id IN (SELECT run_id FROM pruned) AND {day})
             , gone AS (DELETE FROM {S}.jobs WHERE run_id IN (SELECT run_id FROM pruned)
                        RETURNING 1)
             , gone_history AS (DELETE FROM {S}.job_history h
@@ -210,8 +208,8 @@ class HistoryStatements(Statements):
                                   AND NOT ({day}) RETURNING 1)
             , {dependents("pruned")}
             SELECT (SELECT max(run_id) FROM runs) AS last_run_id,
-                   (SELECT n FROM dropped) + (SELECT count(*) FROM gone)
-                       + (SELECT count(*) FROM gone_history) AS pruned,
+                   (SELECT count(*) FROM gone)
+                       + (SELECT count(*) FROM gone_history) AS deleted,
                    (SELECT count(*) FROM rehomed) AS rehomed""")
 
     @cached_property

@@ -256,3 +256,25 @@ def test_finished_rows_left_in_jobs_are_moved_or_pruned(engine: sa.Engine) -> No
         assert row.pop("retired_at") is not None and row == before[id_]
     assert key == before[ids[1]]["run_id"]
     assert pruner.run_once() == 0
+
+
+def test_a_sweep_reads_only_its_day_and_the_run_indexes(engine: sa.Engine) -> None:
+    """The sweep's runs come from its day's partition alone (pruned by the bounds), in run_id
+    order through that partition's index: a batch costs its runs, not the day's size."""
+    old = today(engine) - timedelta(days=5)
+    name = make_day(engine, old)
+    with engine.connect() as conn:
+        ensure_partitions(conn, "flowq")
+    noon = datetime(old.year, old.month, old.day, 12, tzinfo=timezone.utc)
+    with engine.begin() as conn:
+        for _ in range(50):
+            add_finished(conn, finished=noon, retired=noon)
+        conn.execute(sa.text("ANALYZE flowq.job_history"))
+        lower = datetime(old.year, old.month, old.day, tzinfo=timezone.utc)
+        plan = "\n".join(conn.execute(sa.text(f"EXPLAIN {Q.prune_partition.text}"), {
+            "lower": lower, "upper": lower + timedelta(days=1), "after": 0, "limit": 10,
+            "retention": DAY, "dead_retention": DAY}).scalars())
+    runs = plan.split("CTE kept")[0]
+    assert f"using {name}_run_id_idx on {name}" in runs
+    assert runs.count("job_history_") == 2  # that index on that partition, no other
+    assert "Seq Scan" not in runs

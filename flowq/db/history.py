@@ -10,8 +10,9 @@ vacuum behind it); dropping the day's table costs a catalog change. So:
   of today and the next `days_ahead` days that are missing: `CREATE TABLE ... (LIKE
   job_history)`, then `ATTACH PARTITION` (SHARE UPDATE EXCLUSIVE on the parent, so completions
   go on; ACCESS EXCLUSIVE on the DEFAULT partition while it is scanned for rows of that day).
-  A day whose rows already sit in the DEFAULT partition (check_violation), or whose lock is
-  not granted within `LOCK_TIMEOUT` (default 500 ms), or whose DDL runs past `DDL_TIMEOUT`
+  A day whose rows already sit in the DEFAULT partition (looked for first with a plain read,
+  so no pass takes DEFAULT's exclusive lock for nothing; else a check_violation), or whose
+  lock is not granted within `LOCK_TIMEOUT` (default 500 ms), or whose DDL runs past `DDL_TIMEOUT`
   (default 5 s: the scan of a large DEFAULT partition), is skipped and tried again at the
   next call. Never an error that stops a pass.
 - A day whose whole range is older than the retention is swept (`sweep_day`, a batch of runs
@@ -45,7 +46,7 @@ import sqlalchemy as sa
 from flowq.db.schema import HISTORY_PARTITION
 from flowq.db.sql import queries
 
-__all__ = ["DAYS_AHEAD", "DDL_TIMEOUT", "LOCK_TIMEOUT", "PRUNER_LOCK", "Partitioned", "Swept",
+__all__ = ["DAYS_AHEAD", "DDL_TIMEOUT", "IN_DEFAULT", "LOCK_TIMEOUT", "PRUNER_LOCK", "Partitioned", "Swept",
            "day_bounds", "drop_day", "ensure_partitions", "expired_days", "move_finished",
            "prune_runs", "sweep_day"]
 
@@ -61,6 +62,8 @@ PRUNER_LOCK: Final = "pruner"
 # not granted, a statement cancelled by its timeout.
 _NOT_NOW: Final = frozenset({"23514", "55P03", "57014"})
 _DAY_NAME: Final = len(HISTORY_PARTITION) + 8
+# Why a day was skipped when its rows are in the DEFAULT partition (found before any DDL).
+IN_DEFAULT: Final = "rows of the day are in the DEFAULT partition"
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,11 @@ def ensure_partitions(conn: sa.Connection, schema: str,
                     return Partitioned(tuple(created), skipped, refused, busy=True)
                 conn.execute(q.set_ddl_timeouts, {"lock_timeout": LOCK_TIMEOUT,
                                                   "statement_timeout": DDL_TIMEOUT})
+                lower, upper = day_bounds(day)
+                if conn.execute(q.exists_default_rows,
+                                {"lower": lower, "upper": upper}).scalar():
+                    skipped[day] = IN_DEFAULT
+                    continue
                 conn.execute(q.create_partition(day))
                 conn.execute(q.attach_partition(day))
         except sa.exc.DBAPIError as exc:

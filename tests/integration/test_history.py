@@ -11,9 +11,10 @@ from datetime import date, datetime, timedelta, timezone
 import sqlalchemy as sa
 
 import flowq
-from flowq.db.history import ensure_partitions
+from flowq.db.history import IN_DEFAULT, ensure_partitions
 from flowq.db.sql import Queries
 from flowq.db.sql.history import partition_name
+from flowq.testing import running_worker, wait_until
 from flowq.worker.pruner import Pruner
 
 Q = Queries("flowq")
@@ -125,7 +126,7 @@ def test_a_day_with_rows_in_default_or_a_busy_lock_is_skipped_not_an_error(
         run_id = add_finished(conn, finished=60.0)
     with engine.connect() as conn:
         done = ensure_partitions(conn, "flowq", days_ahead=1)
-    assert list(done.skipped) == [day] and "violated" in done.skipped[day]
+    assert done.skipped == {day: IN_DEFAULT}
     assert done.created == (day + timedelta(days=1),) and not done.refused
     assert Pruner(engine, Q).run_once() == 0  # the pass goes on without the day
     with engine.begin() as conn:
@@ -278,3 +279,19 @@ def test_a_sweep_reads_only_its_day_and_the_run_indexes(engine: sa.Engine) -> No
     assert f"using {name}_run_id_idx on {name}" in runs
     assert runs.count("job_history_") == 2  # that index on that partition, no other
     assert "Seq Scan" not in runs
+
+
+def test_a_starting_worker_makes_its_days_before_its_first_completion(
+        app: flowq.FlowQ, engine: sa.Engine, db_url: str) -> None:
+    @app.task()
+    def noop(ctx: flowq.Context) -> None: ...
+
+    assert partitions(engine) == ["job_history_default"]  # a fresh database
+    with engine.begin() as conn:
+        run = flowq.enqueue(conn, noop)
+    with running_worker(app, db_url, prune_interval=3600.0):
+        wait_until(lambda: homes(engine, run.id) != ["flowq.jobs"], timeout=20,
+                   message="the job to finish")
+    day = today(engine)
+    assert homes(engine, run.id) == [f"flowq.{partition_name(day)}"]  # not DEFAULT
+    assert partitions(engine)[:3] == [partition_name(day + timedelta(days=n)) for n in range(3)]

@@ -128,6 +128,18 @@ class HistoryStatements(Statements):
                  ORDER BY c.relname) AS names""")
 
     @cached_property
+    def exists_default_rows(self) -> TextClause:
+        """Tell whether the DEFAULT partition holds rows retired in one day's range.
+
+        Whether `job_history_default` has a row retired in [:lower, :upper): then that day
+        cannot be attached (check_violation). Asked first with a plain read, so that a day
+        that cannot be attached yet does not take the DEFAULT partition's ACCESS EXCLUSIVE
+        lock for a scan at every pass (it reads DEFAULT whole: it is meant to stay small)."""
+        return self.sql(f"""
+            SELECT EXISTS (SELECT 1 FROM {S}.{DEFAULT_PARTITION}
+                            WHERE retired_at >= :lower AND retired_at < :upper)""")
+
+    @cached_property
     def select_day_rows(self) -> TextClause:
         """Count the rows of job_history retired in one day's range.
 

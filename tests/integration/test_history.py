@@ -228,10 +228,13 @@ def test_the_keys_of_pruned_runs_are_deleted_so_the_key_starts_a_new_run(
 
 
 def test_finished_rows_left_in_jobs_are_moved_or_pruned(engine: sa.Engine) -> None:
-    """Rows that ended before revision 0018 (or by a worker of the release before it) are
-    in `jobs`: the old ones pruned there by the rule row by row, the others moved."""
-    with engine.begin() as conn:
-        conn.execute(sa.text("ALTER TABLE flowq.jobs DISABLE TRIGGER jobs_retire"))
+    """Rows that ended while a worker of the release before 0018 was registered (or before
+    the migration) stay in `jobs`: the old ones are pruned there by the rule row by row, the
+    others moved once no such worker is left."""
+    with engine.begin() as conn:  # no capabilities: the release before
+        conn.execute(sa.text(
+            "INSERT INTO flowq.workers (name, host, pid, queues, tasks, concurrency, version) "
+            "VALUES ('old', 'h', 1, '{default}', '{t}', 1, '0.9')"))
         ids = list(conn.execute(sa.text("""
             INSERT INTO flowq.jobs (task, step, status, finished_at, idempotency_key, result)
             VALUES ('t', 't', 'succeeded', now() - interval '10 days', NULL, NULL),
@@ -240,18 +243,25 @@ def test_finished_rows_left_in_jobs_are_moved_or_pruned(engine: sa.Engine) -> No
                    ('t', 't', 'cancelled', now() - interval '1 minute', NULL, NULL),
                    ('t', 't', 'pending', NULL, NULL, NULL)
             RETURNING id""")).scalars())
-        conn.execute(sa.text("ALTER TABLE flowq.jobs ENABLE TRIGGER jobs_retire"))
         before = {r.id: r._asdict() for r in conn.execute(sa.text(
             "SELECT * FROM flowq.jobs WHERE id = ANY(:ids)"), {"ids": ids[1:4]})}
+
+    def live() -> list[int]:
+        with engine.connect() as conn:
+            return list(conn.execute(sa.text("SELECT id FROM flowq.jobs ORDER BY id")).scalars())
+
     pruner = Pruner(engine, Q, retention=3 * DAY, limit=2)
     assert pruner.run_once() == 1  # the row that ended 10 days ago
+    assert live() == ids[1:]  # the old worker reads `jobs` only: nothing moves
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM flowq.workers"))
+    assert pruner.run_once() == 0
     with engine.connect() as conn:
-        live = conn.execute(sa.text("SELECT id FROM flowq.jobs")).scalars().all()
         moved = {r.id: r._asdict() for r in conn.execute(sa.text(
             "SELECT * FROM flowq.job_history"))}
         key = conn.execute(sa.text("SELECT run_id FROM flowq.run_keys WHERE key = 'moved-key'"
                                    )).scalar_one()
-    assert live == [ids[4]]
+    assert live() == [ids[4]]
     assert set(moved) == set(ids[1:4])  # in two batches of two
     for id_, row in moved.items():
         assert row.pop("retired_at") is not None and row == before[id_]

@@ -20,8 +20,8 @@ from typing import Final
 import sqlalchemy as sa
 from sqlalchemy.sql.elements import TextClause
 
-from flowq.db.schema import HISTORY_PARTITION
-from flowq.db.sql.fragments import ACTIVE, S, Statements, copy_rows
+from flowq.db.schema import HISTORY_CAPABILITY, HISTORY_PARTITION
+from flowq.db.sql.fragments import ACTIVE, S, Statements, copy_rows, registered_without
 
 __all__ = ["DEFAULT_PARTITION", "HistoryStatements", "dependents", "keeps", "partition_name"]
 
@@ -226,20 +226,22 @@ class HistoryStatements(Statements):
 
     @cached_property
     def exists_finished_jobs(self) -> TextClause:
-        """Tell whether `jobs` still holds finished rows (an earlier release's).
+        """Tell whether `jobs` holds finished rows to move to history now.
 
-        Whether a row of `jobs` has a terminal status: rows that ended before revision 0018,
-        or were written by a worker of the release before it. One probe of
-        `jobs_finished_idx`, so a pass sends the move only while there is something to move."""
+        Whether a row of `jobs` has a terminal status (it ended before revision 0018, or
+        while a worker of the release before it was registered), and no such worker is
+        registered now (`HISTORY_CAPABILITY`: it reads finished rows from `jobs` only). One
+        probe of `jobs_finished_idx`, so a pass sends the move only when it would move."""
         return self.sql(f"""
-            SELECT EXISTS (SELECT 1 FROM {S}.jobs WHERE status IN ({_ENDED}))""")
+            SELECT EXISTS (SELECT 1 FROM {S}.jobs WHERE status IN ({_ENDED}))
+                   AND NOT {registered_without(HISTORY_CAPABILITY)}""")
 
     @cached_property
     def move_finished_jobs(self) -> TextClause:
         """Move up to :limit finished rows from jobs to job_history.
 
-        Rows of `jobs` with a terminal status (an earlier release's, see
-        `exists_finished_jobs`) are deleted and written to `job_history` unchanged
+        Rows of `jobs` with a terminal status (see `exists_finished_jobs`; none while a
+        worker of the release before 0018 is registered) are deleted and written to `job_history` unchanged
         (`fragments.copy_rows`: every column by name), retired now, and the key of a keyed
         one recorded in `run_keys` if its run has none there (as the trigger `jobs_retire`
         does: a run enqueued by the previous release). SKIP LOCKED: a row an operator or a
@@ -248,6 +250,7 @@ class HistoryStatements(Statements):
             WITH gone AS (
                 DELETE FROM {S}.jobs WHERE id = ANY(ARRAY(
                     SELECT id FROM {S}.jobs WHERE status IN ({_ENDED})
+                       AND NOT {registered_without(HISTORY_CAPABILITY)}
                      LIMIT :limit FOR UPDATE SKIP LOCKED))
                 RETURNING *)
             , retired AS ({copy_rows("job_history", "gone g", {})} RETURNING 1)

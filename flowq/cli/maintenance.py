@@ -64,10 +64,11 @@ def prune(database_url: str | None, schema: str, retention: float, dead_retentio
     n = 0
     try:
         # The pruner's pass, a batch at a time, to report each (it stops at a batch that
-        # deletes nothing, or finds another pruner holding the lock).
+        # deletes nothing and leaves no work behind, such as a day partition's sweep that
+        # only re-homed rows, or finds another pruner holding the lock).
         for _ in range(PRUNE_MAX_BATCHES):
             deleted = pruner.run_once()
-            if not deleted:
+            if not deleted and not pruner.behind:
                 break
             n += deleted
             phase.update(n, "row(s) deleted")

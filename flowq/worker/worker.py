@@ -323,6 +323,8 @@ class Worker:
             if self.metrics is not None:
                 self.metrics.close()
             raise
+        if c.maintenance:
+            self._ensure_partitions_quietly()
         self.completer.start()
         self.executor.start()
         self.heartbeat.start()
@@ -339,6 +341,14 @@ class Worker:
                   worker=c.name, listen=self.listener is not None,
                   **({"pgbouncer": True} if c.pgbouncer else {}),
                   poll_s=c.poll_interval)
+
+    def _ensure_partitions_quietly(self) -> None:
+        # Before the first completion: a fresh database gets today's partition of history
+        # before its rows would land in the DEFAULT one (where the day cannot be attached).
+        try:
+            self.pruner.ensure_partitions()
+        except Exception as exc:  # the pruner's passes try again: never stop the worker
+            log_event(WARNING, "could not create history partitions", error=first_line(exc))
 
     def _warn_stranded_quietly(self) -> None:
         try:

@@ -11,7 +11,9 @@ one instance per process (each statement compiles once, on first use):
 - `runs`: the rows of one run (inspection, cancel, retry, filters, redrive); `deadlines`:
   cancelling the runs whose deadline passed (the reaper's); `batches`: `session.batch()`;
 - `admin`: the database itself (schema check, locks, clocks, health);
-- `dashboard`: the dashboard's bounded reads (activity over time, running jobs, search).
+- `dashboard`: the dashboard's bounded reads (activity over time, running jobs, search);
+- `history`: retention (whole runs by rows, whole days by partition) and the day
+  partitions of `flowq.job_history`.
 
 Every write after the claim is fenced: it only touches a row that is still `running` under
 the lease the worker claimed it with. A lease comes from a sequence on every claim and is
@@ -33,6 +35,7 @@ from flowq.db.sql.children import ChildStatements
 from flowq.db.sql.claims import ClaimStatements
 from flowq.db.sql.dashboard import DashboardStatements
 from flowq.db.sql.deadlines import DeadlineStatements
+from flowq.db.sql.history import HistoryStatements
 from flowq.db.sql.jobs import JobStatements
 from flowq.db.sql.permits import PermitStatements
 from flowq.db.sql.queues import QueueStatements
@@ -50,7 +53,7 @@ class Queries(ClaimStatements, JobStatements, QueueStatements, PermitStatements,
               SignalStatements, WorkerStatements, RunStatements, UniqueStatements,
               ScheduleStatements, AdminStatements, DashboardStatements,
               CheckpointStatements, DeadlineStatements, BatchStatements, ChildStatements,
-              WaiterStatements):
+              WaiterStatements, HistoryStatements):
     """The statements for one flowq schema, every table's."""
 
 

@@ -100,7 +100,8 @@ def test_a_key_outlives_its_first_row(engine: sa.Engine, hist_app: flowq.FlowQ) 
     assert (again.id, again.created) == (first.id, False)
 
 
-def test_two_enqueues_of_one_key_meet_on_its_entry(engine: sa.Engine) -> None:
+def test_two_enqueues_of_one_key_meet_on_its_entry(engine: sa.Engine,
+                                                   hist_app: flowq.FlowQ) -> None:
     results: list[flowq.Enqueued] = []
     with engine.connect() as holder:
         holder.begin()
@@ -157,7 +158,8 @@ def test_while_a_previous_release_worker_is_registered_rows_stay(
     assert where(engine, first_job(engine, later.id)) == (0, 1)
 
 
-def test_an_existing_database_migrates_with_its_data(engine: sa.Engine) -> None:
+def test_an_existing_database_migrates_with_its_data(engine: sa.Engine,
+                                                   hist_app: flowq.FlowQ) -> None:
     """From revision 0017 with finished, live and keyed rows: nothing is lost, keys hold,
     the finished rows stay readable (in `jobs` until the maintenance pass moves them)."""
     downgrade(engine, revision="0017")

@@ -32,12 +32,17 @@ RUN_JOB_COLUMNS = f"""id, run_id, task, step, step_index, queue, status, priorit
 
 
 def _lock_rows(where: str) -> str:
-    """Lock the rows of runs matching `where`: live ones (`jobs`), then finished ones
-    (`job_history`), each in id order, returning their ids."""
+    """Lock the rows of runs matching `where`: finished ones (`job_history`), then live ones
+    (`jobs`), each in id order, returning their ids. History first: a lock taken again until
+    the set stops growing (`flowq.ops.runs`) finds in `jobs` the rows a concurrent retry moved
+    out of history, and with live rows locked first two bulk retries deadlocked (one held
+    those moved rows and waited for the history rows the other held; seen in
+    test_dashboard_adversarial). A row moves from history to `jobs` only under its history
+    lock, so whoever holds a run's history rows takes its live ones last."""
     return f"""
-            WITH live AS (SELECT id FROM {S}.jobs WHERE {where} ORDER BY id FOR UPDATE),
-                 done AS (SELECT id FROM {S}.job_history WHERE {where} ORDER BY id FOR UPDATE)
-            SELECT id FROM live UNION ALL SELECT id FROM done"""
+            WITH done AS (SELECT id FROM {S}.job_history WHERE {where} ORDER BY id FOR UPDATE),
+                 live AS (SELECT id FROM {S}.jobs WHERE {where} ORDER BY id FOR UPDATE)
+            SELECT id FROM done UNION ALL SELECT id FROM live"""
 
 
 def _retried(signal: str) -> dict[str, str]:

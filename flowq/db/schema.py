@@ -176,7 +176,7 @@ jobs = sa.Table(
 # stay the size of the backlog, and vacuum's work there is bounded by live jobs whatever is
 # retained. Only the indexes the readers of finished rows need: by id and retirement (the
 # primary key a partitioned table requires), by run, by finish time (recent activity), and
-# dead rows by task and queue. `steps` (a view) reads both tables.
+# dead rows by task and queue and by run. `steps` (a view) reads both tables.
 job_history = sa.Table(
     "job_history",
     metadata,
@@ -187,6 +187,10 @@ job_history = sa.Table(
     sa.Index("job_history_run_id_idx", "run_id"),
     sa.Index("job_history_finished_idx", "finished_at"),
     sa.Index("job_history_dead_idx", "task", "queue",
+             postgresql_where=sa.text("status = 'dead'")),
+    # Dead runs in run id order (a page of `runs list --status dead`, a bulk redrive), and
+    # the dead counts, index-only (revision 0019).
+    sa.Index("job_history_dead_run_idx", "run_id", postgresql_include=["task", "queue"],
              postgresql_where=sa.text("status = 'dead'")),
     postgresql_partition_by="RANGE (retired_at)",
 )

@@ -10,7 +10,9 @@ INSERT in one statement, as flowq's success does since revision 0018):
 - `ten_tx`: a job claimed in one transaction (`running`), then ten ledger rows in ten
   transactions of their own, then completed in one more: what the `checkpoint` scenario's
   ten checkpoints do, written by hand without a fence or a record;
-- `listener`: LISTEN, and on each notification claim and stamp the handler-start time;
+- `listener`: LISTEN, and on each notification claim and stamp the handler-start time
+  when the claim returns, before its COMMIT; `listener_durable` stamps it after the COMMIT
+  (flowq's handler starts once its claim is durable: the commit's flush is in its pickup);
 - `dag`: batched-100 on diamond runs (start -> left, right -> join): one statement per batch
   completes it, inserts `left` and `right` after each `start`, and counts `left`/`right`
   towards the run's row in `flowq.joins` (`INSERT … ON CONFLICT DO UPDATE SET remaining =
@@ -297,8 +299,11 @@ def _minimal_chained(conn: psycopg.Connection[Any], autocommit: bool = True) -> 
         previous = [r[0] for r in rows]
 
 
-def _listener(conn: psycopg.Connection[Any], stop: Any) -> int:
-    """Claim on every notification (or 1 s poll); stamp each job's start, then complete."""
+def _listener(conn: psycopg.Connection[Any], stop: Any, durable: bool = False) -> int:
+    """Claim on every notification (or 1 s poll); stamp each job's start, then complete.
+    The start is stamped as soon as the claim returns, inside its transaction, or with
+    `durable` once the claim has committed (where flowq's handler starts: after its claim
+    is on disk, so that a crash cannot hand the same lease out again)."""
     listen = psycopg.connect(conn.info.dsn, autocommit=True)
     listen.execute('LISTEN "flowq"')
     done = 0
@@ -307,6 +312,8 @@ def _listener(conn: psycopg.Connection[Any], stop: Any) -> int:
             while True:
                 with conn.transaction():
                     rows = conn.execute(_CLAIM, (QUEUE, BATCH, "raw")).fetchall()
+                    started = time.time()
+                if durable:
                     started = time.time()
                 if not rows:
                     break
@@ -372,6 +379,7 @@ LOOPS: Final[dict[str, Callable[[psycopg.Connection[Any], Any], int]]] = {
     "pipeline": lambda conn, stop: _batched(conn, pipeline=True),
     "ten_tx": lambda conn, stop: _ten_tx(conn),
     "listener": _listener,
+    "listener_durable": lambda conn, stop: _listener(conn, stop, durable=True),
     "dag": lambda conn, stop: _flow(conn, _dag_complete),
     "map": lambda conn, stop: _flow(conn, _map_complete),
     MINIMAL: lambda conn, stop: _minimal(conn),

@@ -24,6 +24,12 @@ vacuum behind it); dropping the day's table costs a catalog change. So:
 - `prune_runs` keeps the rule row by row for what no day took (the DEFAULT partition, and
   finished rows still in `jobs`), a batch of `limit` runs at a time.
 - `move_finished` moves the finished rows an earlier release left in `jobs` to history.
+- `hold_retention(conn, schema)` keeps every retention pass out of the caller's transaction
+  (the pruner's lock, shared): `runs retry`, `runs cancel` and a redrive lock and move a
+  run's rows, which a sweep may be moving to another partition (a row lock cannot follow
+  a row there: SQLSTATE 40001) or deleting. A pruned run with a dead step, the one kind
+  a retry brings back, is deleted whole by its sweep, rows in the day included, so no
+  retry finds it between the sweep and the DROP.
 
 So a finished run is kept at least `retention` and, in a day partition, at most a day more;
 a kept run's rows are rewritten once per `retention` while it is kept (a dead run, until its
@@ -47,8 +53,8 @@ from flowq.db.schema import HISTORY_PARTITION
 from flowq.db.sql import queries
 
 __all__ = ["DAYS_AHEAD", "DDL_TIMEOUT", "IN_DEFAULT", "LOCK_TIMEOUT", "PRUNER_LOCK", "Partitioned", "Swept",
-           "day_bounds", "drop_day", "ensure_partitions", "expired_days", "move_finished",
-           "prune_runs", "sweep_day"]
+           "day_bounds", "drop_day", "ensure_partitions", "expired_days", "hold_retention",
+           "move_finished", "prune_runs", "sweep_day"]
 
 DAYS_AHEAD: Final = 2
 # A DDL statement waiting for its lock stands ahead of every writer and reader that queues
@@ -80,7 +86,8 @@ class Partitioned:
 @dataclass(frozen=True)
 class Swept:
     """One batch of a day's sweep: the last run id it took (None: the day is swept), the
-    rows it deleted outside the day, and the rows of kept runs it re-homed."""
+    rows it deleted (outside the day, and a pruned dead run's in it: rows the DROP will not
+    count), and the rows of kept runs it re-homed."""
 
     last_run_id: int | None
     deleted: int
@@ -99,6 +106,13 @@ def _locked(conn: sa.Connection, schema: str) -> Iterator[bool]:
     with conn.begin():
         yield bool(conn.execute(queries(schema).try_maintenance_lock,
                                 {"name": f"{schema}.{PRUNER_LOCK}"}).scalar())
+
+
+def hold_retention(conn: sa.Connection, schema: str) -> None:
+    """Keep retention passes out until `conn`'s transaction ends: waits for a pass under
+    way (one statement, bounded by the maintenance statement timeout); a pass that starts
+    meanwhile does nothing. Call it before locking any row of a run."""
+    conn.execute(queries(schema).lock_maintenance_shared, {"name": f"{schema}.{PRUNER_LOCK}"})
 
 
 def _sqlstate(exc: sa.exc.DBAPIError) -> str | None:

@@ -34,6 +34,7 @@ from typing import Any, Final
 
 import sqlalchemy as sa
 
+from flowq.db.history import hold_retention
 from flowq.db.schema import STATUSES, Status, notify_channel
 from flowq.db.sql import Queries
 from flowq.errors import InvalidArgumentsError, RunStateError
@@ -261,7 +262,9 @@ def unserved_jobs(bind: Bind, *, schema: str = DEFAULT_SCHEMA,
 
 
 def _lock(conn: sa.Connection, q: Queries, run_id: int) -> RunInfo:
-    """Lock every row of the run, then read it: no step of it can complete until we commit."""
+    """Lock every row of the run, then read it: no step of it can complete until we commit,
+    and no retention pass moves or deletes its rows (`flowq.db.history.hold_retention`)."""
+    hold_retention(conn, q.schema)
     seen: set[int] = set()
     for _ in range(_MAX_LOCK_PASSES):
         ids = set(conn.execute(q.lock_run_jobs, {"run_id": run_id}).scalars())
@@ -337,6 +340,7 @@ def retry_run(bind: Bind, run_id: int, schema: str = DEFAULT_SCHEMA) -> RetryRes
 
 def _lock_runs(conn: sa.Connection, q: Queries, run_ids: list[int]) -> None:
     """`_lock` for many runs: every row of each, in id order, until the set stops growing."""
+    hold_retention(conn, q.schema)
     seen: set[int] = set()
     for _ in range(_MAX_LOCK_PASSES):
         ids = set(conn.execute(q.lock_runs_jobs, {"run_ids": run_ids}).scalars())

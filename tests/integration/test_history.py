@@ -6,14 +6,20 @@ partition for a past day, rows inserted into it with an old `retired_at`."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from datetime import date, datetime, timedelta, timezone
+from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
 import flowq
-from flowq.db.history import IN_DEFAULT, ensure_partitions
+from flowq.db.history import IN_DEFAULT, PRUNER_LOCK, day_bounds, ensure_partitions
 from flowq.db.sql import Queries
 from flowq.db.sql.history import partition_name
+from flowq.errors import RunNotFoundError
+from flowq.ops.runs import cancel_run, get_run, retry_run
 from flowq.testing import running_worker, wait_until
 from flowq.worker.pruner import Pruner
 
@@ -203,6 +209,93 @@ def test_a_days_sweep_goes_on_across_passes_and_a_busy_drop_waits_for_the_next(
     assert pruner.run_once() == 5
     assert name not in partitions(engine)
     assert all(set(dependents(engine, r).values()) == {0} for r in runs)
+
+
+def test_a_pruned_dead_run_goes_whole_with_its_sweep_so_no_retry_finds_it_before_the_drop(
+        engine: sa.Engine) -> None:
+    """A dead run past its dead retention is pruned by its day's sweep, rows in the day
+    included: left for the DROP (a pass or more later), it was still listed dead, and a
+    `runs retry` in between made it live while the DROP then took its first steps and its
+    key was already gone. A succeeded run of the same day is left for the DROP."""
+    old = today(engine) - timedelta(days=20)
+    name = make_day(engine, old)
+    noon = datetime(old.year, old.month, old.day, 12, tzinfo=timezone.utc)
+    with engine.begin() as conn:
+        dead = add_finished(conn, finished=noon, retired=noon)
+        add_finished(conn, dead, status="dead", finished=noon, retired=noon)
+        add_dependents(conn, dead)
+        done = add_finished(conn, finished=noon, retired=noon)
+    pruner = Pruner(engine, Q, retention=3 * DAY, dead_retention=14 * DAY)
+    with engine.connect() as reader:  # a reader holds the parent: the DETACH gives up
+        reader.execute(sa.text("SELECT count(*) FROM flowq.job_history"))
+        assert pruner.run_once() == 2  # the dead run's two rows, one by one
+        reader.rollback()
+    assert name in partitions(engine) and homes(engine, done) == [f"flowq.{name}"]
+    assert homes(engine, dead) == [] and set(dependents(engine, dead).values()) == {0}
+    with pytest.raises(RunNotFoundError):
+        retry_run(engine, dead)
+    assert pruner.run_once() == 1  # the DROP: the succeeded run's row
+    assert name not in partitions(engine)
+
+
+def _sweeping(engine: sa.Engine, day: date, then: Callable[[], Any]) -> dict[str, Any]:
+    """Hold a sweep of `day` open (its lock and its re-homing, as `sweep_day` runs them),
+    run `then()` on a thread until it waits, then commit the sweep; `then`'s outcome."""
+    lower, upper = day_bounds(day)
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["result"] = then()
+        except Exception as exc:  # the test reports it
+            out["error"] = exc
+
+    with engine.connect() as sweeper, sweeper.begin():
+        assert sweeper.execute(Q.try_maintenance_lock,
+                               {"name": f"flowq.{PRUNER_LOCK}"}).scalar()
+        assert sweeper.execute(Q.prune_partition, {
+            "lower": lower, "upper": upper, "after": 0, "retention": 3 * DAY,
+            "dead_retention": 14 * DAY, "limit": 100}).one().rehomed
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        with engine.connect() as conn:
+            wait_until(lambda: not thread.is_alive() or conn.execute(sa.text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock'")).scalar(), timeout=10,
+                message="the operator's action to wait for the sweep")
+    thread.join(30)
+    assert "error" not in out, repr(out["error"])
+    return out
+
+
+def test_retry_and_cancel_wait_for_a_sweep_that_moves_their_rows(engine: sa.Engine) -> None:
+    """A sweep re-homes a kept run's rows (a cross-partition UPDATE); a row lock waiting on
+    such a row cannot follow it to its new partition (SQLSTATE 40001, 'already moved to
+    another partition'): `runs retry` of a dead run and `runs cancel` of a live one, whose
+    rows sit in an expired day, wait for the sweep to end instead and then do their work."""
+    old = today(engine) - timedelta(days=5)
+    make_day(engine, old)
+    with engine.connect() as conn:
+        ensure_partitions(conn, "flowq")
+    noon = datetime(old.year, old.month, old.day, 12, tzinfo=timezone.utc)
+    with engine.begin() as conn:
+        dead = add_finished(conn, finished=noon, retired=noon)
+        add_finished(conn, dead, status="dead", finished=noon, retired=noon)
+        live = add_finished(conn, finished=noon, retired=noon)
+        conn.execute(sa.text("INSERT INTO flowq.jobs (run_id, task, step, step_index, status, "
+                             "run_at) VALUES (:r, 't', 'u', 1, 'waiting', now() + "
+                             "interval '1 day')"), {"r": live})
+    assert _sweeping(engine, old, lambda: retry_run(engine, dead))["result"].run.status \
+        == "pending"
+    assert len(homes(engine, dead)) == 2
+    # The sweep re-homed the dead run's rows above: this one finds the live run's.
+    make_day(engine, old - timedelta(days=1))
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE flowq.job_history SET retired_at = :at WHERE run_id = :r"),
+                     {"at": noon - timedelta(days=1), "r": live})
+    cancelled = _sweeping(engine, old - timedelta(days=1), lambda: cancel_run(engine, live))
+    assert cancelled["result"].run.status == "cancelled"
+    assert get_run(engine, live).status == "cancelled"
 
 
 def test_the_keys_of_pruned_runs_are_deleted_so_the_key_starts_a_new_run(

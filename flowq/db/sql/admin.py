@@ -39,6 +39,15 @@ class AdminStatements(Statements):
         return self.sql("SELECT pg_try_advisory_xact_lock(hashtext(:name))")
 
     @cached_property
+    def lock_maintenance_shared(self) -> TextClause:
+        """Wait for the advisory lock of a maintenance service, shared.
+
+        Take the transaction-scoped advisory lock `try_maintenance_lock` tries, in shared
+        mode, waiting for a pass that holds it: holders never wait for one another, and a
+        pass that tries the lock meanwhile finds it taken and does nothing."""
+        return self.sql("SELECT pg_advisory_xact_lock_shared(hashtext(:name))")
+
+    @cached_property
     def select_now(self) -> TextClause:
         """Read the transaction's clock.
 

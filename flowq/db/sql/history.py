@@ -205,8 +205,11 @@ class HistoryStatements(Statements):
         (one day partition, older than :retention). A kept run (`keeps`) has its rows there
         re-homed (`retired_at = now()` moves them to today's partition); every other run is
         pruned whole: its rows elsewhere deleted, what hangs off it too (`dependents`), its
-        rows in the day left for the DROP. Returns the last run id seen (NULL: the day is
-        swept), the rows deleted outside the day and the rows re-homed.
+        rows in the day left for the DROP, but for a run with a dead step, deleted here:
+        `runs retry` could bring it back before the DROP, which would take its rows from
+        under it (dead runs are few, so few rows go one by one). Returns the last run id
+        seen (NULL: the day is swept), the rows deleted (those the DROP will not count) and
+        the rows re-homed.
 
         The day is frozen (new rows retire at now()), so a sweep by run_id sees each run once;
         every run is looked up in the run_id indexes only."""
@@ -223,9 +226,14 @@ class HistoryStatements(Statements):
                           RETURNING 1)
             , gone AS (DELETE FROM {S}.jobs WHERE run_id IN (SELECT run_id FROM pruned)
                        RETURNING 1)
+            , revivable AS (SELECT p.run_id FROM pruned p WHERE EXISTS (
+                  SELECT 1 FROM {S}.job_history x
+                   WHERE x.run_id = p.run_id AND x.status = 'dead'))
             , gone_history AS (DELETE FROM {S}.job_history h
                                 WHERE h.run_id IN (SELECT run_id FROM pruned)
-                                  AND NOT ({day}) RETURNING 1)
+                                  AND (NOT ({day})
+                                       OR h.run_id IN (SELECT run_id FROM revivable))
+                               RETURNING 1)
             , {dependents("pruned")}
             SELECT (SELECT max(run_id) FROM runs) AS last_run_id,
                    (SELECT count(*) FROM gone)

@@ -278,10 +278,19 @@ def test_overload_offers_multiples_of_the_peak_in_both_placements(quick_run: Qui
         for m in ("1x", "2x", "4x"):
             assert f"pickup p50, {m}, {where}" in names and f"pickup p99, {m}, {where}" in names
         assert f"completed/s at 2x vs at 1x, {where}" in names
+    # The reference: the same producer feeding a raw loop, 1x and 2x of its own peak.
+    for label in ("completed/s, 1x, raw loop", "completed/s, 2x, raw loop",
+                  "pickup p99, 2x, raw loop", "completed/s at 2x vs at 1x, raw loop",
+                  "peak drain, worker in its own process"):
+        assert label in names, names
     extra = rows[0]["extra"]
     assert "P=1 C=8" in rows[0]["note"]  # --quick's concurrency
     assert f"each offered load for {OVERLOAD_PHASE:g} s" in rows[0]["note"]  # --overload-phase
-    assert [len(v) for v in extra["peaks"].values()] == [1, 1]  # --quick: one drain each
+    assert [len(v) for v in extra["peaks"].values()] == [1, 1, 1]  # --quick: one drain each
+    raw = extra["phases"].pop("raw loop")
+    assert [p["name"] for p in raw] == ["1x", "2x"]
+    assert raw[1]["rate"] == pytest.approx(2 * raw[0]["rate"])
+    assert all(p["offered"] > 0 and math.isfinite(p["p99"]) for p in raw), raw
     asked = {}
     for place, phases in extra["phases"].items():
         assert [p["name"] for p in phases] == ["0.5x", "1x", "2x", "4x"], place

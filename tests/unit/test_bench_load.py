@@ -102,6 +102,27 @@ def test_overload_rows_put_each_figure_beside_its_reference() -> None:
         assert row.references and all(math.isfinite(r) for r in row.ratios()), row
 
 
+def test_the_raw_loop_is_the_reference_of_the_fall_past_the_peak() -> None:
+    results = {p: _phases({"0.5x": 1500, "1x": 2950, "2x": 2900}) for p in PLACEMENTS}
+    raw = _phases({"1x": 2900, "2x": 2100})  # offered 1x and 2x of its own peak (3,000)
+    rows = overload_rows([3000.0], [2500.0], results, ([3000.0, 2800.0], raw))
+    by_name = {r.flowq.name: r for r in rows}
+    assert len(by_name) == len(rows)  # one row per figure
+    ceiling = by_name["peak drain, worker in its own process"]
+    assert [f.name for f in ceiling.references] == ["peak drain, raw loop"]
+    done = by_name["completed/s, 2x, raw loop"]
+    assert done.ratios() == [pytest.approx(2100 / 6000), pytest.approx(2100 / 3000)]
+    wait = by_name["pickup p99, 2x, raw loop"]
+    assert [f.name for f in wait.references] == ["pickup p99, 1x, raw loop",
+                                                 "backlog at the end / peak, raw loop"]
+    assert wait.references[1].values == [pytest.approx((6000 - 2100) * 10 / 3000 * 1000)]
+    assert "pickup p99, 1x, raw loop" not in by_name  # 1x is the calm phase here
+    fall = by_name["completed/s at 2x vs at 1x, raw loop"]
+    assert fall.ratios() == [pytest.approx(2100 / 2900)] and "raw loop" in fall.note
+    for row in rows:
+        assert row.references and all(math.isfinite(r) for r in row.ratios()), row
+
+
 def test_the_table_prints_the_overload_rows() -> None:
     results = {p: _phases({"0.5x": 1500, "1x": 2950, "2x": 2900, "4x": 2800})
                for p in PLACEMENTS}

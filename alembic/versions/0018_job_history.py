@@ -111,7 +111,23 @@ def downgrade() -> None:
     op.execute(f"DROP TRIGGER jobs_retire ON {s}.jobs")
     op.execute(f"DROP FUNCTION {s}.retire_job()")
     op.execute(f"DROP VIEW {s}.steps")
-    # Back to one table: the finished rows return to `jobs` (their keys with them).
-    op.execute(f"INSERT INTO {s}.jobs ({COLUMNS}) SELECT {COLUMNS} FROM {s}.job_history")
+    # Back to one table: the finished rows return to `jobs` (their keys with them). A key
+    # may be on more than one row by now (a producer of the release before this one found
+    # only live runs by key, so it started a new run with the key of a finished one), and
+    # `jobs` holds it once: it stays on a live row that has it, else on the row of the run
+    # `run_keys` names, else on the newest; the other rows return without it.
+    items = ", ".join("CASE WHEN h.id IN (SELECT id FROM holder) THEN h.idempotency_key END"
+                      if c.strip() == "idempotency_key" else f"h.{c.strip()}"
+                      for c in COLUMNS.split(","))
+    op.execute(f"""
+        WITH holder AS (
+            SELECT DISTINCT ON (h.idempotency_key) h.id
+              FROM {s}.job_history h
+              LEFT JOIN {s}.run_keys k ON k.key = h.idempotency_key AND k.run_id = h.run_id
+             WHERE h.idempotency_key IS NOT NULL
+               AND NOT EXISTS (SELECT 1 FROM {s}.jobs j
+                                WHERE j.idempotency_key = h.idempotency_key)
+             ORDER BY h.idempotency_key, (k.run_id IS NOT NULL) DESC, h.id DESC)
+        INSERT INTO {s}.jobs ({COLUMNS}) SELECT {items} FROM {s}.job_history h""")
     op.drop_table("run_keys", schema=s)
     op.execute(f"DROP TABLE {s}.job_history")

@@ -97,8 +97,10 @@ class PreparedCall(Generic[T]):
     schema: str
     finish: Callable[[Sequence[Any]], T]  # reads a result row
     direct: bool = False  # may take the psycopg pipeline path (see the module docstring)
-    # A keyed enqueue's read of its key, for when its statement returns no row.
+    # A keyed enqueue's read of its key, for when its statement returns no row, and the
+    # release of a key that names a run with no rows, for when that read finds none.
     lookup: sa.Executable | None = None
+    release: sa.Executable | None = None
     # A unique enqueue: when its statement returns no row, send it again (a new snapshot).
     rerun: bool = False
 
@@ -113,6 +115,10 @@ class PreparedCall(Generic[T]):
                 # nothing. Under READ COMMITTED a new statement takes a new snapshot, which
                 # sees it. (Under REPEATABLE READ the INSERT raised a serialization failure.)
                 row = yield self.lookup
+                if row is None and self.release is not None:
+                    # Or the key's entry names a run with no rows (pruned by an earlier
+                    # release): free it, then start over.
+                    yield self.release
             if row is not None:
                 return self.finish(row)
             if self.lookup is None and not self.rerun:
@@ -345,7 +351,8 @@ def prepare_enqueue(task: Pipeline | str, args: Mapping[str, Any],
             return PreparedCall(q.insert_run_unique, params, schema, _enqueued, True,
                                 rerun=True)
         return PreparedCall(q.insert_run, params, schema, _enqueued, True,
-                            lookup=q.find_run_by_key if key is not None else None)
+                            lookup=q.find_run_by_key if key is not None else None,
+                            release=q.release_orphaned_key if key is not None else None)
     if held_key is not None:
         return PreparedCall(q.insert_job_unique, params, schema, _enqueued, True, rerun=True)
     if key is None:
@@ -355,7 +362,7 @@ def prepare_enqueue(task: Pipeline | str, args: Mapping[str, Any],
         return PreparedCall(statement, params, schema, _enqueued, True)
     params["idempotency_key"] = key
     return PreparedCall(q.insert_job_by_key, params, schema, _enqueued, True,
-                        lookup=q.find_run_by_key)
+                        lookup=q.find_run_by_key, release=q.release_orphaned_key)
 
 
 def prepare_start_at(definition: Pipeline, step: Step[Any, Any], args: Mapping[str, Any], *,

@@ -265,7 +265,10 @@ def _lock(conn: sa.Connection, q: Queries, run_id: int) -> RunInfo:
     """Lock every row of the run, then read it: no step of it can complete until we commit,
     and no retention pass moves or deletes its rows (`flowq.db.history.hold_retention`)."""
     hold_retention(conn, q.schema)
-    seen: set[int] = set()
+    # Never done after one pass, even one that locked nothing: a pass that waited for a
+    # completion finds its row deleted (moved to history by a statement newer than the
+    # pass's snapshot), so it can come back empty while the run goes on.
+    seen: set[int] | None = None
     for _ in range(_MAX_LOCK_PASSES):
         ids = set(conn.execute(q.lock_run_jobs, {"run_id": run_id}).scalars())
         if ids == seen:
@@ -341,7 +344,7 @@ def retry_run(bind: Bind, run_id: int, schema: str = DEFAULT_SCHEMA) -> RetryRes
 def _lock_runs(conn: sa.Connection, q: Queries, run_ids: list[int]) -> None:
     """`_lock` for many runs: every row of each, in id order, until the set stops growing."""
     hold_retention(conn, q.schema)
-    seen: set[int] = set()
+    seen: set[int] | None = None  # as in `_lock`: two passes at least
     for _ in range(_MAX_LOCK_PASSES):
         ids = set(conn.execute(q.lock_runs_jobs, {"run_ids": run_ids}).scalars())
         if ids == seen:

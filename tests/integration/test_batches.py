@@ -93,6 +93,23 @@ def test_the_callback_runs_once_with_the_counts_when_every_run_has_finished(
     assert get_run(engine, row.callback_run_id).status == "succeeded"
 
 
+def test_a_run_that_ended_within_the_block_is_in_the_batch(
+        Session: sessionmaker[flowq.Session]) -> None:
+    """A run cancelled in the transaction that enqueued it has left `flowq.jobs` for
+    history by the time the block ends: it is one of the batch's runs all the same."""
+    app, calls = make_app()
+    engine = Session.kw["bind"]
+    with Session.begin() as s:
+        with s.batch(on_complete=app.get("done"), tag="ended") as batch:
+            run_id = s.enqueue(app.get("work"), n=1).id
+            cancel_run(s.connection(), run_id)
+        assert batch.runs == 1
+    assert reap(engine) == 1
+    drain(engine, app)
+    assert calls == [{"batch_id": batch.id, "succeeded": 0, "dead": 0, "cancelled": 1,
+                      "tag": "ended"}]
+
+
 def test_a_rolled_back_transaction_or_an_exception_leaves_no_batch(
         Session: sessionmaker[flowq.Session]) -> None:
     app, _ = make_app()

@@ -1,11 +1,14 @@
 """The hot table and its history (revision 0018): `flowq.jobs` holds live rows only; a row
 that ends moves to `flowq.job_history` in the transaction that ends it, whoever writes the
 end; idempotency keys outlive the row that carried them; the previous release's workers keep
-their layout while they are registered; an existing database migrates with its data."""
+their layout while they are registered; an existing database migrates with its data, and
+rolls back after the previous release reused a key; `flowq runs cancel` racing the
+completion that moves a row; the keys of runs a pruner of the previous release deleted."""
 
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -13,10 +16,14 @@ import sqlalchemy as sa
 from tenacity import stop_after_attempt
 
 import flowq
+import flowq.ops.runs as runs_module
 from flowq.db.migrations import downgrade, migrate
 from flowq.db.schema import JOB_COLUMNS
-from flowq.ops.runs import get_run, retry_run
-from flowq.testing import drain
+from flowq.db.sql import Queries
+from flowq.ops.runs import cancel_run, get_run, retry_run
+from flowq.testing import drain, wait_until
+
+Q = Queries("flowq")
 
 
 def scalar(engine: sa.Engine, sql: str, **params: Any) -> Any:
@@ -55,6 +62,20 @@ def hist_app() -> flowq.FlowQ:
     @pipe.step()
     def b(ctx: flowq.Context, m: int) -> int:
         return m * 2
+
+    chain = app.pipeline("chain")
+
+    @chain.step()
+    def s1(ctx: flowq.Context, n: int) -> dict[str, int]:
+        return {"n": n}
+
+    @chain.step()
+    def s2(ctx: flowq.Context, n: int) -> dict[str, int]:
+        return {"n": n}
+
+    @chain.step()
+    def s3(ctx: flowq.Context, n: int) -> dict[str, int]:
+        return {"n": n}
 
     return app
 
@@ -195,3 +216,186 @@ def test_steps_has_the_columns_of_jobs(engine: sa.Engine) -> None:
             "SELECT column_name FROM information_schema.columns WHERE table_schema = 'flowq' "
             "AND table_name = :t ORDER BY ordinal_position"), {"t": "steps"}).scalars().all()
     assert names == [*JOB_COLUMNS.split(", "), "retired_at"]
+
+
+def someone_waits_for_a_lock(engine: sa.Engine) -> bool:
+    return bool(scalar(engine, "SELECT count(*) FROM pg_stat_activity "
+                               "WHERE datname = current_database() AND wait_event_type = 'Lock'"))
+
+
+def complete_with_successor(conn: sa.Connection, claimed: Any, step: str, index: int) -> None:
+    """What a worker's completer sends for a chain step: its success and its successor."""
+    conn.execute(Q.complete_steps, {
+        "ids": [claimed.id], "leases": [claimed.lease], "results": ['{"n": 1}'],
+        "next_ids": [claimed.id], "next_leases": [claimed.lease], "next_tasks": ["chain"],
+        "next_steps": [step], "next_step_indexes": [index], "next_queues": ["default"],
+        "next_max_attempts": [3], "next_args": ['{"n": 1}'], "next_map_indexes": [None],
+        "next_delays": [0.0], "channel": "flowq"})
+
+
+def claim_one(conn: sa.Connection) -> Any:
+    return conn.execute(Q.claim_jobs, {"queue": "default", "limit": 1, "worker": "w"}).first()
+
+
+def test_cancel_racing_a_completion_that_moves_a_row_still_locks_the_run(
+        engine: sa.Engine, hist_app: flowq.FlowQ, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`flowq.ops.runs._lock` repeats `lock_run_jobs` until the set of locked ids stops
+    changing. It started from an empty set; a completion DELETEs its row
+    (`fragments.succeed`), so a lock pass that waited for it finds the row gone (FOR UPDATE
+    skips a deleted row; before 0018 it followed the UPDATE to the new version and locked
+    it), and its moved copy in history is newer than the pass's snapshot: the first pass
+    returns no id, equal to the initial empty set, and the loop stops with NOTHING locked.
+    `cancel_run` then went on believing no step could complete until it committed: the
+    successor s2 was claimed and completed (creating s3) while the cancel ran, and the run
+    kept running (s3 pending, nothing cancelled). Now at least two passes are made."""
+    with engine.begin() as conn:
+        run = flowq.enqueue(conn, "chain", n=1)
+    paused, go = threading.Event(), threading.Event()
+    real_read_run = runs_module.read_run
+    calls: list[int] = []
+
+    def read_run_then_pause(conn: sa.Connection, q: Queries, run_id: int) -> Any:
+        info = real_read_run(conn, q, run_id)
+        if not calls:  # the read at the end of `_lock`: the run's rows are locked by now
+            calls.append(run_id)
+            paused.set()
+            go.wait(30)
+        return info
+
+    monkeypatch.setattr(runs_module, "read_run", read_run_then_pause)
+    with engine.connect() as worker:
+        with worker.begin():
+            first = claim_one(worker)
+        tx = worker.begin()
+        complete_with_successor(worker, first, "s2", 1)  # in flight when the cancel starts
+        with ThreadPoolExecutor(1) as pool:
+            cancelling = pool.submit(cancel_run, engine, run.id)
+            wait_until(lambda: someone_waits_for_a_lock(engine), timeout=30,
+                       message="cancel's lock pass to wait for the completion")
+            tx.commit()
+            assert paused.wait(30)
+            # The cancel holds its run's locks: a worker's claim must skip s2 (SKIP LOCKED).
+            with worker.begin():
+                second = claim_one(worker)
+            if second is not None:  # it did not: s2 runs and completes meanwhile
+                tx = worker.begin()
+                complete_with_successor(worker, second, "s3", 2)
+                go.set()
+                wait_until(lambda: someone_waits_for_a_lock(engine), timeout=30,
+                           message="cancel's UPDATE to wait for s2's completion")
+                tx.commit()
+            go.set()
+            res = cancelling.result(timeout=30)
+    steps = [(s.step, s.status) for s in get_run(engine, run.id).steps]
+    assert (res.run.status, steps) == ("cancelled", [("s1", "succeeded"), ("s2", "cancelled")]), (
+        f"cancel_run returned {res.run.status!r} (cancelled={res.cancelled}) and left {steps}")
+    assert second is None, "cancel_run's _lock returned holding no lock on the run's rows"
+
+
+def test_downgrade_after_a_previous_release_producer_reused_a_moved_key(
+        engine: sa.Engine, hist_app: flowq.FlowQ) -> None:
+    """docs/operations.md: a producer of the previous release enqueuing
+    with an idempotency_key finds a live run only, so a key enqueued again after its run
+    moved to history creates a new run (its row in `jobs` carries the key; the old run's
+    first row in `job_history` carries it too). The documented rollback,
+    `downgrade(engine, revision="0017")`, then INSERTs the history rows back into `jobs`
+    (0018 downgrade), where the two rows collided on the unique `jobs_idempotency_key_idx`
+    (an IntegrityError). The key now stays on the live row, and the finished one returns
+    without it."""
+    with engine.begin() as conn:
+        first = flowq.enqueue(conn, "ok", n=1, idempotency_key="order-1")
+    drain(engine, hist_app)
+    assert scalar(engine, "SELECT count(*) FROM flowq.job_history WHERE run_id = :r",
+                  r=first.id) == 1
+    with engine.begin() as conn:  # the previous release's keyed enqueue (jobs only)
+        conn.execute(sa.text(
+            "INSERT INTO flowq.jobs (task, step, args, idempotency_key) "
+            "VALUES ('ok', 'ok', '{\"n\": 2}', 'order-1') "
+            "ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"))
+    assert scalar(engine, "SELECT count(*) FROM flowq.steps "
+                          "WHERE idempotency_key = 'order-1'") == 2  # as documented
+    downgrade(engine, revision="0017")
+    assert scalar(engine, "SELECT count(*) FROM flowq.jobs") == 2
+
+
+def test_every_other_end_moves_once_with_its_key(engine: sa.Engine, hist_app: flowq.FlowQ) -> None:
+    """The reaper burying a keyed row dead, a deadline cancelling a keyed pending row,
+    `cancel_run`, and a late completion of a row already moved (the fence) each leave the
+    row once in history, its key recorded once in run_keys, and change nothing after."""
+    with engine.begin() as conn:
+        reaped = flowq.enqueue(conn, "boom", idempotency_key="reaped")  # one attempt
+        timed = flowq.enqueue(conn, "ok", n=2, idempotency_key="timed", delay=3600,
+                              deadline=7200)
+        cancelled = flowq.enqueue(conn, "ok", n=3, idempotency_key="cancelled", delay=3600)
+    with engine.begin() as conn:
+        claimed = claim_one(conn)
+        conn.execute(sa.text("UPDATE flowq.jobs SET heartbeat_at = now() - interval '1 hour' "
+                             "WHERE id = :i"), {"i": claimed.id})
+        conn.execute(sa.text("UPDATE flowq.jobs SET deadline = now() - interval '1 second' "
+                             "WHERE run_id = :r"), {"r": timed.id})
+    with engine.begin() as conn:
+        assert len(conn.execute(Q.reap_jobs, {"stale": 60, "limit": 10,
+                                              "channel": "flowq"}).all()) == 1
+        assert len(conn.execute(Q.cancel_expired_jobs, {"error": "late %s",
+                                                         "limit": 10}).all()) == 1
+    cancel_run(engine, cancelled.id)
+    with engine.begin() as conn:  # the reaped attempt's worker completes late: nothing
+        assert conn.execute(Q.complete_jobs, {"ids": [claimed.id], "leases": [claimed.lease],
+                                              "results": ["1"], "channel": "flowq"}).all() == []
+    for run, status in ((reaped, "dead"), (timed, "cancelled"), (cancelled, "cancelled")):
+        assert scalar(engine, "SELECT count(*) FROM flowq.jobs WHERE run_id = :r",
+                      r=run.id) == 0
+        assert scalar(engine, "SELECT count(*) FROM flowq.job_history WHERE run_id = :r "
+                              "AND status = :s", r=run.id, s=status) == 1
+        assert scalar(engine, "SELECT count(*) FROM flowq.run_keys WHERE run_id = :r",
+                      r=run.id) == 1
+        assert get_run(engine, run.id).status == status
+
+
+# The pre-0018 pruner's DELETE (git show 13ec97b^:flowq/db/sql/jobs.py, `prune_jobs`), the
+# part that matters here: whole finished runs deleted from `jobs`; it knows no `run_keys`.
+PREVIOUS_RELEASE_PRUNE = """
+    WITH old AS (
+        SELECT DISTINCT j.run_id FROM flowq.jobs j
+         WHERE j.status IN ('succeeded', 'dead', 'cancelled')
+           AND j.finished_at < now() - make_interval(secs => :retention)
+           AND NOT EXISTS (
+               SELECT 1 FROM flowq.jobs o
+                WHERE o.run_id = j.run_id
+                  AND (o.status IN ('pending', 'running', 'waiting')
+                       OR o.finished_at >= now() - make_interval(secs => :retention))
+               OFFSET 0)
+         LIMIT 100)
+    DELETE FROM flowq.jobs WHERE run_id IN (SELECT run_id FROM old)"""
+
+
+def test_a_key_pruned_by_a_previous_release_pruner_after_the_migration_is_not_wedged(
+        engine: sa.Engine, hist_app: flowq.FlowQ) -> None:
+    """Revision 0018 copies the key of every keyed row of `jobs` into
+    `run_keys`, and the previous release's workers keep running (docs: migrate first, then
+    start the new workers, then stop the old ones), pruner included. That pruner deletes a
+    finished run's rows from `jobs` and knows nothing of `run_keys`, so the key's entry stays,
+    naming a run with no row. From then on `FIND_RUN_BY_KEY` finds nothing (its run_keys arm
+    needs a row in `steps`, its jobs arm needs no entry in run_keys), `claim_key` conflicts
+    on the entry and inserts nothing: every enqueue of that key failed with FlowqError
+    ("could not enqueue with idempotency_key ..."), forever. Now the enqueue frees such an
+    entry (`release_orphaned_key`) and starts a new run, as a pruned key did before 0018."""
+    downgrade(engine, revision="0017")
+    with engine.begin() as conn:  # a keyed run that ended 4 days ago, under 0017
+        run_id = conn.execute(sa.text(
+            "INSERT INTO flowq.jobs (task, step, status, result, finished_at, idempotency_key) "
+            "VALUES ('ok', 'ok', 'succeeded', '{\"n\": 1}', now() - interval '4 days', "
+            "'order-9') RETURNING run_id")).scalar_one()
+    flowq.migrate(engine)
+    assert scalar(engine, "SELECT run_id FROM flowq.run_keys WHERE key = 'order-9'") == run_id
+    with engine.begin() as conn:  # a worker of the previous release, still running its pass
+        conn.execute(sa.text(
+            "INSERT INTO flowq.workers (name, host, pid, queues, tasks, concurrency, version) "
+            "VALUES ('old', 'h', 1, '{default}', '{ok}', 1, '0.9')"))
+        conn.execute(sa.text(PREVIOUS_RELEASE_PRUNE), {"retention": 3 * 86400.0})
+        conn.execute(sa.text("DELETE FROM flowq.workers WHERE name = 'old'"))  # it stops
+    from flowq.worker.pruner import Pruner
+    Pruner(engine, Q).run_once()  # this release's pass leaves the entry: the enqueue frees it
+    with engine.begin() as conn:
+        again = flowq.enqueue(conn, "ok", n=2, idempotency_key="order-9")
+    assert again.created and again.id != run_id

@@ -36,13 +36,14 @@ class BatchStatements(Statements):
         Batch :id with its callback (the row an enqueue of it inserts: :task, :step, :queue,
         :priority, :max_attempts, :args) and the runs :run_ids that exist in this
         transaction (a run whose savepoint rolled back is not there, so it is not waited
-        for); returns the number of runs it waits for."""
+        for; one that ended in the block, its rows in history, is); returns the number of
+        runs it waits for."""
         return self.sql(f"""
             WITH joined AS (
                 INSERT INTO {S}.batch_runs (batch_id, run_id)
                 SELECT CAST(:id AS bigint), u.run_id
                   FROM unnest(CAST(:run_ids AS bigint[])) AS u(run_id)
-                 WHERE EXISTS (SELECT 1 FROM {S}.jobs j WHERE j.run_id = u.run_id)
+                 WHERE EXISTS (SELECT 1 FROM {S}.steps j WHERE j.run_id = u.run_id)
                 ON CONFLICT DO NOTHING
                 RETURNING run_id
             )

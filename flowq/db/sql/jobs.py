@@ -58,6 +58,23 @@ class JobStatements(Statements):
             {FIND_RUN_BY_KEY}""")
 
     @cached_property
+    def release_orphaned_key(self) -> TextClause:
+        """Free an idempotency key whose run has no rows left.
+
+        Delete the entry of :idempotency_key in `run_keys` when no row of its run is in
+        `jobs` or `job_history`: a run that a pruner of the release before revision 0018
+        deleted (from `jobs` alone) after the migration had recorded its key. This release
+        deletes a key with its run; without this, such a key would name no run for good and
+        every enqueue of it would fail. A run's first rows and its key are written by one
+        statement, and its rows move by one, so a run that this statement's snapshot sees
+        without rows has none: the key is free."""
+        return self.sql(f"""
+            DELETE FROM {S}.run_keys k
+             WHERE k.key = CAST(:idempotency_key AS text)
+               AND NOT EXISTS (SELECT 1 FROM {S}.steps s WHERE s.run_id = k.run_id)
+            RETURNING k.run_id""")
+
+    @cached_property
     def insert_job_by_key(self) -> TextClause:
         """Enqueue one run of one row under an idempotency key.
 

@@ -118,8 +118,9 @@ class RunStatements(Statements):
 
         Lock every row of run :run_id (waiting for an in-flight completion); returns their
         ids. Repeat until the set stops growing: a completion that committed while we waited
-        may have inserted a successor this statement's snapshot could not see. Live rows
-        first, then finished ones (a dead step a retry moves back), always in that order."""
+        may have inserted a successor this statement's snapshot could not see, or moved a
+        row it waited for to history. Finished rows first, then live ones, always in that
+        order (`_lock_rows`)."""
         return self.sql(_lock_rows("run_id = :run_id"))
 
     @cached_property

@@ -409,6 +409,7 @@ def checks(url: str) -> list[Check]:
         enqueue("enqueue"),
         enqueue("enqueue, existing key", idempotency_key=key),
         user("find run by key", Q.find_run_by_key, idempotency_key=key),
+        user("release orphaned key", Q.release_orphaned_key, idempotency_key=key),
         enqueue("enqueue, unique key held", unique_key=held_key),
         enqueue("enqueue, unique key taken over", unique_key=ended_key),
         user("signal: run state", Q.select_run_state, run_id=waiting[0]),

@@ -131,6 +131,16 @@ class Claimer:
         if gone:
             log_event(INFO, "gave back queue permits at shutdown", queues=gone)
 
+    def _void(self, queue: str) -> None:
+        """Our permits of `queue` no longer stand for claims (its limit changed, it became
+        rate-limited or keyed, a worker of an earlier release registered, or they were
+        reclaimed): give back the row, which the queue's locked claims count as running
+        (else the queue stays blocked as long as we live), and read our running jobs again
+        when permits come back."""
+        self.permits.pop(queue, None)
+        self.mine.pop(queue, None)
+        self.store.release_permits(queue, self.name, 0)
+
     def _give_back(self, queue: str, keep: int) -> None:
         held = self.store.release_permits(queue, self.name, keep)
         if held:
@@ -146,7 +156,7 @@ class Claimer:
         held, ok, due = self.store.read_lease(self.conn.transaction(
             self.store.lease_permits_statements(queue, want, self.name)))
         if not ok:
-            self.permits.pop(queue, None)
+            self._void(queue)
             self.controls = self.store.controls(self.queues)
             return False
         if not held:  # none to claim under: nothing due, or the others hold the limit
@@ -169,6 +179,15 @@ class Claimer:
         # lock whether any job is due (an idle queue polled often is never locked).
         if p is not None and p.held == 0 and not self._lease(queue, want):
             return jobs
+        try:
+            return self._claim_under(queue, want, jobs)
+        except DB_ERRORS:
+            # The claim may have committed with its result lost: what we run is read again.
+            self.mine.pop(queue, None)
+            raise
+
+    def _claim_under(self, queue: str, want: int, jobs: list[ClaimedJob]) -> list[ClaimedJob]:
+        p = self.permits.get(queue)
         mine = self.mine.get(queue)
         if mine is None:
             mine = self.mine[queue] = self.store.running_ids(queue, self.name)
@@ -183,7 +202,7 @@ class Claimer:
             jobs += got.jobs
             p = self.permits[queue] = Permits(got.held, got.running, got.share)
             if not got.ok:  # none yet, reclaimed (we looked dead), voided (limit changed)...
-                self.permits.pop(queue, None)
+                self._void(queue)
                 if not (again and got.more and self._lease(queue, want - len(jobs))):
                     return jobs
                 continue
@@ -207,6 +226,7 @@ class Claimer:
     def _claim_plain(self, queue: str, want: int) -> list[ClaimedJob]:
         """Claim from the head when one is due, else after the queue's cursor (see the
         module's docstring), and move the cursor to where the claim stopped."""
+        self.mine.pop(queue, None)  # not counted under permits: read again when they return
         cursor, last, now = self.cursors.get(queue), self.head_scans.get(queue), self.clock()
         if cursor is not None and last is not None and now - last < self.head_scan_every:
             jobs = self.store.claim(queue, want, self.name, cursor)

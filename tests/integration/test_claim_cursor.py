@@ -69,6 +69,35 @@ def test_a_more_urgent_job_enqueued_below_the_cursor_is_claimed_first(
     assert clocked.claim(5) == ids[2:]
 
 
+def test_a_job_below_the_cursor_waits_at_most_for_the_next_head_scan(
+        engine: sa.Engine, clocked: Clocked) -> None:
+    """A job of the cursor's priority that sorts before it (a run_at in the past) is passed
+    over, even for a less urgent priority after the cursor, until the next claim from the
+    head or one after a cursor of a less urgent priority (docs/worker.md, "The claim's
+    cursor")."""
+    with engine.begin() as conn:
+        [first] = insert(conn, 1)
+    assert clocked.claim(1) == [first]
+    with engine.begin() as conn:
+        [behind] = insert(conn, 1, run_at="now() - interval '1 hour'")
+        [lesser] = insert(conn, 1, priority=9)
+    assert clocked.claim(1) == [lesser]  # the cursor claim
+    assert clocked.claim(1) == [behind]  # more urgent than the cursor, now at priority 9
+
+
+@pytest.mark.parametrize("priority", [-32768, 32767])
+def test_the_cursor_at_the_priority_bounds(engine: sa.Engine, clocked: Clocked,
+                                           priority: int) -> None:
+    """A cursor at either end of smallint claims what follows it, more urgent first."""
+    with engine.begin() as conn:
+        ids = insert(conn, 3, priority=priority)
+    assert clocked.claim(1) == ids[:1]
+    with engine.begin() as conn:
+        more = insert(conn, 1, priority=-32768)
+    expected = ids[1:] if priority == -32768 else more
+    assert clocked.claim(2)[: len(expected)] == expected
+
+
 def test_a_job_due_in_the_past_is_claimed_at_the_next_refresh(engine: sa.Engine,
                                                               clocked: Clocked) -> None:
     with engine.begin() as conn:

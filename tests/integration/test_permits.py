@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
 import queues_app as qa
 import sqlalchemy as sa
@@ -163,6 +164,75 @@ def test_a_changed_limit_voids_the_permits(engine: sa.Engine, claimers: Any) -> 
     finish(engine, got)
     assert w1.run_once(8) == 2 and running(engine) == 2
     assert held(engine) == {"w1": 2}
+
+
+OLDER = ("INSERT INTO flowq.workers (name, host, pid, queues, tasks, concurrency, version) "
+         "VALUES ('old', 'h', 2, ARRAY['other'], ARRAY['t'], 8, '0.7')")
+
+
+@pytest.mark.parametrize("change", [
+    "UPDATE flowq.queues SET rate_limit = 1000, rate_period = 1 WHERE name = 'lim'",
+    "UPDATE flowq.queues SET keyed = true WHERE name = 'lim'",
+    OLDER], ids=["rate-limit", "keyed", "older-release-registered"])
+def test_permits_voided_at_a_claim_are_given_back(engine: sa.Engine, claimers: Any,
+                                                  change: str) -> None:
+    """A queue given a rate limit, marked keyed (by any keyed enqueue), or with a worker of
+    an earlier release registered goes back to the locked claim, which counts permit rows
+    as running. Learnt from a claim under permits rather than from `refresh`, the permits
+    were dropped from the claimer but their row stayed, so the queue ran nothing, for every
+    worker, for as long as that worker lived."""
+    (w1, got1), (w2, _) = claimers["w1"], claimers["w2"]
+    assert w1.run_once(8) == 4 and held(engine) == {"w1": 4}
+    finish(engine, got1)
+    with engine.begin() as c:
+        c.execute(sa.text(change))
+    assert w1.run_once(8) == 0  # the claim says the permits are void; controls re-read
+    assert w1.controls == {"lim": "limited"} and held(engine) == {}
+    assert w1.run_once(8) + w2.run_once(8) == 4 and running(engine) == 4
+
+
+def test_jobs_claimed_plainly_while_the_limit_was_off_count_when_it_is_back(
+        engine: sa.Engine, claimers: Any) -> None:
+    """A limit removed and declared again (a rollback, then a deploy): the jobs claimed
+    plainly in between run, and count under the new permits (the claimer's list of what it
+    runs was kept from before, without them: 7 ran under a limit of 4)."""
+    w1, got1 = claimers["w1"]
+    assert w1.run_once(8) == 4
+    finish(engine, got1)
+    with engine.begin() as c:
+        c.execute(sa.text("UPDATE flowq.queues SET concurrency = NULL WHERE name = 'lim'"))
+    w1.refresh()
+    assert w1.run_once(3) == 3  # a plain claim
+    with engine.begin() as c:
+        c.execute(sa.text("UPDATE flowq.queues SET concurrency = 4 WHERE name = 'lim'"))
+    w1.refresh()
+    assert w1.controls == {"lim": "permits"}
+    w1.run_once(8)
+    assert running(engine) == 4
+
+
+def test_a_claim_whose_result_was_lost_counts_at_the_next(engine: sa.Engine, claimers: Any,
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """A claim that committed and whose result never arrived (the connection dropped after
+    COMMIT): its rows run as far as the database knows, so the next claim counts them; the
+    claimer's list of what it runs had missed them (6 running of 4, until reaped)."""
+    w1, got1 = claimers["w1"]
+    assert w1.run_once(8) == 4
+    finish(engine, got1[:2])
+    claim = w1.store.claim_permitted
+
+    def lost(*args: Any, **kwargs: Any) -> Any:
+        claim(*args, **kwargs)
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(w1.store, "claim_permitted", lost)
+    with pytest.raises(psycopg.OperationalError):
+        w1.run_once(8)
+    monkeypatch.undo()
+    assert running(engine) == 4
+    w1.run_once(8)
+    assert running(engine) == 4
 
 
 def test_the_locked_claim_counts_permits_held(engine: sa.Engine, claimers: Any) -> None:

@@ -81,7 +81,8 @@ class ClaimStatements(Statements):
         open snapshot elsewhere keeps vacuum from removing (each would be fetched from the
         heap, the claim's cost growing with the jobs claimed since that snapshot). Jobs of a
         more urgent priority than the cursor's come first, from their own range of the index
-        (priority order holds claim by claim); rows of the cursor's priority that sort
+        (one more urgent than the cursor's is never passed over); rows of the cursor's
+        priority that sort
         before it (a run_at in the past, a late commit) are taken by `claim_jobs` from the
         head, which the claimer still runs regularly."""
         def branch(where: str) -> str:

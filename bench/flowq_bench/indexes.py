@@ -3,7 +3,8 @@
 `fill` writes a fresh flowq schema's tables as a long-running deployment leaves them: N
 finished rows (in `flowq.job_history`, where revision 0018 moves them) in runs of 1 to 3 steps (succeeded, some dead, some cancelled; idempotency
 keys, map instances and their joins, signals, children, checkpoints) spread over four days
-(so about a quarter is past the pruner's default retention of 3 days), beside a live part
+(so about a quarter is past the pruner's default retention of 3 days), retired into the day
+partitions a running deployment's pruner has made for those days, beside a live part
 that grows with N up to `LIVE` (pending, running, stale and waiting rows, deadlines, waits,
 unique keys, two workers) in `flowq.jobs`. Then VACUUM ANALYZE: the statistics autovacuum
 would leave.
@@ -36,6 +37,7 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy.sql.elements import TextClause
 
+from flowq.db.history import DAYS_AHEAD, day_bounds
 from flowq.db.rows import Claim, Completion, Spawned, Successor
 from flowq.db.runner import Rows, raw_sql
 from flowq.db.schema import JOIN_SHARDS
@@ -76,6 +78,7 @@ WALKED: Final = 0.1
 MIN_WALK: Final = 5_000
 RUNS_PER_FILL: Final = 1_000_000  # runs per INSERT of the finished rows
 SPAN: Final = "4 days"            # finished rows' age range
+SPAN_DAYS: Final = 4
 MAP_EVERY: Final = 1_000          # one map run (50 instances and a join) per this many runs
 MAP_ITEMS: Final = 50
 
@@ -237,6 +240,15 @@ def fill(url: str, rows: int, progress: Callable[[str], None] = lambda _: None) 
     live = live_size(rows)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SET maintenance_work_mem = '512MB'")
+        # The day partitions the pruner of a deployment that ran those days made (today's
+        # and the next ones', as a starting worker does, too): rows retire into them, not
+        # into DEFAULT. Made before the indexes are dropped, so theirs go and come back too.
+        clock = conn.execute("SELECT (now() AT TIME ZONE 'UTC')::date").fetchone()
+        assert clock is not None
+        for n in range(-SPAN_DAYS - 1, DAYS_AHEAD + 1):
+            day = clock[0] + timedelta(days=n)
+            conn.execute(raw_sql(Q.create_partition(day)))
+            conn.execute(raw_sql(Q.attach_partition(day)))
         defs = [r[0] for r in conn.execute(_SECONDARY.format("pg_get_indexdef(i.indexrelid)"))]
         names = [r[0] for r in conn.execute(_SECONDARY.format("i.indexrelid::regclass::text"))]
         for name in names:
@@ -342,6 +354,8 @@ def checks(url: str) -> list[Check]:
     runs_filter = {"before": None, "task": None, "fingerprints": None, "since": None,
                    "status": None, "queue": None, "until": None, "limit": 50}
     day = now - timedelta(days=1)
+    # The oldest day past the retention, as the pruner's pass sweeps it (a batch of runs).
+    swept_lower, swept_upper = day_bounds((now - timedelta(days=SPAN_DAYS)).date())
 
     def worker(label: str, verb: Callable[[Store], object]) -> Check:
         return Check(label, *_captured(verb), worker=True)
@@ -398,6 +412,9 @@ def checks(url: str) -> list[Check]:
         maintain("expire waits", Q.expire_waits, limit=100, channel="flowq"),
         maintain("prune", Q.prune_jobs, retention=DEFAULT_RETENTION,
                  dead_retention=DEFAULT_DEAD_RETENTION, limit=1000),
+        maintain("sweep an old day", Q.prune_partition, lower=swept_lower, upper=swept_upper,
+                 after=0, retention=DEFAULT_RETENTION, dead_retention=DEFAULT_DEAD_RETENTION,
+                 limit=1000),
         maintain("prune waiters", Q.prune_waiters, limit=1000),
         maintain("expire workers", Q.expire_workers, stale=60.0),
         maintain("unserved jobs", Q.select_unserved_jobs, stale=60.0, limit=100),
@@ -469,6 +486,9 @@ class Plan:
     ms: float                     # execution time
     plan: Any
     history_seq_scans: tuple[str, ...] = ()  # the partitions of job_history among seq_scans
+    # Empty partitions read by a Seq Scan (not in seq_scans): the days made ahead and the
+    # DEFAULT partition hold no page, so the planner rightly reads them whole, for nothing.
+    empty_scans: tuple[str, ...] = ()
 
     @property
     def served(self) -> bool:
@@ -485,6 +505,7 @@ class Plan:
         why = "; ".join([*(f"Seq Scan on {t}" + (" (flowq.job_history)"
                                                   if t in self.history_seq_scans else "")
                            for t in self.seq_scans),
+                         *(f"Seq Scan on {t} (empty)" for t in self.empty_scans),
                          *(f"whole {i}" for i in self.full_walks),
                          *(f"whole {i}, index-only" for i in self.index_only)])
         return (f"{self.label}: {verdict}, {self.hit + self.read:,} buffers "
@@ -521,6 +542,9 @@ def explain(url: str, check: Check, options: str | None = None) -> Plan:
             "SELECT relid::regclass::text FROM pg_partition_tree('flowq.job_history') "
             "WHERE isleaf")}
         partitions = {p.rsplit(".", 1)[-1] for p in partitions}
+        empty = {r[0] for r in conn.execute(  # as VACUUM ANALYZE counted them
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = 'flowq' AND c.relkind = 'r' AND c.relpages = 0")} & partitions
         bounded_indexes = {r[0] for r in conn.execute(
             "SELECT indexname FROM pg_indexes WHERE schemaname = 'flowq' "
             "AND tablename = ANY(%s)", [list(BOUNDED)])}
@@ -536,8 +560,9 @@ def explain(url: str, check: Check, options: str | None = None) -> Plan:
     doc = raw if isinstance(raw, list) else json.loads(str(raw))
     top = doc[0]
     nodes = list(plan_nodes(top["Plan"]))
-    seq = tuple(sorted({n["Relation Name"] for n in nodes if n.get("Node Type") == "Seq Scan"
-                        and n.get("Relation Name") in ours}))
+    scanned = {n["Relation Name"] for n in nodes if n.get("Node Type") == "Seq Scan"
+               and n.get("Relation Name") in ours}
+    seq = tuple(sorted(scanned - empty))
     # An index walked without a condition is a whole walk when it visited at least WALKED
     # of its entries and MIN_WALK of them: a walk in index order under a LIMIT stops early,
     # and a partial index of live rows (pending, running, ...) stays as small as the work
@@ -555,7 +580,7 @@ def explain(url: str, check: Check, options: str | None = None) -> Plan:
     return Plan(check.label, seq, walks, only, int(top["Plan"].get("Shared Hit Blocks", 0)),
                 int(top["Plan"].get("Shared Read Blocks", 0)),
                 float(top.get("Execution Time", elapsed)), top,
-                tuple(t for t in seq if t in partitions))
+                tuple(t for t in seq if t in partitions), tuple(sorted(scanned & empty)))
 
 
 def indexes(server: Any, o: Any) -> list[Any]:

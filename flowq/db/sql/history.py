@@ -212,7 +212,9 @@ class HistoryStatements(Statements):
         the rows re-homed.
 
         The day is frozen (new rows retire at now()), so a sweep by run_id sees each run once;
-        every run is looked up in the run_id indexes only."""
+        every run is looked up in the run_id indexes only, by `= ANY(ARRAY(...))`: one lookup
+        per run in each partition, where `IN` let the planner hash the runs against a walk of
+        whole partitions' run_id indexes (seen on the days beside the swept one)."""
         day = "h.retired_at >= :lower AND h.retired_at < :upper"
         return self.sql(f"""
             WITH runs AS (
@@ -222,17 +224,18 @@ class HistoryStatements(Statements):
             , kept AS (SELECT r.run_id FROM runs r WHERE {keeps("r.run_id")})
             , pruned AS (SELECT run_id FROM runs EXCEPT ALL SELECT run_id FROM kept)
             , rehomed AS (UPDATE {S}.job_history h SET retired_at = now()
-                           WHERE h.run_id IN (SELECT run_id FROM kept) AND {day}
+                           WHERE h.run_id = ANY(ARRAY(SELECT run_id FROM kept)) AND {day}
                           RETURNING 1)
-            , gone AS (DELETE FROM {S}.jobs WHERE run_id IN (SELECT run_id FROM pruned)
+            , gone AS (DELETE FROM {S}.jobs
+                        WHERE run_id = ANY(ARRAY(SELECT run_id FROM pruned))
                        RETURNING 1)
             , revivable AS (SELECT p.run_id FROM pruned p WHERE EXISTS (
                   SELECT 1 FROM {S}.job_history x
                    WHERE x.run_id = p.run_id AND x.status = 'dead'))
             , gone_history AS (DELETE FROM {S}.job_history h
-                                WHERE h.run_id IN (SELECT run_id FROM pruned)
+                                WHERE h.run_id = ANY(ARRAY(SELECT run_id FROM pruned))
                                   AND (NOT ({day})
-                                       OR h.run_id IN (SELECT run_id FROM revivable))
+                                       OR h.run_id = ANY(ARRAY(SELECT run_id FROM revivable)))
                                RETURNING 1)
             , {dependents("pruned")}
             SELECT (SELECT max(run_id) FROM runs) AS last_run_id,

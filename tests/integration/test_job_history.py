@@ -399,3 +399,83 @@ def test_a_key_pruned_by_a_previous_release_pruner_after_the_migration_is_not_we
     with engine.begin() as conn:
         again = flowq.enqueue(conn, "ok", n=2, idempotency_key="order-9")
     assert again.created and again.id != run_id
+
+
+def claim(conn: sa.Connection, job_id: int) -> Any:
+    """Claim job `job_id` (and only it: its run's), as a worker would."""
+    run_id = conn.execute(sa.text("SELECT run_id FROM flowq.jobs WHERE id = :i"),
+                          {"i": job_id}).scalar_one()
+    row = conn.execute(Q.claim_run_jobs, {"queue": "default", "limit": 1, "worker": "w",
+                                          "run_ids": [run_id]}).one()
+    assert row.id == job_id
+    return row
+
+
+def test_a_row_inserted_already_terminal_is_moved_by_the_trigger(engine: sa.Engine) -> None:
+    """`jobs_retire` fires AFTER INSERT too: a row written straight into a terminal status (a
+    restore, an operator's INSERT) ends in history, its key recorded in run_keys."""
+    with engine.begin() as conn:
+        job_id = conn.execute(sa.text(
+            "INSERT INTO flowq.jobs (task, step, status, finished_at, idempotency_key) "
+            "VALUES ('t', '', 'dead', now(), 'restored') RETURNING id")).scalar_one()
+    assert where(engine, job_id) == (0, 1)
+    assert scalar(engine, "SELECT count(*) FROM flowq.run_keys WHERE key = 'restored'") == 1
+
+
+def test_a_suspension_of_a_cancelled_claim_moves_it_once_and_keeps_its_snooze_count(
+        engine: sa.Engine) -> None:
+    """`suspend_job` (a durable sleep, a snooze) of a claim whose run was cancelled meanwhile
+    ends it `cancelled` through the trigger; the snooze count written by the same statement
+    is kept, and a second suspension of the (moved) claim changes nothing."""
+    with engine.begin() as conn:
+        run = flowq.enqueue(conn, "sleeper", queue="default")
+    job_id = first_job(engine, run.id)
+    with engine.begin() as conn:
+        got = claim(conn, job_id)
+        conn.execute(sa.text("UPDATE flowq.jobs SET cancel_requested = true WHERE id = :i"),
+                     {"i": job_id})
+    params = {"id": got.id, "lease": got.lease, "step": "", "until": None, "delay": 60.0,
+              "snoozes": 3, "note": None}
+    with engine.begin() as conn:
+        out = conn.execute(Q.suspend_job, params).one()
+    assert out.status == "cancelled"
+    assert where(engine, job_id) == (0, 1)
+    assert scalar(engine, "SELECT result::text FROM flowq.checkpoints WHERE run_id = :r "
+                          "AND name = 'flowq.snoozes'", r=run.id) == "3"
+    with engine.begin() as conn:
+        assert conn.execute(Q.suspend_job, params).all() == []
+    assert where(engine, job_id) == (0, 1)
+
+
+def test_a_retried_dead_parent_keeps_its_job_id_so_its_childs_end_wakes_it(
+        engine: sa.Engine) -> None:
+    """A parent step that died after starting a child comes back to `jobs` with its id
+    (`runs retry` moves the row back), so the child's link (`children.parent_job_id`) still
+    names it: once it suspends in its wait again, the completion ending the child makes it
+    due at once (`wake_parents`)."""
+    with engine.begin() as conn:
+        parent = flowq.enqueue(conn, "parent", queue="default")
+        child = flowq.enqueue(conn, "child", queue="default", delay=3600)
+    p_job, c_job = first_job(engine, parent.id), first_job(engine, child.id)
+    with engine.begin() as conn:
+        got = claim(conn, p_job)
+        assert conn.execute(Q.insert_child, {
+            "job_id": p_job, "child_run_id": child.id, "run_id": parent.id, "step": "",
+            "map_index": None, "name": "flowq.child.0"}).one().linked == 1
+        conn.execute(Q.end_job, {"id": got.id, "lease": got.lease, "status": "dead",
+                                 "error": "crashed", "channel": "flowq"})
+    assert where(engine, p_job) == (0, 1)
+    assert retry_run(engine, parent.id).job_ids == (p_job,)
+    assert where(engine, p_job) == (1, 0)
+    with engine.begin() as conn:  # the retried attempt suspends in ctx.wait
+        got = claim(conn, p_job)
+        conn.execute(Q.suspend_job, {"id": got.id, "lease": got.lease, "step": "",
+                                     "until": None, "delay": 3600.0, "snoozes": None,
+                                     "note": None})
+        conn.execute(sa.text("UPDATE flowq.jobs SET run_at = now() WHERE id = :i"),
+                     {"i": c_job})
+    with engine.begin() as conn:
+        got = claim(conn, c_job)
+        conn.execute(Q.complete_jobs, {"ids": [got.id], "leases": [got.lease],
+                                       "results": ["1"], "channel": "flowq"})
+    assert scalar(engine, "SELECT run_at <= now() FROM flowq.jobs WHERE id = :i", i=p_job)

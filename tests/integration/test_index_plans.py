@@ -32,7 +32,12 @@ SMALL_TABLE: dict[str, str] = {
     "dashboard: running": "400 live rows: reading them is cheaper than the index",
     # PostgreSQL 15 reads the 15 pages; 18 walks jobs_run_id_idx.
     "dashboard: due times": "400 live rows: reading them is cheaper than the index",
+    "runs of a page": "400 live rows: reading them is cheaper than the index (PostgreSQL 15)",
 }
+# The day partitions hold a few thousand rows each here, today's a few hundred (the fill
+# spreads 20,000 over four days): a partition of fewer pages than this may be read whole, as
+# flowq.jobs above; at 10,000,000 rows a day holds millions (the bench checks those).
+SMALL_PAGES = 64
 @pytest.fixture
 def filled(db_url: str) -> str:
     url = sa.make_url(db_url).set(drivername="postgresql").render_as_string(
@@ -44,13 +49,18 @@ def filled(db_url: str) -> str:
 def test_no_statement_reads_a_job_table_by_a_seq_scan(filled: str) -> None:
     found = checks(filled)
     assert len(found) >= 60
+    with psycopg.connect(filled) as conn:
+        small = {r[0] for r in conn.execute(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = 'flowq' AND c.relkind = 'r' AND c.relpages < %s",
+            [SMALL_PAGES])}
     for check in found:
         if check.label in BY_DESIGN:
             continue
         plan = explain(filled, check)
         shown = f"{plan.line()}\n{json.dumps(plan.plan, indent=1)}"
         if check.label not in MERGED_WHEN_LARGE:  # the finished rows: never read whole
-            assert not plan.history_seq_scans, shown
+            assert not set(plan.history_seq_scans) - small, shown
         if (check.label not in SMALL_TABLE and check.label not in LIVE_COUNTS
                 and check.label not in MERGED_WHEN_LARGE):
             assert "jobs" not in plan.seq_scans, shown

@@ -238,6 +238,14 @@ def test_a_pruned_dead_run_goes_whole_with_its_sweep_so_no_retry_finds_it_before
     assert name not in partitions(engine)
 
 
+def waiting_for_a_lock(engine: sa.Engine) -> bool:
+    # A transaction of its own each time: a transaction reads pg_stat_activity once.
+    with engine.connect() as conn:
+        return bool(conn.execute(sa.text(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock'")).scalar())
+
+
 def _sweeping(engine: sa.Engine, day: date, then: Callable[[], Any]) -> dict[str, Any]:
     """Hold a sweep of `day` open (its lock and its re-homing, as `sweep_day` runs them),
     run `then()` on a thread until it waits, then commit the sweep; `then`'s outcome."""
@@ -258,11 +266,8 @@ def _sweeping(engine: sa.Engine, day: date, then: Callable[[], Any]) -> dict[str
             "dead_retention": 14 * DAY, "limit": 100}).one().rehomed
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
-        with engine.connect() as conn:
-            wait_until(lambda: not thread.is_alive() or conn.execute(sa.text(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND wait_event_type = 'Lock'")).scalar(), timeout=10,
-                message="the operator's action to wait for the sweep")
+        wait_until(lambda: not thread.is_alive() or waiting_for_a_lock(engine), timeout=10,
+                   message="the operator's action to wait for the sweep")
     thread.join(30)
     assert "error" not in out, repr(out["error"])
     return out

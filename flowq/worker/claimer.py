@@ -136,10 +136,11 @@ class Claimer:
         rate-limited or keyed, a worker of an earlier release registered, or they were
         reclaimed): give back the row, which the queue's locked claims count as running
         (else the queue stays blocked as long as we live), and read our running jobs again
-        when permits come back."""
-        self.permits.pop(queue, None)
+        when permits come back. Holding none we knew of (a first claim: "none yet"), there
+        is no row to give back, and no statement is sent."""
         self.mine.pop(queue, None)
-        self.store.release_permits(queue, self.name, 0)
+        if self.permits.pop(queue, None) is not None:
+            self.store.release_permits(queue, self.name, 0)
 
     def _give_back(self, queue: str, keep: int) -> None:
         held = self.store.release_permits(queue, self.name, keep)

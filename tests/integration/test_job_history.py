@@ -20,6 +20,7 @@ import flowq.ops.runs as runs_module
 from flowq.db.migrations import downgrade, migrate
 from flowq.db.schema import JOB_COLUMNS
 from flowq.db.sql import Queries
+from flowq.define.pipeline import Pipeline
 from flowq.ops.runs import cancel_run, get_run, retry_run
 from flowq.testing import drain, wait_until
 
@@ -39,6 +40,15 @@ def where(engine: sa.Engine, job_id: int) -> tuple[int, int]:
 
 def first_job(engine: sa.Engine, run_id: int) -> int:
     return int(scalar(engine, "SELECT min(id) FROM flowq.steps WHERE run_id = :r", r=run_id))
+
+
+def defined(app: flowq.FlowQ, name: str) -> Pipeline:
+    """`app`'s own definition of `name`. An enqueue by name takes the definition of any live
+    app of the schema, and other modules' apps (kept alive by their imports) define "chain"
+    or "ok" with other steps and policies."""
+    found = app.get(name)
+    assert found is not None, name
+    return found
 
 
 @pytest.fixture
@@ -83,11 +93,11 @@ def hist_app() -> flowq.FlowQ:
 def test_every_end_moves_its_row_and_live_rows_stay(engine: sa.Engine,
                                                     hist_app: flowq.FlowQ) -> None:
     with engine.begin() as conn:
-        ok = flowq.enqueue(conn, "ok", n=1)
-        bad = flowq.enqueue(conn, "boom")
-        later = flowq.enqueue(conn, "ok", n=2, delay=3600)
-        two = flowq.enqueue(conn, "two", n=3)
-        doomed = flowq.enqueue(conn, "ok", n=4, delay=3600)
+        ok = flowq.enqueue(conn, defined(hist_app, "ok"), n=1)
+        bad = flowq.enqueue(conn, defined(hist_app, "boom"))
+        later = flowq.enqueue(conn, defined(hist_app, "ok"), n=2, delay=3600)
+        two = flowq.enqueue(conn, defined(hist_app, "two"), n=3)
+        doomed = flowq.enqueue(conn, defined(hist_app, "ok"), n=4, delay=3600)
     drain(engine, hist_app, raise_on_dead=False)
     assert where(engine, first_job(engine, ok.id)) == (0, 1)      # a success: the fast path
     assert where(engine, first_job(engine, bad.id)) == (0, 1)     # dead: the trigger
@@ -109,15 +119,15 @@ def test_every_end_moves_its_row_and_live_rows_stay(engine: sa.Engine,
 
 def test_a_key_outlives_its_first_row(engine: sa.Engine, hist_app: flowq.FlowQ) -> None:
     with engine.begin() as conn:
-        first = flowq.enqueue(conn, "ok", n=1, idempotency_key="order-7")
+        first = flowq.enqueue(conn, defined(hist_app, "ok"), n=1, idempotency_key="order-7")
     drain(engine, hist_app, raise_on_dead=False)
     assert where(engine, first_job(engine, first.id)) == (0, 1)
     with engine.begin() as conn:
-        again = flowq.enqueue(conn, "ok", n=2, idempotency_key="order-7")
+        again = flowq.enqueue(conn, defined(hist_app, "ok"), n=2, idempotency_key="order-7")
     assert (again.id, again.created) == (first.id, False)
     assert scalar(engine, "SELECT count(*) FROM flowq.steps WHERE task = 'ok'") == 1
     with engine.begin() as conn:  # a workflow's multi-root enqueue meets the same key
-        again = flowq.enqueue(conn, "two", n=2, idempotency_key="order-7")
+        again = flowq.enqueue(conn, defined(hist_app, "two"), n=2, idempotency_key="order-7")
     assert (again.id, again.created) == (first.id, False)
 
 
@@ -126,11 +136,11 @@ def test_two_enqueues_of_one_key_meet_on_its_entry(engine: sa.Engine,
     results: list[flowq.Enqueued] = []
     with engine.connect() as holder:
         holder.begin()
-        mine = flowq.enqueue(holder, "ok", n=1, idempotency_key="k")
+        mine = flowq.enqueue(holder, defined(hist_app, "ok"), n=1, idempotency_key="k")
 
         def other() -> None:
             with engine.begin() as conn:
-                results.append(flowq.enqueue(conn, "ok", n=2, idempotency_key="k"))
+                results.append(flowq.enqueue(conn, defined(hist_app, "ok"), n=2, idempotency_key="k"))
 
         thread = threading.Thread(target=other)
         thread.start()
@@ -145,7 +155,7 @@ def test_two_enqueues_of_one_key_meet_on_its_entry(engine: sa.Engine,
 def test_a_retried_dead_run_comes_back_to_jobs(engine: sa.Engine,
                                                 hist_app: flowq.FlowQ) -> None:
     with engine.begin() as conn:
-        bad = flowq.enqueue(conn, "boom")
+        bad = flowq.enqueue(conn, defined(hist_app, "boom"))
     drain(engine, hist_app, raise_on_dead=False)
     job = first_job(engine, bad.id)
     assert get_run(engine, bad.id).status == "dead"
@@ -166,15 +176,15 @@ def test_while_a_previous_release_worker_is_registered_rows_stay(
         conn.execute(sa.text(
             "INSERT INTO flowq.workers (name, host, pid, queues, tasks, concurrency, version) "
             "VALUES ('old', 'h', 1, '{default}', '{ok}', 1, '0.9')"))  # capabilities NULL
-        ok = flowq.enqueue(conn, "ok", n=1)
-        bad = flowq.enqueue(conn, "boom")
+        ok = flowq.enqueue(conn, defined(hist_app, "ok"), n=1)
+        bad = flowq.enqueue(conn, defined(hist_app, "boom"))
     drain(engine, hist_app, raise_on_dead=False)
     assert where(engine, first_job(engine, ok.id)) == (1, 0)
     assert where(engine, first_job(engine, bad.id)) == (1, 0)
     assert get_run(engine, ok.id).status == "succeeded"
     with engine.begin() as conn:
         conn.execute(sa.text("DELETE FROM flowq.workers WHERE name = 'old'"))
-        later = flowq.enqueue(conn, "ok", n=2)
+        later = flowq.enqueue(conn, defined(hist_app, "ok"), n=2)
     drain(engine, hist_app, raise_on_dead=False)
     assert where(engine, first_job(engine, later.id)) == (0, 1)
 
@@ -201,7 +211,7 @@ def test_an_existing_database_migrates_with_its_data(engine: sa.Engine,
     assert keys == [("k1", before[0].run_id), ("k2", before[1].run_id)]
     with engine.begin() as conn:
         for key, row in (("k1", before[0]), ("k2", before[1])):
-            again = flowq.enqueue(conn, "ok", n=9, idempotency_key=key)
+            again = flowq.enqueue(conn, defined(hist_app, "ok"), n=9, idempotency_key=key)
             assert (again.id, again.created) == (row.run_id, False)
     downgrade(engine, revision="0017")  # and back: the finished rows return to jobs
     with engine.connect() as conn:
@@ -249,7 +259,7 @@ def test_cancel_racing_a_completion_that_moves_a_row_still_locks_the_run(
     successor s2 was claimed and completed (creating s3) while the cancel ran, and the run
     kept running (s3 pending, nothing cancelled). Now at least two passes are made."""
     with engine.begin() as conn:
-        run = flowq.enqueue(conn, "chain", n=1)
+        run = flowq.enqueue(conn, defined(hist_app, "chain"), n=1)
     paused, go = threading.Event(), threading.Event()
     real_read_run = runs_module.read_run
     calls: list[int] = []
@@ -303,7 +313,7 @@ def test_downgrade_after_a_previous_release_producer_reused_a_moved_key(
     (an IntegrityError). The key now stays on the live row, and the finished one returns
     without it."""
     with engine.begin() as conn:
-        first = flowq.enqueue(conn, "ok", n=1, idempotency_key="order-1")
+        first = flowq.enqueue(conn, defined(hist_app, "ok"), n=1, idempotency_key="order-1")
     drain(engine, hist_app)
     assert scalar(engine, "SELECT count(*) FROM flowq.job_history WHERE run_id = :r",
                   r=first.id) == 1
@@ -323,10 +333,10 @@ def test_every_other_end_moves_once_with_its_key(engine: sa.Engine, hist_app: fl
     `cancel_run`, and a late completion of a row already moved (the fence) each leave the
     row once in history, its key recorded once in run_keys, and change nothing after."""
     with engine.begin() as conn:
-        reaped = flowq.enqueue(conn, "boom", idempotency_key="reaped")  # one attempt
-        timed = flowq.enqueue(conn, "ok", n=2, idempotency_key="timed", delay=3600,
+        reaped = flowq.enqueue(conn, defined(hist_app, "boom"), idempotency_key="reaped")  # one attempt
+        timed = flowq.enqueue(conn, defined(hist_app, "ok"), n=2, idempotency_key="timed", delay=3600,
                               deadline=7200)
-        cancelled = flowq.enqueue(conn, "ok", n=3, idempotency_key="cancelled", delay=3600)
+        cancelled = flowq.enqueue(conn, defined(hist_app, "ok"), n=3, idempotency_key="cancelled", delay=3600)
     with engine.begin() as conn:
         claimed = claim_one(conn)
         conn.execute(sa.text("UPDATE flowq.jobs SET heartbeat_at = now() - interval '1 hour' "
@@ -397,7 +407,7 @@ def test_a_key_pruned_by_a_previous_release_pruner_after_the_migration_is_not_we
     from flowq.worker.pruner import Pruner
     Pruner(engine, Q).run_once()  # this release's pass leaves the entry: the enqueue frees it
     with engine.begin() as conn:
-        again = flowq.enqueue(conn, "ok", n=2, idempotency_key="order-9")
+        again = flowq.enqueue(conn, defined(hist_app, "ok"), n=2, idempotency_key="order-9")
     assert again.created and again.id != run_id
 
 

@@ -63,6 +63,7 @@ __all__ = [
     "DB_BACKOFF_MAX",
     "DB_ERRORS",
     "HOT_PATH_OPTIONS",
+    "HOT_PATH_TIMEOUT",
     "MAINTENANCE_OPTIONS",
     "PLANNER_OPTIONS",
     "DedicatedConnection",
@@ -88,7 +89,14 @@ AFTERSHOCK: Final = 2 * DB_BACKOFF_MAX
 # completion batch of a map's instances, against 1 ms run without JIT).
 PLANNER_OPTIONS: Final = "-c enable_seqscan=off -c jit=off"
 # The claim and completion connections also plan every execution (see the module docstring).
-HOT_PATH_OPTIONS: Final = PLANNER_OPTIONS + " -c plan_cache_mode=force_custom_plan"
+_CUSTOM_PLANS: Final = " -c plan_cache_mode=force_custom_plan"
+# A claim or a completion takes milliseconds (a map's 100,000 successors: seconds). One that
+# runs for minutes has a plan gone wrong or waits on a lock someone forgot; cancelled, it is
+# sent again, planned afresh (the completer keeps its outcomes), and the error is logged,
+# where without a bound the worker stopped completing for good (seen once in `flowq bench`:
+# a completion CPU-bound for more than 12 minutes, docs/benchmarks.md).
+HOT_PATH_TIMEOUT: Final = "5min"
+HOT_PATH_OPTIONS: Final = PLANNER_OPTIONS + _CUSTOM_PLANS + f" -c statement_timeout={HOT_PATH_TIMEOUT}"
 # Heartbeats, reaper and pruner: a pass that runs away (a bad plan on a table whose statistics
 # lie) is cancelled and retried on the next interval instead of holding its locks for minutes
 # (seen once in `flowq bench`: a prune busy for 7 minutes blocked a TRUNCATE, and the claims
@@ -161,7 +169,8 @@ def heartbeat_options(interval: float) -> str:
     """The heartbeat's connection: a beat that waits on a lock (someone holding one of our
     rows) is cancelled after one interval and sent again, rather than silencing every
     other claim's heartbeat until the reaper takes them all."""
-    return HOT_PATH_OPTIONS + f" -c statement_timeout={max(1000, int(interval * 1000))}"
+    return (PLANNER_OPTIONS + _CUSTOM_PLANS
+            + f" -c statement_timeout={max(1000, int(interval * 1000))}")
 
 
 # Settings that only shape the plans of server-side prepared statements: without those

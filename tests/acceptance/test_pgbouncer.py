@@ -345,7 +345,8 @@ def test_settings_become_set_local_and_plan_cache_mode_is_dropped() -> None:
     )
 
     assert local_settings_sql(HOT_PATH_OPTIONS) == (
-        "SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)")
+        "SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true), "
+        "set_config('statement_timeout', '5min', true)")
     assert local_settings_sql(MAINTENANCE_OPTIONS) == (
         "SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true), "
         "set_config('statement_timeout', '30s', true)")

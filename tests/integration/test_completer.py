@@ -15,7 +15,7 @@ from flowq.db.sql import Queries
 from flowq.db.store import Store
 from flowq.testing import job_rows, wait_until
 from flowq.worker.completer import Completer
-from flowq.worker.connection import DedicatedConnection
+from flowq.worker.connection import HOT_PATH_OPTIONS, HOT_PATH_TIMEOUT, DedicatedConnection
 from flowq.worker.model import Cancelled, Failed, Retried, Succeeded
 from flowq.worker.writes import write_successes
 
@@ -155,3 +155,39 @@ def test_completions_and_heartbeats_lock_rows_in_id_order() -> None:
               lambda: [(7, 70), (3, 30), (9, 90)], worker="w").run_once()
     assert sent[-1] == {"worker": "w", "ids": [3, 7, 9], "leases": [30, 70, 90],
                         "progress": [None, None, None]}
+
+
+def test_a_completion_cancelled_by_its_statement_timeout_is_sent_again(
+        engine: sa.Engine, db_url: str) -> None:
+    """The completion connection's `statement_timeout` (`HOT_PATH_TIMEOUT`, minutes; 1 s here)
+    cancels a completion that runs away; the completer keeps the outcome and sends it again,
+    rather than waiting on it forever (here: a row lock nobody releases, for a while)."""
+    options = HOT_PATH_OPTIONS.replace(f"statement_timeout={HOT_PATH_TIMEOUT}",
+                                       "statement_timeout=1s")
+    assert options != HOT_PATH_OPTIONS
+    c = Completer(DedicatedConnection(normalize_url(db_url), APP_NAME, options=options), Q)
+    c.start()
+    try:
+        [job] = claim(engine, 1)
+        with engine.connect() as holder, holder.begin():
+            holder.execute(sa.text("SELECT 1 FROM flowq.jobs WHERE id = :i FOR UPDATE"),
+                           {"i": job.id})
+            c.submit(job, Succeeded('{"n": 1}'), 0.1)
+
+            def waiting_since() -> Any:
+                with engine.connect() as conn:  # a fresh snapshot of the view each time
+                    return conn.execute(sa.text(
+                        "SELECT query_start FROM pg_stat_activity WHERE application_name = :a "
+                        "AND wait_event_type = 'Lock'"), {"a": APP_NAME}).scalar()
+
+            wait_until(lambda: waiting_since() is not None, timeout=15,
+                       message="the completion to wait for the row lock")
+            first = waiting_since()
+            wait_until(lambda: waiting_since() not in (None, first), timeout=15,
+                       message="the completion to be cancelled and sent again")
+        wait_until(lambda: rows(engine)[job.id].status == "succeeded", timeout=30,
+                   message="the outcome to be written once the lock is gone")
+        assert rows(engine)[job.id].result == {"n": 1}
+    finally:
+        c.stop(timeout=5.0)
+        c.conn.close()

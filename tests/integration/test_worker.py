@@ -617,8 +617,9 @@ def test_a_stalled_completer_throttles_claiming(app: flowq.FlowQ, engine: sa.Eng
 
 
 def test_connection_settings_of_each_role(app: flowq.FlowQ, db_url: str) -> None:
-    """Hot-path connections never seq-scan and plan every execution; maintenance passes are
-    cancelled if they run away, rather than holding their locks."""
+    """Hot-path connections never seq-scan and plan every execution, and a claim or completion
+    that runs away is cancelled after minutes (and sent again) rather than wedging the worker;
+    maintenance passes are cancelled after 30 s, rather than holding their locks."""
     @app.task()
     def noop(ctx: Context) -> None:
         pass
@@ -628,7 +629,7 @@ def test_connection_settings_of_each_role(app: flowq.FlowQ, db_url: str) -> None
         settings = "SELECT current_setting('enable_seqscan'), current_setting('plan_cache_mode'), " \
                    "current_setting('statement_timeout'), current_setting('jit')"
         assert w.claim_conn.execute(sa.text(settings), {}) == [
-            ("off", "force_custom_plan", "0", "off")]
+            ("off", "force_custom_plan", "5min", "off")]
         with w.engines["maintain"].connect() as conn:
             assert tuple(conn.execute(sa.text(settings)).one()) == ("off", "auto", "30s", "off")
     finally:

@@ -35,15 +35,22 @@ def wake_parents(done: str) -> str:
     later (suspended in `ctx.wait`) is moved; a row another transaction holds is skipped
     (`SKIP LOCKED`: a claim, a cancel, or another completion waking it), so a completion
     never waits for, nor deadlocks on, a parent's row. A parent that was running its wait
-    when the child ended is not woken: its re-check finds the child finished."""
+    when the child ended is not woken: its re-check finds the child finished.
+
+    The parents are found by primary key only: their ids come from the links first
+    (`= ANY(ARRAY(...))`, an index condition), and their state is tested as `(...) IS TRUE`,
+    which no index matches. Written as a join, with `flowq.jobs` analyzed while its rows were
+    dead (an open snapshot), the planner walked the pending index for `run_at > now()`, or
+    the whole primary key, at every completion: with 240,000 jobs pending behind the
+    snapshot one completion ran for minutes (`flowq bench --scenario pressure`)."""
     return f"""woken_parents AS (
                 UPDATE {S}.jobs p SET run_at = now()
-                 WHERE p.id IN (
-                       SELECT q.id FROM {done} d
-                         JOIN {S}.children c ON c.run_id = d.run_id
-                         JOIN {S}.jobs q ON q.id = c.parent_job_id
-                        WHERE q.status = 'pending' AND q.run_at > now()
-                          FOR UPDATE OF q SKIP LOCKED)
+                 WHERE p.id = ANY(ARRAY(
+                       SELECT q.id FROM {S}.jobs q
+                        WHERE q.id = ANY(ARRAY(SELECT c.parent_job_id FROM {done} d
+                                                 JOIN {S}.children c ON c.run_id = d.run_id))
+                          AND (q.status = 'pending' AND q.run_at > now()) IS TRUE
+                          FOR UPDATE OF q SKIP LOCKED))
                 RETURNING pg_notify(:channel, p.queue))"""
 
 

@@ -17,6 +17,7 @@ from flowq.db.sql.fragments import (
     UNLOCK,
     S,
     Statements,
+    fence,
     log_attempt,
     notify_ended,
     notify_ended_row,
@@ -151,13 +152,13 @@ class ClaimStatements(Statements):
                        progress = CASE WHEN c.progress IS NULL THEN j.progress
                                        ELSE c.progress || jsonb_build_object('at', now()) END
                   FROM {claims} CROSS JOIN mode m
-                 WHERE {FENCE} AND (m.per_job OR c.progress IS NOT NULL)
+                 WHERE {fence(False)} AND (m.per_job OR c.progress IS NOT NULL)
                 RETURNING j.id, j.cancel_requested
             )
             SELECT id, cancel_requested FROM written
             UNION ALL
             SELECT j.id, j.cancel_requested
-              FROM {claims} JOIN {S}.jobs j ON {FENCE}
+              FROM {claims} JOIN {S}.jobs j ON {fence(False)}
              WHERE c.progress IS NULL AND NOT (SELECT per_job FROM mode)""")
 
     def _complete(self, *, single: bool) -> TextClause:
@@ -403,7 +404,7 @@ class ClaimStatements(Statements):
                    finished_at = CASE WHEN j.cancel_requested THEN now() END,
                    attempts = greatest(j.attempts - 1, 0), run_at = now(), {UNLOCK}
               FROM {rows("c", CLAIM_KEY, single=False)}
-             WHERE {FENCE}
+             WHERE {fence(False)}
             RETURNING j.id, pg_notify(:channel, j.queue),
                       {notify_ended_row("j.status = 'cancelled'")} AS ended""")
 

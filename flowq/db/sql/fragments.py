@@ -48,6 +48,7 @@ __all__ = [
     "cancel",
     "claim_key",
     "copy_rows",
+    "fence",
     "keyed_run",
     "log_attempt",
     "mark_keyed",
@@ -109,6 +110,19 @@ CLAIMED = f"""j.id, j.lease, j.run_id, j.task, j.step, j.step_index, j.queue, j.
 # every job that ran since the last vacuum: each completion batch then cost O(jobs run), and
 # a drain stalled (seen in `flowq bench`).
 FENCE = "j.id = c.id AND j.lease = c.lease AND (j.status = 'running') IS TRUE"
+
+
+def fence(single: bool) -> str:
+    """`FENCE` for the claims of `rows("c", ..., single=single)`. A batch's rows are also
+    bounded by their ids (`j.id = ANY(:ids)`, an index condition on the primary key), so no
+    plan can read more of `flowq.jobs` than the batch: analyzed while its rows were dead and
+    not yet vacuumed (an open snapshot holds them), the table has no live tuple per page in
+    the planner's eyes, whatever it holds since, and the batch was hash-joined to a walk over
+    the whole primary key (`tests/integration/test_queries.py`, "dead-rows"). A single row's
+    VALUES is pulled up into constants: already a lookup."""
+    if single:
+        return FENCE
+    return f"{FENCE} AND j.id = ANY(CAST(:ids AS bigint[]))"
 
 # Clears the claim on a row that goes back to pending or ends. The lease stays: it is the
 # last claim's token, and the next claim draws a new one.
@@ -294,7 +308,8 @@ def take(picked: str) -> str:
                SET status = 'running', attempts = j.attempts + 1,
                    lease = nextval('{S}.lease_seq'), locked_by = :worker,
                    locked_at = now(), heartbeat_at = now()
-              FROM {picked} WHERE j.id = {picked}.id
+              FROM {picked}
+             WHERE j.id = {picked}.id AND j.id = ANY(ARRAY(SELECT id FROM {picked}))
             RETURNING {CLAIMED}"""
 
 
@@ -350,7 +365,7 @@ def succeed(single: bool) -> str:
             ), gone AS (
                 DELETE FROM {S}.jobs j
                  USING {claims}
-                 WHERE {FENCE} AND (SELECT moves FROM history)
+                 WHERE {fence(single)} AND (SELECT moves FROM history)
                 RETURNING j.*, c.result AS new_result
             ), retired AS ({copy_rows("job_history", "gone g", ends)}
             ), kept_keys AS (
@@ -363,7 +378,7 @@ def succeed(single: bool) -> str:
                    SET status = 'succeeded', result = c.result, finished_at = now(),
                        started_at = j.locked_at, {UNLOCK}
                   FROM {claims}
-                 WHERE {FENCE} AND NOT (SELECT moves FROM history)
+                 WHERE {fence(single)} AND NOT (SELECT moves FROM history)
                 RETURNING j.{done.replace(", ", ", j.")}
             ), done AS (
                 SELECT {done} FROM gone UNION ALL SELECT {done} FROM stayed)"""

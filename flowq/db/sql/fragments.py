@@ -308,8 +308,7 @@ def take(picked: str) -> str:
                SET status = 'running', attempts = j.attempts + 1,
                    lease = nextval('{S}.lease_seq'), locked_by = :worker,
                    locked_at = now(), heartbeat_at = now()
-              FROM {picked}
-             WHERE j.id = {picked}.id AND j.id = ANY(ARRAY(SELECT id FROM {picked}))
+              FROM {picked} WHERE j.id = {picked}.id
             RETURNING {CLAIMED}"""
 
 

@@ -319,11 +319,6 @@ def test_hot_statements_stay_index_lookups_on_a_table_analyzed_empty(engine: sa.
     the pending index instead of the primary key."""
     from flowq.worker.connection import HOT_PATH_OPTIONS
 
-    if dead and name == "claim_jobs":
-        # Known, left for now: the claim's UPDATE then walks the primary key beside its
-        # picked rows. Bounding it by their ids (`= ANY`) returned them in id order, not in
-        # the claim's (priority first: test_claim_cursor), so it needs another form.
-        pytest.skip("the claim's UPDATE is not bounded by its picked ids yet")
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         if dead:
             insert_jobs(conn, 20_000)

@@ -10,6 +10,7 @@ from flowq.db.schema import JOIN_SHARDS, JOIN_SHARDS_CAPABILITY, LIVENESS_CAPABI
 from flowq.db.sql.children import wake_parents
 from flowq.db.sql.fragments import (
     CLAIM_KEY,
+    CLAIM_ORDER,
     CONTROLLED,
     FENCE,
     SPAWN,
@@ -54,11 +55,11 @@ class ClaimStatements(Statements):
             WITH picked AS (
                 SELECT id FROM {S}.jobs
                 WHERE status = 'pending' AND queue = :queue AND run_at <= now(){only}
-                ORDER BY priority, run_at, id
+                ORDER BY {CLAIM_ORDER}
                 LIMIT :limit
                 FOR UPDATE SKIP LOCKED
-            )
-            {take("picked")}""")
+            ), claimed AS ({take("picked")})
+            SELECT * FROM claimed ORDER BY {CLAIM_ORDER}""")
 
     @cached_property
     def claim_jobs(self) -> TextClause:
@@ -91,7 +92,7 @@ class ClaimStatements(Statements):
                 SELECT id FROM {S}.jobs
                  WHERE status = 'pending' AND queue = :queue AND run_at <= now()
                    AND {where}{UNCONTROLLED}
-                 ORDER BY priority, run_at, id
+                 ORDER BY {CLAIM_ORDER}
                  LIMIT :limit
                    FOR UPDATE SKIP LOCKED) AS b"""
         after = ("(priority, run_at, id) > (CAST(:priority AS smallint), "
@@ -102,8 +103,8 @@ class ClaimStatements(Statements):
                 UNION ALL
                 {branch(after)}
                 LIMIT :limit
-            )
-            {take("picked")}""")
+            ), claimed AS ({take("picked")})
+            SELECT * FROM claimed ORDER BY {CLAIM_ORDER}""")
 
     @cached_property
     def claim_any_jobs(self) -> TextClause:

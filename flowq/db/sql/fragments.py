@@ -29,6 +29,7 @@ __all__ = [
     "CANCELLABLE",
     "CLAIMED",
     "CLAIM_KEY",
+    "CLAIM_ORDER",
     "CONTROLLED",
     "DEADLINE",
     "DUE",
@@ -102,6 +103,12 @@ CLAIMED = f"""j.id, j.lease, j.run_id, j.task, j.step, j.step_index, j.queue, j.
     j.trace_context::text AS trace_context, j.created_at AS enqueued_at,
     j.locked_at AS claimed_at, j.fingerprint,
     {_DUE} AS run_at"""
+
+# The order in which a claim picks due rows and returns them: most urgent first, then the
+# earliest due, then the oldest. The pending index (`jobs_pending_idx`) is in this order within
+# a queue. `run_at` of a claimed row is the clamped due time (`_DUE`): the same order, except
+# that rows due before year 1 tie and fall back to their ids.
+CLAIM_ORDER = "priority, run_at, id"
 
 # The fence's status check, written so that no partial index can serve it (the planner cannot
 # prove `status = 'running'` from `... IS TRUE`). A fenced write must find its rows through the
@@ -303,12 +310,16 @@ def rows(alias: str, columns: Columns, *, single: bool, prefix: str = "") -> str
 
 def take(picked: str) -> str:
     """The UPDATE that claims the rows of CTE `picked` (ids) for :worker, each under a new
-    lease, returning what `ClaimedJob` holds."""
+    lease, returning what `ClaimedJob` holds. Bounded by the picked ids (`= ANY`, an index
+    condition on the primary key), as every fenced write is (`fence`): a plan cannot read
+    more of `flowq.jobs` than the claim, whatever the statistics say. Its rows come back in
+    no stated order: a statement that returns them sorts them (`CLAIM_ORDER`)."""
     return f"""UPDATE {S}.jobs j
                SET status = 'running', attempts = j.attempts + 1,
                    lease = nextval('{S}.lease_seq'), locked_by = :worker,
                    locked_at = now(), heartbeat_at = now()
-              FROM {picked} WHERE j.id = {picked}.id
+              FROM {picked}
+             WHERE j.id = {picked}.id AND j.id = ANY(ARRAY(SELECT id FROM {picked}))
             RETURNING {CLAIMED}"""
 
 

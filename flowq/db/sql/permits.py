@@ -21,7 +21,7 @@ from typing import Final
 from sqlalchemy.sql.elements import TextClause
 
 from flowq.db.schema import PERMITS_CAPABILITY
-from flowq.db.sql.fragments import S, Statements, registered_without, take
+from flowq.db.sql.fragments import CLAIM_ORDER, S, Statements, registered_without, take
 
 __all__ = ["PERMITTED", "USAGE", "PermitStatements"]
 
@@ -169,7 +169,8 @@ class PermitStatements(Statements):
                    (SELECT count(*) FROM mine) + (SELECT count(*) FROM claimed) AS running,
                    COALESCE((SELECT n FROM share), 0) AS share,
                    EXISTS (SELECT 1 FROM valid) AS ok
-              FROM (SELECT 1) one LEFT JOIN claimed c ON true""")
+              FROM (SELECT 1) one LEFT JOIN claimed c ON true
+             ORDER BY {CLAIM_ORDER}""")
 
     @cached_property
     def select_running_ids(self) -> TextClause:

@@ -13,7 +13,7 @@ from functools import cached_property
 
 from sqlalchemy.sql.elements import TextClause
 
-from flowq.db.sql.fragments import CONTROLLED, S, Statements, take
+from flowq.db.sql.fragments import CLAIM_ORDER, CONTROLLED, S, Statements, take
 from flowq.db.sql.permits import PERMITTED, USAGE
 
 __all__ = ["QueueStatements"]
@@ -125,7 +125,8 @@ class QueueStatements(Statements):
                        SELECT 1 FROM {S}.jobs w
                         WHERE w.status = 'pending' AND w.queue = :queue AND w.run_at <= now()
                           AND w.id NOT IN (SELECT id FROM claimed)) AS more
-              FROM (SELECT 1) one LEFT JOIN claimed c ON true""")
+              FROM (SELECT 1) one LEFT JOIN claimed c ON true
+             ORDER BY {CLAIM_ORDER}""")
 
     @cached_property
     def declare_queues(self) -> TextClause:

@@ -1,11 +1,9 @@
-"""The store: typed verbs over the worker's statements, the only place their parameters are built.
+"""The worker's verbs: claims, permits, fenced writes, checkpoints, reaping (`ClaimVerbs`).
 
-A `Store` sends through one `flowq.db.runner.Runner` (a dedicated psycopg connection, a
-handler's `ctx.session`, a test's connection) for one schema. Each verb takes Python values
-(claims as `Claim`, successes as `Completion` and `Successor` dataclasses), builds every bind
-parameter by the names of the columns the statement declares (`fragments.bind_rows`), and
-gives back frozen dataclasses read by column name (`flowq.db.rows.read`). Callers never see
-a bind name, an array parameter or a column position.
+Each verb takes Python values (claims as `Claim`, successes as `Completion` and `Successor`
+dataclasses), builds every bind parameter by the names of the columns the statement declares
+(`fragments.bind_rows`), and gives back frozen dataclasses read by column name
+(`flowq.db.rows.read`).
 
 What the verbs keep from the statements they send:
 - every write after the claim is fenced on (id, lease) and `running` (`flowq.db.sql.claims`);
@@ -43,13 +41,11 @@ from flowq.db.rows import (
     read,
     read_one,
 )
-from flowq.db.runner import Rows, Runner
-from flowq.db.schema import notify_channel
-from flowq.db.sql import Queries, queries
+from flowq.db.runner import Rows
 from flowq.db.sql.fragments import CLAIM_KEY, SPAWN, SUCCESSOR, bind_rows
-from flowq.names import DEFAULT_SCHEMA
+from flowq.db.store.base import Verbs
 
-__all__ = ["LimitedClaim", "PermittedClaim", "QueueControl", "Store"]
+__all__ = ["ClaimVerbs", "LimitedClaim", "PermittedClaim", "QueueControl"]
 
 # How many candidate rows a limited claim scans per job it wants (at least MIN_SCAN): keys at
 # their limit are skipped in the scan, so it must look past them.
@@ -87,13 +83,8 @@ class PermittedClaim:
 QueueControl: TypeAlias = Literal["paused", "permits", "limited"]
 
 
-class Store:
-    """flowq's typed verbs on `run`, for the flowq schema `schema`."""
-
-    def __init__(self, run: Runner, schema: str = DEFAULT_SCHEMA) -> None:
-        self.run = run
-        self.q: Queries = queries(schema)
-        self.channel = notify_channel(self.q.schema)
+class ClaimVerbs(Verbs):
+    """The worker's verbs: what a claim takes, and every fenced write after it."""
 
     # -- claims ------------------------------------------------------------------------------
 

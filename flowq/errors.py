@@ -4,6 +4,8 @@
 FlowqError                      root: catch this to catch everything flowq raises
 ├── ConfigurationError          a task, pipeline or setting is defined wrongly (at import;
 │                               an empty pipeline at worker start or enqueue)
+├── DatabaseURLError            no database URL given, or one flowq cannot use
+├── NaiveDatetimeError          a time given without a timezone where flowq needs one
 ├── UnknownTaskError            a name is not registered in the app
 ├── InvalidArgumentsError       enqueue arguments are not JSON or do not fit the handler
 ├── InvalidQueueError           a queue name is not a plain identifier
@@ -13,6 +15,11 @@ FlowqError                      root: catch this to catch everything flowq raise
 ├── EmbeddedPostgresError       the embedded PostgreSQL is missing or failed to start
 ├── RunNotFoundError            no run with that id (or it was pruned)
 ├── RunStateError               the run's state does not allow that (retry a run that is not dead)
+├── EnqueueConflictError        concurrent enqueues of one key kept winning the race
+├── ContextError                a step's context used where it cannot work (no database
+│                               outside a worker, `commit()` of `ctx.session`)
+├── WorkerStopError             the worker did not stop within its grace period
+├── DemoError                   the demo could not set itself up on the database given
 ├── ChildFailed                 a child run a step waits on ended dead or cancelled
 └── WorkflowError               a workflow used wrongly at run time: `each()` of something
     │                           that is not a list of dicts, a mapped step with two parents
@@ -40,13 +47,18 @@ __all__ = [
     "CheckpointError",
     "ChildFailed",
     "ConfigurationError",
+    "ContextError",
+    "DatabaseURLError",
     "DatabaseUnavailableError",
     "DeadlineExceeded",
+    "DemoError",
     "EmbeddedPostgresError",
+    "EnqueueConflictError",
     "FlowqError",
     "InvalidArgumentsError",
     "InvalidQueueError",
     "MigrationBlockedError",
+    "NaiveDatetimeError",
     "RetryStep",
     "RunNotFoundError",
     "RunStateError",
@@ -55,6 +67,7 @@ __all__ = [
     "SignalTimeout",
     "Snooze",
     "UnknownTaskError",
+    "WorkerStopError",
     "WorkflowError",
 ]
 
@@ -68,6 +81,15 @@ class FlowqError(Exception):
 
 class ConfigurationError(FlowqError):
     """A task, pipeline or setting is defined wrongly."""
+
+
+class DatabaseURLError(FlowqError):
+    """No database URL was given, or it is not one flowq can use: pass a postgresql:// URL
+    (--database-url, FLOWQ_DATABASE_URL or DATABASE_URL)."""
+
+
+class NaiveDatetimeError(FlowqError):
+    """A time must be a timezone-aware datetime (e.g. `datetime.now(timezone.utc)`)."""
 
 
 class UnknownTaskError(FlowqError):
@@ -105,6 +127,23 @@ class RunNotFoundError(FlowqError):
 
 class RunStateError(FlowqError):
     """The run is not in a state that allows this (e.g. retrying a run that is not dead)."""
+
+
+class EnqueueConflictError(FlowqError):
+    """Concurrent enqueues of the same key kept winning the race: try the enqueue again."""
+
+
+class ContextError(FlowqError):
+    """The step's context cannot do that here: it has no database outside a worker (pass
+    `session=` to `flowq.testing.run_step`), and `ctx.session` is committed by flowq."""
+
+
+class WorkerStopError(FlowqError):
+    """The worker did not stop within its grace period."""
+
+
+class DemoError(FlowqError):
+    """The demo could not set itself up on the database given."""
 
 
 class ChildFailed(FlowqError):

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from flowq.errors import ConfigurationError, FlowqError
+from flowq.errors import ConfigurationError, DatabaseURLError
 from flowq.names import DEFAULT_SCHEMA
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def require_url(database_url: str | None) -> str:
 
     url = resolve_url(database_url)
     if not url:
-        raise FlowqError("no database given: pass --database-url postgresql://... or set "
+        raise DatabaseURLError("no database given: pass --database-url postgresql://... or set "
                          "FLOWQ_DATABASE_URL.")
     return url
 

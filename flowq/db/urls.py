@@ -27,7 +27,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
 from flowq.db.transient import leave_read_only_servers
-from flowq.errors import FlowqError
+from flowq.errors import DatabaseURLError, FlowqError
 
 __all__ = [
     "MASK",
@@ -148,31 +148,31 @@ def _sqlalchemy_hosts(url: str) -> str:
 def normalize_url(url: str | URL) -> URL:
     """Parse `url`, mapping every PostgreSQL driver (`postgresql://`, `postgres://`,
     `+asyncpg`, `+psycopg2`, ...) to psycopg 3; libpq's host list (`h1:5432,h2:5433`) becomes
-    SQLAlchemy's (`?host=h1:5432&host=h2:5433`). A URL that is not one raises a FlowqError
+    SQLAlchemy's (`?host=h1:5432&host=h2:5433`). A URL that is not one raises a DatabaseURLError
     that says what is wrong without quoting any of it."""
     if isinstance(url, URL):
         u = url
     else:
         if not re.match(r"[\w+]+://", url):
-            raise FlowqError(f"not a database URL: it must start with a scheme and '://' and "
+            raise DatabaseURLError(f"not a database URL: it must start with a scheme and '://' and "
                              f"look like {_URL_SHAPE}")
         url = _sqlalchemy_hosts(url)
         userinfo = _SA_USERINFO.match(url)
         if userinfo and "@" in url[userinfo.end():].split("?", 1)[0]:
             # A second '@' (in a password, usually): the parser would take what follows the
             # first one for the host, and connection errors would print it.
-            raise FlowqError("not a database URL: it has an '@' that does not end a user name "
+            raise DatabaseURLError("not a database URL: it has an '@' that does not end a user name "
                              "and password (write an '@' in a user name, password or database name "
                              "as %40)")
         try:
             u = make_url(url)
         except Exception as exc:
             # SQLAlchemy's messages may quote the URL (a password included): name the part.
-            raise FlowqError(f"not a database URL: {_what_is_wrong(exc)}; it must look like "
+            raise DatabaseURLError(f"not a database URL: {_what_is_wrong(exc)}; it must look like "
                              f"{_URL_SHAPE}") from None
     driver = u.drivername.partition("+")[0]
     if driver not in ("postgresql", "postgres"):
-        raise FlowqError(f"flowq needs PostgreSQL, not {u.drivername!r}: pass a postgresql:// URL")
+        raise DatabaseURLError(f"flowq needs PostgreSQL, not {u.drivername!r}: pass a postgresql:// URL")
     if u.drivername != "postgresql+psycopg":
         u = u.set(drivername="postgresql+psycopg")
     _conninfo_params(u)  # a host list libpq cannot take is refused here, not in a worker
@@ -192,7 +192,7 @@ def _split_host(entry: str) -> tuple[str, str]:
     if entry.startswith("["):
         host, sep, rest = entry[1:].partition("]")
         if not sep or (rest and not rest.startswith(":")):
-            raise FlowqError("not a database URL: an IPv6 host is written [address]:port")
+            raise DatabaseURLError("not a database URL: an IPv6 host is written [address]:port")
         return host, rest[1:]
     if entry.count(":") > 1:
         return entry, ""  # a bare IPv6 address
@@ -210,7 +210,7 @@ def to_conninfo(url: URL) -> str:
     try:
         return make_conninfo("", **_conninfo_params(url))
     except psycopg.ProgrammingError as exc:  # an option libpq does not know, say
-        raise FlowqError(f"not a database URL: {mask_secrets(str(exc))}") from None
+        raise DatabaseURLError(f"not a database URL: {mask_secrets(str(exc))}") from None
 
 
 def _conninfo_params(url: URL) -> dict[str, Any]:
@@ -222,10 +222,10 @@ def _conninfo_params(url: URL) -> dict[str, Any]:
     if isinstance(query_hosts, str):
         query_hosts = [query_hosts]
     if query_hosts is not None and url.host:
-        raise FlowqError("not a database URL: it names a host both before its path and in "
+        raise DatabaseURLError("not a database URL: it names a host both before its path and in "
                          "?host=; give the hosts in one place")
     if isinstance(query_ports, list):
-        raise FlowqError("not a database URL: give a port with each ?host=h:port, not "
+        raise DatabaseURLError("not a database URL: give a port with each ?host=h:port, not "
                          "several ?port=")
     default_port = "" if url.port is None else str(url.port)
     if query_ports is not None:
@@ -235,9 +235,9 @@ def _conninfo_params(url: URL) -> dict[str, Any]:
     for entry in query_hosts if query_hosts is not None else ([url.host] if url.host else []):
         host, port = (entry, "") if entry == url.host else _split_host(entry)
         if port and not port.isdigit():
-            raise FlowqError("not a database URL: a host's port is not a number")
+            raise DatabaseURLError("not a database URL: a host's port is not a number")
         if "," in host:
-            raise FlowqError("not a database URL: give several hosts as ?host=h1:p1&host=h2:p2 "
+            raise DatabaseURLError("not a database URL: give several hosts as ?host=h1:p1&host=h2:p2 "
                              "or as h1:p1,h2:p2 before the path")
         hosts.append(host)
         ports.append(port or default_port)

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from cronsim import CronSim, CronSimError
 
-from flowq.errors import ConfigurationError, FlowqError
+from flowq.errors import ConfigurationError, FlowqError, NaiveDatetimeError
 from flowq.jsonargs import JSONError, dumps_checked
 from flowq.names import validate_name, validate_priority
 
@@ -69,7 +69,7 @@ _LOOKBACK: Final = (timedelta(minutes=1), timedelta(hours=1), timedelta(days=1),
 
 def utc(moment: datetime, what: str = "a time") -> datetime:
     if not isinstance(moment, datetime) or moment.utcoffset() is None:
-        raise FlowqError(f"{what} must be a timezone-aware datetime, got {moment!r}")
+        raise NaiveDatetimeError(f"{what} must be a timezone-aware datetime, got {moment!r}")
     return moment.astimezone(UTC)
 
 

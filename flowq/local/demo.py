@@ -34,7 +34,7 @@ import flowq
 import flowq.db
 from flowq.context import Context
 from flowq.define.pipeline import Task
-from flowq.errors import FlowqError
+from flowq.errors import DemoError
 from flowq.local.postgres import LocalPostgres
 from flowq.storable import first_line
 from flowq.worker import Worker, WorkerConfig
@@ -120,7 +120,7 @@ def _run_in_own_schema(url: str, n_jobs: int) -> None:
                 # No IF NOT EXISTS: a schema of that name that is not ours must not become ours.
                 c.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
         except sa.exc.ProgrammingError as exc:  # e.g. no CREATE privilege on the database
-            raise FlowqError(f"the demo cannot create its schema {schema!r}: "
+            raise DemoError(f"the demo cannot create its schema {schema!r}: "
                              f"{first_line(exc.orig)}") from None
         try:
             _run(engine, url, build_demo(schema), n_jobs)

@@ -3,8 +3,9 @@
 Each command prints a small table for people, or with `--json` one JSON object whose keys
 are stable (`RunInfo.to_dict()` and friends in `flowq.runs`), for scripts. Errors are one
 sentence on stderr with exit code 2 (an unknown run id, retrying a run that is not dead, a
-filter that cannot be read). The SQL lives in `flowq.queries`, the logic in `flowq.runs`;
-this module only formats. Options: `--database-url` (default: FLOWQ_DATABASE_URL, then
+filter that cannot be read). The SQL lives in `flowq.db`, the logic in
+`flowq.ops.runs`; this module parses options and calls it (a run as text:
+`flowq.cli.runtext`). Options: `--database-url` (default: FLOWQ_DATABASE_URL, then
 DATABASE_URL), `--schema` (default "flowq"), `--json`; `list` and `retry --status dead` also
 filter by `--task`, `--queue`, `--since`/`--until` (an ISO time, or a duration ago: 1h, 30m,
 2d) and `--limit`; `list` pages with `--before RUN_ID` (it prints the next page's).
@@ -12,7 +13,6 @@ filter by `--task`, `--queue`, `--since`/`--until` (an ISO time, or a duration a
 
 from __future__ import annotations
 
-import contextlib
 import json
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, cast
@@ -21,16 +21,15 @@ import click
 
 from flowq.cli.common import Phase, load_app, open_engine, schema_option, table, url_option
 from flowq.cli.group import UserError
+from flowq.cli.runtext import describe, when_text
 from flowq.errors import InvalidArgumentsError
-from flowq.storable import first_line
 
 if TYPE_CHECKING:
     from flowq.db.schema import Status
-    from flowq.ops.runs import KnownNames, RunInfo
+    from flowq.ops.runs import KnownNames
 
 __all__ = ["DEFAULT_RETRY_BATCH", "STATUSES", "runs"]
 
-ERROR_CHARS: Final = 70
 # `flowq.db.schema.STATUSES` and `flowq.ops.runs.DEFAULT_RETRY_BATCH`, repeated so that
 # `--help` imports no database library (tests/unit/test_cli_startup.py holds each copy to
 # its original); the runs API is imported when a command runs.
@@ -70,168 +69,6 @@ def _filter_options(fn: Any) -> Any:
     ]):
         fn = option(fn)
     return fn
-
-
-def _when(value: datetime | None) -> str:
-    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value else "-"
-
-
-def _error_cell(text: str | None, earlier: bool = False) -> str:
-    line = first_line(text or "")
-    if earlier and line:  # the step succeeded after it: not why the step ended
-        line = f"(earlier attempt) {line}"
-    return line if len(line) <= ERROR_CHARS else line[: ERROR_CHARS - 1] + "…"
-
-
-# Dead map instances whose errors `runs show` lists (the rest are counted).
-SHOWN_DEAD_INSTANCES: Final = 5
-# Checkpoints `runs show` lists (the rest are counted; --json has them).
-SHOWN_CHECKPOINTS: Final = 20
-SHOWN_CHILDREN: Final = 20  # of the run's children (--json has up to CHILDREN_SHOWN)
-
-
-def _counts(counts: dict[str, int]) -> str:
-    return ", ".join(f"{n} {status}" for status, n in sorted(counts.items(), key=lambda kv: -kv[1]))
-
-
-def _describe(run: RunInfo) -> str:
-    head = f"run {run.run_id}  {run.task}  {run.status}"
-    if run.cancel_requested and run.finished_at is None:
-        head += " (a running step was asked to stop; it creates no successor)"
-    lines = [head, f"created {_when(run.created_at)}  finished {_when(run.finished_at)}"]
-    if run.idempotency_key is not None:
-        lines.append(f"idempotency key {run.idempotency_key}")
-    if run.forked_from is not None:
-        lines.append(f"forked from run {run.forked_from} (`flowq runs show {run.forked_from}`)")
-    if run.deadline is not None:
-        lines.append(f"deadline {_when(run.deadline)}")
-    if run.fingerprint is not None:
-        from flowq.define.shape import short  # here: `--help` imports no definitions
-
-        version = "an unrecorded version" if run.version is None else f"version {run.version}"
-        lines.append(f"started on {version} ({short(run.fingerprint)})")
-    if run.status == "succeeded":
-        lines.append(f"result {json.dumps(run.result)}")
-    by_step = {g.step: g for g in run.graph}
-    rows: list[list[str]] = []
-    dead_instances = []
-    mapped_shown: set[str] = set()
-    for s in run.steps:
-        group = by_step.get(s.step)
-        if s.map_index is not None and group is not None:
-            if s.status == "dead":
-                dead_instances.append(s)
-            if s.step in mapped_shown:
-                continue
-            mapped_shown.add(s.step)
-            rows.append([str(s.index), f"{s.step} ×{group.instances}",  # noqa: RUF001
-                         _counts(group.counts),
-                         str(group.attempts), s.queue, "-", "-", "",
-                         ", ".join(group.parents or ())])
-            continue
-        rows.append([str(s.index), s.step or "-", s.status, f"{s.attempts}/{s.max_attempts}",
-                     s.queue, str(s.job_id), _when(s.finished_at),
-                     _error_cell(s.last_error, s.last_error_earlier),
-                     ", ".join(group.parents or ()) if group else ""])
-    lines += ["", table(["#", "step", "status", "attempts", "queue", "job", "finished",
-                          "last error", "after"], rows)]
-    for g in run.graph:
-        if g.instances is not None:
-            lines.append(f"{g.step} ×{g.instances}: {_counts(g.counts)}")  # noqa: RUF001
-    for s in dead_instances[:SHOWN_DEAD_INSTANCES]:
-        lines.append(f"  {s.step}[{s.map_index}] (job {s.job_id}) dead: "
-                     f"{_error_cell(s.last_error)}")
-    if len(dead_instances) > SHOWN_DEAD_INSTANCES:
-        lines.append(f"  ... and {len(dead_instances) - SHOWN_DEAD_INSTANCES} more dead "
-                     "instances (--json lists every row)")
-    lines += _progress_lines(run)
-    # The attempts that failed (kept in attempt_log), of the steps that are not mapped.
-    failed = [(s, a) for s in run.steps if s.map_index is None for a in s.history if a.error]
-    if failed:
-        lines += ["", "failed attempts:"]
-        lines += [f"  {s.step or '-'} attempt {a.attempt}: started {_when(a.started_at)} on "
-                  f"{a.worker or '-'}: {_error_cell(a.error)}" for s, a in failed]
-    lines += _checkpoint_lines(run)
-    lines += _family_lines(run)
-    return "\n".join(lines)
-
-
-def _family_lines(run: RunInfo) -> list[str]:
-    """The run's parent and children (`ctx.start_child`): `flowq runs show ID` of each."""
-    out = []
-    if run.parent is not None:
-        p = run.parent
-        where = p.step if p.map_index is None else f"{p.step}[{p.map_index}]"
-        out += ["", f"parent: run {p.run_id} (step {_error_cell(json.dumps(where))}, "
-                    f"{p.name})"]
-    if run.children:
-        out += ["", f"children ({len(run.children)}):"]
-        for c in run.children[:SHOWN_CHILDREN]:
-            where = c.step if c.map_index is None else f"{c.step}[{c.map_index}]"
-            out.append(f"  run {c.run_id} {c.status or 'gone'} (from step "
-                       f"{_error_cell(json.dumps(where))}, {c.name})  {_when(c.created_at)}")
-        if len(run.children) > SHOWN_CHILDREN:
-            out.append(f"  ... and {len(run.children) - SHOWN_CHILDREN} more "
-                       "(--json lists them)")
-    return out
-
-
-def _checkpoint_lines(run: RunInfo) -> list[str]:
-    """The checkpoints section: names and results are the user's, so they are printed as
-    JSON (no control character reaches the terminal) and cut."""
-    if not run.checkpoints:
-        return []
-    out = ["", "checkpoints:"]
-    for c in run.checkpoints[:SHOWN_CHECKPOINTS]:
-        where = c.step if c.map_index is None else f"{c.step}[{c.map_index}]"
-        position = "-" if c.position < 0 else str(c.position)
-        out.append(f"  {where} #{position} {_error_cell(json.dumps(c.name))}: "
-                   f"{_error_cell(json.dumps(c.result))}  {_when(c.created_at)}")
-    if len(run.checkpoints) > SHOWN_CHECKPOINTS:
-        out.append(f"  ... and {len(run.checkpoints) - SHOWN_CHECKPOINTS} more "
-                   "(--json lists them)")
-    return out
-# Steps whose `ctx.progress` `runs show` prints (the rest are counted; --json has them all).
-SHOWN_PROGRESS: Final = 5
-
-
-def _number(value: float) -> str:
-    return f"{value:,}" if isinstance(value, int) else f"{value:,.6g}"
-
-
-def _progress_text(progress: dict[str, Any]) -> str:
-    """`3/10 (30%) message, at TIME` from a step's stored progress (written by a worker:
-    any JSON, so every part is read defensively)."""
-    done: Any = progress.get("done")
-    total: Any = progress.get("total")
-    known = isinstance(done, int | float) and not isinstance(done, bool)
-    text = _number(done) if known else "?"
-    if isinstance(total, int | float) and not isinstance(total, bool):
-        text += f"/{_number(total)}"
-        if known and total > 0:
-            with contextlib.suppress(OverflowError):
-                text += f" ({100 * float(done) / float(total):.0f}%)"
-    message = progress.get("message")
-    if isinstance(message, str) and message:
-        text += f" {_error_cell(message)}"
-    at = progress.get("at")
-    if isinstance(at, str):
-        with contextlib.suppress(ValueError):
-            text += f", at {_when(datetime.fromisoformat(at))}"
-    return text
-
-
-def _progress_lines(run: RunInfo) -> list[str]:
-    reported = [s for s in run.steps if s.progress]
-    if not reported:
-        return []
-    lines = ["", "progress:"]
-    lines += [f"  {s.step or '-'}{'' if s.map_index is None else f'[{s.map_index}]'} "
-              f"(job {s.job_id}, {s.status}): {_progress_text(s.progress or {})}"
-              for s in reported[:SHOWN_PROGRESS]]
-    if len(reported) > SHOWN_PROGRESS:
-        lines.append(f"  ... and {len(reported) - SHOWN_PROGRESS} more (--json lists them)")
-    return lines
 
 
 def _emit(as_json: bool, data: dict[str, Any], text: str) -> None:
@@ -276,7 +113,8 @@ def list_command(database_url: str | None, schema: str, status: str | None, task
     next_before = found[limit - 1].run_id if len(found) > limit else None
     found = found[:limit]
     rows = [[str(r.run_id), r.task, r.status, f"{r.step_index}:{r.step or '-'}",
-             _when(r.created_at), _when(r.finished_at), r.idempotency_key or ""] for r in found]
+             when_text(r.created_at), when_text(r.finished_at), r.idempotency_key or ""]
+            for r in found]
     text = (table(["run", "task", "status", "step", "created", "finished", "key"], rows)
             if found else "no runs." + _no_match_hint(known, task, queue))
     if next_before is not None:
@@ -326,7 +164,7 @@ def show_command(run_id: int, database_url: str | None, schema: str, app_spec: s
         run = get_run(engine, run_id, schema=schema)
     finally:
         engine.dispose()
-    _emit(as_json, run.to_dict(), _describe(run))
+    _emit(as_json, run.to_dict(), describe(run))
 
 
 @runs.command("cancel")
@@ -359,7 +197,7 @@ def cancel_command(run_id: int, database_url: str | None, schema: str, as_json: 
         summary = f"run {run_id}: " + "; ".join(parts) + "."
         if res.run.status == "dead":
             summary += " The run itself stays dead (retry it, or leave it)."
-    _emit(as_json, res.to_dict(), summary + "\n\n" + _describe(res.run))
+    _emit(as_json, res.to_dict(), summary + "\n\n" + describe(res.run))
 
 
 @runs.command("retry")
@@ -416,7 +254,7 @@ def retry_command(run_id: int | None, database_url: str | None, schema: str,
            f"run {run_id}: {len(res.job_ids)} dead steps and instances run again (jobs "
            f"{', '.join(map(str, res.job_ids[:10]))}{', ...' if len(res.job_ids) > 10 else ''})."
            "\n\n")
-          + _describe(res.run))
+          + describe(res.run))
 
 
 @runs.command("fork")
@@ -456,4 +294,4 @@ def fork_command(run_id: int, from_step: str, args_json: str | None, app_spec: s
         engine.dispose()
     _emit(as_json, {**forked.to_dict(), "run": new.to_dict()},
           f"run {forked.run_id} forked from run {run_id} at step {forked.from_step!r}.\n\n"
-          + _describe(new))
+          + describe(new))

@@ -13,11 +13,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import Final
 
-import sqlalchemy as sa
-
-from flowq.db.sql import Queries
+from flowq.db.store import Store
+from flowq.db.store.runs import RunWindow
 from flowq.errors import ConfigurationError, InvalidArgumentsError
 from flowq.names import validate_name, validate_queue
 
@@ -73,7 +72,7 @@ def _when(what: str, value: When | None) -> datetime | timedelta | None:
 
 @dataclass(frozen=True)
 class RunFilters:
-    """Checked filters; `params` binds them, reading the clock for durations ago."""
+    """Checked filters; `window` resolves them, reading the clock for durations ago."""
 
     task: str | None
     queue: str | None
@@ -81,11 +80,11 @@ class RunFilters:
     until: datetime | timedelta | None
     version: int | None = None  # the pipeline version the runs started on (revision 0014)
 
-    def params(self, conn: sa.Connection, q: Queries) -> dict[str, Any]:
-        """The bind parameters; durations ago are measured on the database's clock."""
+    def window(self, store: Store) -> RunWindow:
+        """The runs they select; durations ago are measured on the database's clock."""
         since, until = self.since, self.until
         if isinstance(since, timedelta) or isinstance(until, timedelta):
-            now = conn.execute(q.select_now).scalar_one()
+            now = store.now()
             try:
                 since = now - since if isinstance(since, timedelta) else since
                 until = now - until if isinstance(until, timedelta) else until
@@ -97,11 +96,10 @@ class RunFilters:
                 "run can match")
         # A version is a number per pipeline: its runs are those of the fingerprints
         # recorded under it (`flowq.definitions`), none if none is.
-        fingerprints = None if self.version is None else list(conn.execute(
-            q.select_version_fingerprints, {"version": self.version, "task": self.task}
-        ).scalars())
-        return {"task": self.task, "queue": self.queue, "since": since, "until": until,
-                "fingerprints": fingerprints}
+        fingerprints = (None if self.version is None
+                        else store.version_fingerprints(self.version, self.task))
+        return RunWindow(task=self.task, queue=self.queue, since=since, until=until,
+                         fingerprints=fingerprints)
 
 
 def run_filters(task: str | None, queue: str | None, since: When | None,

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from flowq.db.sql import queries
+from flowq.db.store import Store
 from flowq.define.app import did_you_mean, find_definition
 from flowq.define.pipeline import Pipeline
 from flowq.define.step import Step
@@ -152,12 +152,12 @@ def fork(bind: Bind, run_id: int, *, from_step: str, args: Mapping[str, Any] | N
     run is untouched, and the new one records it as `forked_from`. See the module for what is
     refused. Joins the transaction of a Connection (the caller commits), or commits its own."""
     run_id = check_id(run_id)
-    q = queries(schema)
     if args is not None and not isinstance(args, Mapping):
         raise InvalidArgumentsError(f"args must be a JSON object of the step's keywords, got "
                                     f"{type(args).__name__}")
     with binds.transaction(bind) as conn:
-        run = read_run(conn, q, run_id)
+        store = Store.of(conn, schema)
+        run = read_run(conn, store, run_id)
         if not run_finished(run):
             raise RunStateError(
                 f"run {run_id} is still {run.status}: fork a run once it has ended (wait "
@@ -170,6 +170,6 @@ def fork(bind: Bind, run_id: int, *, from_step: str, args: Mapping[str, Any] | N
         # Through JSON once: what the new row stores is what the result says it got.
         call = prepare_start_at(definition, step, inputs, schema=schema)
         enqueued = execute(conn, call)
-        conn.execute(q.mark_forked_run, {"run_id": enqueued.id, "source": run_id})
+        store.mark_forked(enqueued.id, run_id)
     return Forked(run_id=enqueued.id, source_run_id=run_id, from_step=step.name,
                   args=json.loads(call.params["args"]))

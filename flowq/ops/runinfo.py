@@ -2,14 +2,12 @@
 
 A run has no row of its own (see `flowq.db.schema`): it is the set of `flowq.jobs` rows that
 share a `run_id`, one per step reached so far (one per item for a mapped step). Its status
-is derived from them (`run_status`):
-
-- `cancelled` if any step is `cancelled` or has `cancel_requested` (a running step that was
-  asked to stop still finishes; `RunInfo.finished_at` stays empty until it has);
-- else `running`, `pending` or `waiting` while any step is (in that order);
-- else `dead` if any step is dead, else `succeeded`. Every step a success unblocks is
-  created in the very transaction that records the success, so a run whose rows have all
-  succeeded has reached all its leaves: no snapshot shows a success without its successors.
+is derived from them (`run_status`) by the one rule `flowq.db.runstatus` holds, which the
+statements listing runs, children and batches render in SQL: `cancelled` if any step is
+`cancelled` or has `cancel_requested` (a running step that was asked to stop still
+finishes; `RunInfo.finished_at` stays empty until it has); else `running`, `pending` or
+`waiting` while any step is (in that order); else `dead` if any step is dead, else
+`succeeded`.
 
 A run started by another's step (`ctx.start_child`, see `flowq.children`) names its
 `parent` (that run, step and map instance), and a run lists the `children` its steps started
@@ -27,18 +25,34 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime
-from typing import Any, Final, cast
+from typing import Any, Final, Protocol
 
 import sqlalchemy as sa
 
+from flowq.db import runstatus
 from flowq.db.schema import Status
-from flowq.db.sql import Queries
+from flowq.db.store import Store
+from flowq.db.store.runs import RunJob
 from flowq.define.app import find_definition
 from flowq.errors import RunNotFoundError
 
-__all__ = ["CHECKPOINTS_SHOWN", "CHILDREN_SHOWN", "AttemptInfo", "CheckpointInfo", "RunInfo",
-           "RunLink", "RunSummary", "StepGroup", "StepInfo", "attempts_of", "jsonable",
-           "read_run", "read_runs", "run_status"]
+__all__ = [
+    "CHECKPOINTS_SHOWN",
+    "CHILDREN_SHOWN",
+    "AttemptInfo",
+    "CheckpointInfo",
+    "NamesSchema",
+    "RunInfo",
+    "RunLink",
+    "RunSummary",
+    "StepGroup",
+    "StepInfo",
+    "attempts_of",
+    "jsonable",
+    "read_run",
+    "read_runs",
+    "run_status",
+]
 
 CHECKPOINTS_SHOWN: Final = 1000  # of a run, by `runs show` and the dashboard (the first)
 CHILDREN_SHOWN: Final = 1000  # of a run, by `runs show` and the dashboard (the first)
@@ -209,7 +223,7 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def _step(row: Any) -> StepInfo:
+def _step(row: RunJob) -> StepInfo:
     return StepInfo(
         job_id=row.id, step=row.step, index=row.step_index, queue=row.queue, status=row.status,
         attempts=row.attempts, max_attempts=row.max_attempts,
@@ -242,14 +256,8 @@ def attempts_of(row: Any) -> tuple[AttemptInfo, ...]:
 
 
 def run_status(steps: Sequence[StepInfo]) -> Status:
-    """A run's status from its rows (the module docstring says why it is sound)."""
-    seen = {s.status for s in steps}
-    if "cancelled" in seen or any(s.cancel_requested for s in steps):
-        return "cancelled"
-    for status in ("running", "pending", "waiting", "dead"):
-        if status in seen:
-            return cast(Status, status)
-    return "succeeded"
+    """A run's status from its rows (`flowq.db.runstatus` says why it is sound)."""
+    return runstatus.run_status((s.status, s.cancel_requested) for s in steps)
 
 
 _ORDER: Final = ("running", "pending", "waiting", "dead", "cancelled", "succeeded")
@@ -293,7 +301,7 @@ def _result(steps: Sequence[StepInfo], definition: Any) -> Any:
     return results
 
 
-def _run_of(run_id: int, rows: list[Any], schema: str) -> RunInfo:
+def _run_of(run_id: int, rows: list[RunJob], schema: str) -> RunInfo:
     if not rows:
         raise RunNotFoundError(f"no run {run_id} exists (it may have been pruned, or the id "
                                "is a job id rather than a run id)")
@@ -319,34 +327,48 @@ def _run_of(run_id: int, rows: list[Any], schema: str) -> RunInfo:
         fingerprint=rows[0].fingerprint, version=rows[0].version)
 
 
-def read_run(conn: sa.Connection, q: Queries, run_id: int) -> RunInfo:
-    """The run `run_id` on `conn`; RunNotFoundError if no row of it exists."""
-    run = _run_of(run_id, list(conn.execute(q.select_run_jobs, {"run_id": run_id})), q.schema)
+class NamesSchema(Protocol):
+    """Anything naming a flowq schema: a `flowq.db.store.Store`, or the schema's statements."""
+
+    @property
+    def schema(self) -> str: ...
+
+
+def _store(conn: sa.Connection, where: str | NamesSchema) -> Store:
+    return Store.of(conn, where if isinstance(where, str) else where.schema)
+
+
+def read_run(conn: sa.Connection, where: str | NamesSchema, run_id: int) -> RunInfo:
+    """The run `run_id` on `conn`, in the flowq schema `where` names; RunNotFoundError if no
+    row of it exists."""
+    store = _store(conn, where)
+    run = _run_of(run_id, store.run_jobs(run_id), store.schema)
     parent: RunLink | None = None
     children: list[RunLink] = []
-    for r in conn.execute(q.select_run_family, {"run_id": run_id, "limit": CHILDREN_SHOWN}):
+    for r in store.run_family(run_id, CHILDREN_SHOWN):
         link = RunLink(run_id=r.run_id, step=r.step, map_index=r.map_index, name=r.name,
                        created_at=r.created_at, status=r.status)
         if r.kind == "parent":
             parent = link
         else:
             children.append(link)
-    return replace(run, checkpoints=_checkpoints(conn, q, run_id), parent=parent,
+    return replace(run, checkpoints=_checkpoints(store, run_id), parent=parent,
                    children=tuple(children))
 
 
-def read_runs(conn: sa.Connection, q: Queries, run_ids: Sequence[int]) -> dict[int, RunInfo]:
+def read_runs(conn: sa.Connection, where: str | NamesSchema,
+              run_ids: Sequence[int]) -> dict[int, RunInfo]:
     """The runs `run_ids` that exist on `conn`, by id, read in one statement (one snapshot),
     without their checkpoints or links: what a parent waiting on its children reads."""
-    rows: dict[int, list[Any]] = {}
-    for r in conn.execute(q.select_runs_jobs, {"run_ids": list(run_ids)}):
+    store = _store(conn, where)
+    rows: dict[int, list[RunJob]] = {}
+    for r in store.runs_jobs(run_ids):
         rows.setdefault(r.run_id, []).append(r)
-    return {run_id: _run_of(run_id, found, q.schema) for run_id, found in rows.items()}
+    return {run_id: _run_of(run_id, found, store.schema) for run_id, found in rows.items()}
 
 
-def _checkpoints(conn: sa.Connection, q: Queries, run_id: int) -> tuple[CheckpointInfo, ...]:
-    rows = conn.execute(q.select_run_checkpoints,
-                        {"run_id": run_id, "limit": CHECKPOINTS_SHOWN})
+def _checkpoints(store: Store, run_id: int) -> tuple[CheckpointInfo, ...]:
     return tuple(CheckpointInfo(step=r.step, map_index=r.map_index, name=r.name,
                                 position=r.position, result=json.loads(r.result),
-                                created_at=r.created_at) for r in rows)
+                                created_at=r.created_at)
+                 for r in store.run_checkpoints(run_id, CHECKPOINTS_SHOWN))

@@ -35,8 +35,9 @@ from typing import Any, Final
 import sqlalchemy as sa
 
 from flowq.db.history import hold_retention
-from flowq.db.schema import STATUSES, Status, notify_channel
-from flowq.db.sql import Queries
+from flowq.db.schema import STATUSES, Status
+from flowq.db.store import Store
+from flowq.db.store.runs import RunWindow
 from flowq.errors import InvalidArgumentsError, RunStateError
 from flowq.names import DEFAULT_SCHEMA, check_id
 from flowq.ops import binds
@@ -133,22 +134,15 @@ class RetryResult:
 
 def get_run(bind: Bind, run_id: int, schema: str = DEFAULT_SCHEMA) -> RunInfo:
     """The run `run_id` with all its steps; RunNotFoundError if no row of it exists."""
-    q = Queries(schema)
     run_id = check_id(run_id)
-    return binds.read(bind, lambda conn: read_run(conn, q, run_id))
+    return binds.read(bind, lambda conn: read_run(conn, schema, run_id))
 
 
 def find_run(bind: Bind, key: str, schema: str = DEFAULT_SCHEMA) -> int | None:
     """The run id of the run holding idempotency key `key`, or None."""
     if not isinstance(key, str):
         raise InvalidArgumentsError(f"an idempotency key is text, got {key!r}")
-    q = Queries(schema)
-
-    def read(conn: sa.Connection) -> int | None:
-        row = conn.execute(q.find_run_by_key, {"idempotency_key": key}).first()
-        return None if row is None else int(row.run_id)
-
-    return binds.read(bind, read)
+    return binds.read(bind, lambda conn: Store.of(conn, schema).find_run(key))
 
 
 @dataclass(frozen=True)
@@ -164,13 +158,12 @@ class DeadStep:
 def dead_steps(bind: Bind, run_ids: Sequence[int],
                schema: str = DEFAULT_SCHEMA) -> dict[int, DeadStep]:
     """For each of `run_ids` that has a dead step, its first one (the dead-letter view)."""
-    q = Queries(schema)
     ids = [check_id(i) for i in run_ids]
     if not ids:
         return {}
     return binds.read(bind, lambda conn: {
         r.run_id: DeadStep(r.run_id, r.step, r.map_index, r.last_error)
-        for r in conn.execute(q.select_dead_errors, {"run_ids": ids})})
+        for r in Store.of(conn, schema).dead_errors(ids)})
 
 
 def list_runs(bind: Bind, *, status: Status | None = None, task: str | None = None,
@@ -181,9 +174,9 @@ def list_runs(bind: Bind, *, status: Status | None = None, task: str | None = No
     starts below the last run id of this one), optionally only those with derived `status`,
     of `task`, with a step on `queue`, created in [`since`, `until`), started on pipeline
     version `version` (by the fingerprints `flowq.definitions` records for it; a run of
-    unrecorded definition matches no version) (see the module docstring). Cost: `Queries._runs_page` (a page walks the run id index from the cursor
-    until it has `limit` matches)."""
-    q = Queries(schema)
+    unrecorded definition matches no version) (see the module docstring). Cost:
+    `flowq.db.sql.runs` (a page walks the run id index from the cursor until it has `limit`
+    matches)."""
     if status is not None and status not in STATUSES:
         raise InvalidArgumentsError(f"status must be one of {', '.join(STATUSES)}, "
                                     f"got {status!r}")
@@ -193,8 +186,9 @@ def list_runs(bind: Bind, *, status: Status | None = None, task: str | None = No
     limit = max(0, int(limit))
 
     def read(conn: sa.Connection) -> list[RunSummary]:
-        rows = conn.execute(q.list_runs, {**filters.params(conn, q), "status": status,
-                                          "before": before, "limit": limit})
+        store = Store.of(conn, schema)
+        rows = store.list_runs(filters.window(store), status=status, before=before,
+                               limit=limit)
         return [RunSummary(run_id=r.run_id, task=r.task, status=r.status, step=r.step,
                            step_index=r.step_index, idempotency_key=r.idempotency_key,
                            created_at=r.created_at, finished_at=r.finished_at) for r in rows]
@@ -249,10 +243,8 @@ def unserved_jobs(bind: Bind, *, schema: str = DEFAULT_SCHEMA,
                   limit: int = 20) -> list[UnservedJobs]:
     """Due jobs no live worker serves, by (queue, task), largest groups first. A worker is
     live while its registry heartbeat (`flowq.workers`) is younger than `stale_after`."""
-    q = Queries(schema)
-
     def read(conn: sa.Connection) -> list[UnservedJobs]:
-        rows = conn.execute(q.select_unserved_jobs, {"stale": stale_after, "limit": limit})
+        rows = Store.of(conn, schema).unserved_jobs(stale_after, limit)
         return [UnservedJobs(r.queue, r.task, r.n, r.oldest_s) for r in rows]
 
     return binds.read(bind, read)
@@ -261,20 +253,20 @@ def unserved_jobs(bind: Bind, *, schema: str = DEFAULT_SCHEMA,
 # -- control ----------------------------------------------------------------------------------
 
 
-def _lock(conn: sa.Connection, q: Queries, run_id: int) -> RunInfo:
+def _lock(conn: sa.Connection, store: Store, run_id: int) -> RunInfo:
     """Lock every row of the run, then read it: no step of it can complete until we commit,
     and no retention pass moves or deletes its rows (`flowq.db.history.hold_retention`)."""
-    hold_retention(conn, q.schema)
+    hold_retention(conn, store.schema)
     # Never done after one pass, even one that locked nothing: a pass that waited for a
     # completion finds its row deleted (moved to history by a statement newer than the
     # pass's snapshot), so it can come back empty while the run goes on.
     seen: set[int] | None = None
     for _ in range(_MAX_LOCK_PASSES):
-        ids = set(conn.execute(q.lock_run_jobs, {"run_id": run_id}).scalars())
+        ids = store.lock_run(run_id)
         if ids == seen:
             break
         seen = ids
-    return read_run(conn, q, run_id)
+    return read_run(conn, store, run_id)
 
 
 def cancel_run(bind: Bind, run_id: int, schema: str = DEFAULT_SCHEMA, *,
@@ -292,30 +284,28 @@ def cancel_run(bind: Bind, run_id: int, schema: str = DEFAULT_SCHEMA, *,
     """
     from flowq.children import MAX_DEPTH
 
-    q = Queries(schema)
     run_id = check_id(run_id)
     with binds.transaction(bind) as conn:
-        run = _lock(conn, q, run_id)
+        store = Store.of(conn, schema)
+        run = _lock(conn, store, run_id)
         ended = RunStateError(f"run {run_id} already ended {run.status}: there is nothing "
                               "to cancel" + (" (retry it, or leave it)"
                                              if run.status == "dead" else ""))
         if run.status == "succeeded":
             raise ended
-        rows = [] if run.status == "dead" else conn.execute(
-            q.cancel_run_jobs, {"run_ids": [run_id], "error": reason}).all()
+        rows = [] if run.status == "dead" else store.cancel_runs([run_id], reason)
         # After the run's rows are locked: a child started before commits its link first
         # (the link locks the parent's row, flowq.db.sql.children), one started after
         # sees the cancel and starts nothing.
-        below = list(conn.execute(q.select_descendants,
-                                  {"run_id": run_id, "max_depth": MAX_DEPTH}).scalars())
+        below = store.descendants(run_id, MAX_DEPTH)
         children: set[int] = set()
         if below:
-            _lock_runs(conn, q, below)
-            children = {r.run_id for r in conn.execute(q.cancel_run_jobs, {
-                "run_ids": below, "error": f"{reason} (with its parent run {run_id})"})}
+            _lock_runs(conn, store, below)
+            children = {r.run_id for r in store.cancel_runs(
+                below, f"{reason} (with its parent run {run_id})")}
         if run.status == "dead" and not children:
             raise ended  # nothing was written: the transaction rolls back
-        after = read_run(conn, q, run_id)
+        after = read_run(conn, store, run_id)
     return CancelResult(
         run=after,
         cancelled=tuple(sorted(r.id for r in rows if r.status == "cancelled")),
@@ -327,26 +317,25 @@ def retry_run(bind: Bind, run_id: int, schema: str = DEFAULT_SCHEMA) -> RetryRes
     """Resume a dead run: every dead step (and dead map instance) runs again, due now, with a
     fresh attempt budget; what succeeded is kept and never re-run. RunStateError unless the
     run is dead."""
-    q = Queries(schema)
     run_id = check_id(run_id)
     with binds.transaction(bind) as conn:
-        run = _lock(conn, q, run_id)
+        store = Store.of(conn, schema)
+        run = _lock(conn, store, run_id)
         if run.status != "dead":
             raise RunStateError(f"run {run_id} is {run.status}, not dead: only a dead run can "
                                 "be retried")
-        ids = sorted(r.id for r in conn.execute(
-            q.retry_dead_jobs, {"run_id": run_id, "channel": notify_channel(schema)}))
-        after = read_run(conn, q, run_id)
+        ids = store.retry_dead(run_id)
+        after = read_run(conn, store, run_id)
     first = next(s for s in after.steps if s.job_id == ids[0])
     return RetryResult(run=after, job_id=first.job_id, step=first.step, job_ids=tuple(ids))
 
 
-def _lock_runs(conn: sa.Connection, q: Queries, run_ids: list[int]) -> None:
+def _lock_runs(conn: sa.Connection, store: Store, run_ids: list[int]) -> None:
     """`_lock` for many runs: every row of each, in id order, until the set stops growing."""
-    hold_retention(conn, q.schema)
+    hold_retention(conn, store.schema)
     seen: set[int] | None = None  # as in `_lock`: two passes at least
     for _ in range(_MAX_LOCK_PASSES):
-        ids = set(conn.execute(q.lock_runs_jobs, {"run_ids": run_ids}).scalars())
+        ids = store.lock_runs(run_ids)
         if ids == seen:
             break
         seen = ids
@@ -377,21 +366,19 @@ def retry_runs(bind: Bind, *, status: str = "dead", task: str | None = None,
         limit = check_count("limit", limit, 1)
     batch_size = check_count("batch_size", batch_size, 1)
     filters = run_filters(task, queue, since, until)
-    q = Queries(schema)
-    params: dict[str, Any] | None = None
+    window: RunWindow | None = None
     after: int | None = None
     total = 0
     while limit is None or total < limit:
         size = batch_size if limit is None else min(batch_size, limit - total)
         with binds.transaction(bind) as conn:
-            if params is None:
-                params = filters.params(conn, q)  # a duration ago is measured once
-            picked = list(conn.execute(q.select_dead_runs, {
-                **params, "after": after, "limit": size}).scalars())
+            store = Store.of(conn, schema)
+            if window is None:
+                window = filters.window(store)  # a duration ago is measured once
+            picked = store.dead_runs(window, after=after, limit=size)
             if picked:
-                _lock_runs(conn, q, picked)
-                total += len(conn.execute(q.retry_dead_runs, {
-                    "run_ids": picked, "channel": notify_channel(schema)}).all())
+                _lock_runs(conn, store, picked)
+                total += store.retry_dead_runs(picked)
         if on_batch is not None and picked:
             on_batch(total)
         if len(picked) < size:

@@ -16,6 +16,7 @@ from typing import Any, Final
 import sqlalchemy as sa
 from sqlalchemy.sql.elements import TextClause
 
+from flowq.db.runstatus import run_status_sql
 from flowq.db.schema import HISTORY_CAPABILITY, JOB_COLUMNS, run_end_channel
 from flowq.names import validate_schema_name
 
@@ -458,13 +459,8 @@ def cancel(error: str) -> str:
                                      ELSE {error} END,
                    cancel_requested = true"""
 
-RUN_STATUS = """CASE WHEN bool_or(status = 'cancelled' OR cancel_requested)
-                           THEN 'cancelled'
-                      WHEN bool_or(status = 'running') THEN 'running'
-                      WHEN bool_or(status = 'pending') THEN 'pending'
-                      WHEN bool_or(status = 'waiting') THEN 'waiting'
-                      WHEN bool_or(status = 'dead') THEN 'dead'
-                      ELSE 'succeeded' END"""
+# A run's status from its rows, as an aggregate (the one rule: `flowq.db.runstatus`).
+RUN_STATUS: Final = run_status_sql()
 
 
 def start_run(head: str, source: str, where: str, run_id: str, tail: str) -> str:

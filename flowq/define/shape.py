@@ -11,7 +11,7 @@ instances are rows of the mapped step, so the step's shape covers them.)
   JSON (keys sorted, no spaces): the same in every process and Python version (never `hash()`).
 - `pick_version(versions, fingerprint, version, step)`: which of an app's versions of a
   pipeline continues a run started under `fingerprint` (`version`, when the database knows it
-  from `flowq.definitions`): the one rule, for the worker (`flowq.worker.attempt.resolve`)
+  from `flowq.definitions`): the one rule, for the worker (`flowq.worker.resolution.resolve`)
   and the deploy check (`flowq.ops.deploy`).
 - `obstacles(new, old, step, joined=..., names=...)`: why definition `new` could not
   continue a run at `step` that started under `old` (None: not recorded): the step is gone,

@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession as _SAAsyncSession
 
 from flowq import tracing
 from flowq.db.checks import schema_missing
-from flowq.db.sql import queries
+from flowq.db.store.enqueue import builder
 from flowq.define.pipeline import Pipeline
 from flowq.enqueueing.batch import Batch, abatch, join_batch
 from flowq.enqueueing.prepare import Enqueued, PreparedCall, prepare_enqueue, prepare_enqueue_many
@@ -70,8 +70,9 @@ async def _execute(target: AsyncTarget, call: PreparedCall[T] | PreparedSignal) 
     conn = await _connection(target, call)
     engine = conn.sync_engine
     if (engine, call.schema) not in migrated_schemas:
-        found = await conn.execute(queries(call.schema).check_schema)
-        if found.scalar() is None:
+        verbs = builder(call.schema)
+        check, params = verbs.check_schema_statement()
+        if not verbs.schema_found((await conn.execute(check, params)).first()):
             raise schema_missing(call.schema)
         migrated_schemas.add(engine, call.schema)
     statements = call.statements()  # the same statements, in the same order, as the sync path

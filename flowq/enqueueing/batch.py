@@ -11,7 +11,7 @@ leaves no batch, and a run whose savepoint rolled back is not waited for); an ex
 leaves nothing written. An empty batch enqueues its callback at once, with zero counts, in
 that transaction. Otherwise the reaper's pass (every `reap_interval`, default 10 s) counts the
 runs that finished and enqueues the callback exactly once when all have, with the batch's id
-and the counts `succeeded`, `dead` and `cancelled` (`flowq.db.sql.batches`). Batches do not
+and the counts `succeeded`, `dead` and `cancelled` (`flowq.db.store.enqueue`). Batches do not
 nest on one session.
 """
 
@@ -22,8 +22,8 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from flowq.db.schema import BATCH_ARGUMENTS, notify_channel
-from flowq.db.sql import queries
+from flowq.db.schema import BATCH_ARGUMENTS
+from flowq.db.store.enqueue import builder
 from flowq.define.options import RESERVED_OPTIONS
 from flowq.define.pipeline import Pipeline
 from flowq.enqueueing.prepare import Enqueued, PreparedCall, prepare_enqueue
@@ -52,13 +52,6 @@ class Batch:
     callback: PreparedCall[Enqueued] = field(repr=False)
     run_ids: list[int] = field(default_factory=list, repr=False)
     runs: int | None = None
-
-    def params(self) -> dict[str, Any]:
-        """The bind parameters of `insert_batch`."""
-        p = self.callback.params
-        return {"id": self.id, "run_ids": sorted(set(self.run_ids)), "task": p["task"],
-                "step": p["step"], "queue": p["queue"], "priority": p["priority"],
-                "max_attempts": p["max_attempts"], "args": p["args"]}
 
 
 def prepare_callback(on_complete: Pipeline | str, args: Mapping[str, Any]
@@ -112,18 +105,19 @@ def batch(session: orm.Session, on_complete: Pipeline | str,
     """The block of `Session.batch` (see the module docstring)."""
     _opening(session.info)
     callback = prepare_callback(on_complete, args)
-    q = queries(callback.schema)
+    verbs = builder(callback.schema)
     conn = session.connection(bind_arguments={"clause": callback.statement})
-    opened = Batch(int(conn.execute(q.select_batch_id).scalar_one()), callback.schema, callback)
+    opened = Batch(verbs.read_count(conn.execute(*verbs.batch_id_statement()).one()),
+                   callback.schema, callback)
     session.info[BATCH_KEY] = opened
     try:
         yield opened
     finally:
         session.info.pop(BATCH_KEY, None)
-    opened.runs = int(conn.execute(q.insert_batch, opened.params()).scalar_one())
+    closing = verbs.insert_batch_statement(opened.id, opened.run_ids, callback)
+    opened.runs = verbs.read_count(conn.execute(*closing).one())
     if opened.runs == 0:
-        conn.execute(q.start_batch_callbacks, {"batch_id": opened.id, "limit": 1,
-                                               "channel": notify_channel(opened.schema)})
+        conn.execute(*verbs.start_batch_statement(opened.id))
 
 
 @contextlib.asynccontextmanager
@@ -132,16 +126,16 @@ async def abatch(session: AsyncSession, on_complete: Pipeline | str,
     """`batch` for an AsyncSession."""
     _opening(session.info)
     callback = prepare_callback(on_complete, args)
-    q = queries(callback.schema)
+    verbs = builder(callback.schema)
     conn = await session.connection(bind_arguments={"clause": callback.statement})
-    opened = Batch(int((await conn.execute(q.select_batch_id)).scalar_one()), callback.schema,
-                   callback)
+    opened = Batch(verbs.read_count((await conn.execute(*verbs.batch_id_statement())).one()),
+                   callback.schema, callback)
     session.info[BATCH_KEY] = opened
     try:
         yield opened
     finally:
         session.info.pop(BATCH_KEY, None)
-    opened.runs = int((await conn.execute(q.insert_batch, opened.params())).scalar_one())
+    closing = verbs.insert_batch_statement(opened.id, opened.run_ids, callback)
+    opened.runs = verbs.read_count((await conn.execute(*closing)).one())
     if opened.runs == 0:
-        await conn.execute(q.start_batch_callbacks, {"batch_id": opened.id, "limit": 1,
-                                                     "channel": notify_channel(opened.schema)})
+        await conn.execute(*verbs.start_batch_statement(opened.id))

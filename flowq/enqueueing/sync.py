@@ -40,7 +40,7 @@ from sqlalchemy import orm
 from flowq import tracing
 from flowq.db.checks import is_missing_schema_error, schema_missing
 from flowq.db.runner import fetch_rows, raw_sql
-from flowq.db.sql import queries
+from flowq.db.store.enqueue import builder
 from flowq.define.pipeline import Pipeline
 from flowq.enqueueing.batch import Batch, batch, join_batch
 from flowq.enqueueing.prepare import Enqueued, PreparedCall, prepare_enqueue, prepare_enqueue_many
@@ -162,7 +162,9 @@ def execute(target: Target, call: PreparedCall[T] | PreparedSignal) -> T:
 def _execute(target: Target, call: PreparedCall[T] | PreparedSignal) -> T:
     conn = _connection(target, call)
     if (conn.engine, call.schema) not in migrated_schemas:
-        if conn.execute(queries(call.schema).check_schema).scalar() is None:
+        verbs = builder(call.schema)
+        check, params = verbs.check_schema_statement()
+        if not verbs.schema_found(conn.execute(check, params).first()):
             raise schema_missing(call.schema)
         migrated_schemas.add(conn.engine, call.schema)
     raw = _own_psycopg(conn) if call.direct else None

@@ -10,7 +10,7 @@ One call reads, in one connection:
 - dead jobs by task;
 - due jobs that no live worker serves (`flowq.ops.runs.unserved_jobs`);
 - jobs a worker left to another whose definition can run them (a deploy in progress:
-  `flowq.worker.attempt.resolve`), by task, definition and the worker they wait for.
+  `flowq.worker.resolution.resolve`), by task, definition and the worker they wait for.
 
 Every statement reads through an index that holds only what it counts (the partial pending,
 waiting, running and dead indexes; `jobs_finished_idx` from an hour ago on), so the time does

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Final, Union
 import sqlalchemy as sa
 from sqlalchemy import orm
 
-from flowq.db.sql import queries
+from flowq.db.store.enqueue import builder
 from flowq.define.pipeline import Pipeline
 from flowq.names import DEFAULT_SCHEMA
 
@@ -43,20 +43,16 @@ def _resolve(task: Pipeline | str | None, schema: str | None) -> tuple[str | Non
     return task, DEFAULT_SCHEMA if schema is None else schema
 
 
-def _params(name: str | None, queue: str | None) -> dict[str, Any]:
-    return {"task": name, "queue": queue}
-
-
 def _rows(target: Target, name: str | None, queue: str | None,
           schema: str) -> list[sa.Row[Any]]:
-    statement = queries(schema).select_pending_jobs
+    statement, params = builder(schema).pending_jobs_statement(name, queue)
     if isinstance(target, sa.Engine):
         with target.connect() as conn:
-            return list(conn.execute(statement, _params(name, queue)))
+            return list(conn.execute(statement, params))
     if isinstance(target, sa.Connection | orm.Session | orm.scoped_session):
         # Through the caller's own transaction (a Session flushes first), so that jobs it
         # enqueued and has not committed are seen.
-        return list(target.execute(statement, _params(name, queue)))
+        return list(target.execute(statement, params))
     raise TypeError(f"flowq.testing needs an Engine, Session or Connection, got "
                     f"{type(target).__name__} (for asyncio use the a-prefixed twins)")
 
@@ -65,12 +61,12 @@ async def _arows(target: AsyncTarget, name: str | None, queue: str | None,
                  schema: str) -> list[sa.Row[Any]]:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
-    statement = queries(schema).select_pending_jobs
+    statement, params = builder(schema).pending_jobs_statement(name, queue)
     if isinstance(target, AsyncEngine):
         async with target.connect() as conn:
-            return list(await conn.execute(statement, _params(name, queue)))
+            return list(await conn.execute(statement, params))
     if isinstance(target, AsyncConnection | AsyncSession):
-        return list(await target.execute(statement, _params(name, queue)))
+        return list(await target.execute(statement, params))
     raise TypeError(f"flowq.testing's a-prefixed assertions need an AsyncEngine, AsyncSession "
                     f"or AsyncConnection, got {type(target).__name__}")
 

@@ -50,7 +50,6 @@ from sqlalchemy import orm
 from flowq.context import StepSession
 from flowq.db.rows import ClaimedJob
 from flowq.db.runner import Runner, runner
-from flowq.db.sql import queries
 from flowq.db.store import Store
 from flowq.define.app import FlowQ
 from flowq.enqueueing.prepare import Enqueued
@@ -107,8 +106,7 @@ def drain(target: Target, app: FlowQ, *, queues: Iterable[str] | None = None,
             raise AssertionError(dead)
     else:
         with _transaction(target) as conn:
-            left = conn.execute(queries(app.schema).exists_due_jobs,
-                                {"queues": names, "horizon": 0}).scalar()
+            left = Store(_runner(conn), app.schema).due_jobs_exist(names, 0)
         if left:
             raise AssertionError(f"drain ran {max_jobs} jobs (max_jobs) and jobs are still due: "
                                  "a job that keeps enqueueing another?")

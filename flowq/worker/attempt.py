@@ -1,15 +1,10 @@
 """One attempt of a claimed job, from its row to its `Outcome`: the rules the worker's executor
 and the test kit (`flowq.testing.drain`, `run_step`) share.
 
-- `resolve(app, job, elsewhere)`: the job's pipeline and step (of the version its run
-  started under: `flowq.define.shape.pick_version`); an `UnknownTaskError` when this
-  worker's app has no definition of that name at all (a failure retried later: the job
-  waits for another app's workers); or a `Mismatch` when the app defines the pipeline but
-  cannot run the step (removed or renamed in a deploy; `mismatch` also judges arguments that
-  do not bind). The rule for a mismatch, never silent: the job is left to another live
-  worker that serves a compatible definition (`Elsewhere`, from the registry: its attempt
-  given back, due again after `HAND_OVER_DELAY`), else it ends `dead` with a sentence that
-  names the mismatch and the fix.
+Which definition runs the job, and the rule when none here can (left to another worker,
+retried, or dead), is `flowq.worker.resolution`'s (`resolve`, `mismatch`); an attempt applies
+its answer.
+
 - `Attempt(app, job, read=..., session_factory=..., elsewhere=...)` prepares the handler's call
   (`prepare()`: its `Context` and arguments; a join's mapped inputs and a late signal's
   payload are read from the database through `read`) and judges what came back:
@@ -37,21 +32,17 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Final
-
-from sqlalchemy.sql.elements import TextClause
 
 from flowq import tracing
 from flowq.context import Context, StepSession
 from flowq.db.rows import ClaimedJob
-from flowq.db.sql import queries
+from flowq.db.store.enqueue import builder
 from flowq.define.app import FlowQ
-from flowq.define.pipeline import Pipeline
 from flowq.define.retry import Retry
-from flowq.define.shape import Shape, misfit, obstacles, pick_version, short
 from flowq.define.step import Step, as_seconds
 from flowq.durable import MAX_SNOOZES, Ledger, Suspend
 from flowq.errors import (
@@ -66,131 +57,19 @@ from flowq.errors import (
 from flowq.storable import clamp_delay, delay_of, describe, first_line, storable_text
 from flowq.worker.graph import InvalidResultError, spawn_roots, succeeded
 from flowq.worker.model import Cancelled, Failed, Outcome, Retried, Suspended
+from flowq.worker.resolution import Elsewhere, Mismatch, mismatch, resolve, stored_names
 
-__all__ = ["HAND_OVER_DELAY", "SUMMARY_CHARS", "Attempt", "Call", "Elsewhere", "Mismatch",
-           "Reader", "ServedBy", "arun_attempt", "mismatch", "resolve", "run_attempt"]
+__all__ = ["HAND_OVER_DELAY", "SUMMARY_CHARS", "Attempt", "Call", "Reader", "arun_attempt",
+           "run_attempt"]
 
 SUMMARY_CHARS: Final = 300  # of an error, in log lines (last_error keeps MAX_TEXT_CHARS)
 # A job left to another worker is due again this many seconds later (its attempt given
 # back): long enough for that worker to claim it first, short enough not to delay the run.
 HAND_OVER_DELAY: Final = 1.0
 
-Reader = Callable[[TextClause, dict[str, Any]], list[Any]]
-"""Runs one workflow read (a join's mapped inputs, a signal's payload): its rows."""
-
-
-@dataclass(frozen=True)
-class ServedBy:
-    """Another live worker, as its registry entry says: the queues it serves and, per
-    pipeline, the (version, fingerprint) of each definition it serves."""
-
-    worker: str
-    queues: frozenset[str]
-    definitions: Mapping[str, tuple[tuple[int, str], ...]]
-
-
-@dataclass(frozen=True)
-class Elsewhere:
-    """What the database knows beyond this worker's app: the version and shape of each
-    fingerprint recorded for its pipelines (`flowq.definitions`), and the other live
-    workers (`flowq.workers`). Refreshed by the registry at each beat; empty by default
-    (the test kit: no other worker)."""
-
-    versions: Mapping[str, int] = field(default_factory=dict)
-    shapes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    workers: tuple[ServedBy, ...] = ()
-
-    def compatible(self, job: ClaimedJob, names: Collection[str] | None = None) -> str | None:
-        """A live worker (its name) that serves `job`'s queue with a definition that can run
-        it: the very one its run started under, or, for a run of unknown fingerprint, one
-        with its step (taking arguments named `names`, when given). None if there is none."""
-        for w in self.workers:
-            if job.queue not in w.queues:
-                continue
-            for _version, fingerprint in w.definitions.get(job.task, ()):
-                if job.fingerprint is not None:
-                    if fingerprint == job.fingerprint:
-                        return w.worker
-                    continue
-                shape = Shape(self.shapes.get(fingerprint) or {}, fingerprint)
-                step = shape.step_named(job.step)
-                if step is not None and (
-                        names is None or misfit(shape.params(step["name"]), names) is None):
-                    return w.worker
-        return None
-
-
-@dataclass(frozen=True)
-class Mismatch:
-    """A job this worker's definition cannot run: `text` (the stored error: the mismatch and
-    the fix), and the live worker it is left to (`left_to`), or None: the job ends `dead`;
-    unless `unheard` (its run started under a definition this worker has not heard of: newer
-    code, whose worker may not have registered yet): then it fails as an attempt, retried
-    by the default policy up to the row's cap, so a worker that knows it can take it."""
-
-    text: str
-    left_to: str | None = None
-    unheard: bool = False
-
-
-def resolve(app: FlowQ, job: ClaimedJob, elsewhere: Elsewhere | None = None
-            ) -> tuple[Pipeline, Step[Any, Any]] | UnknownTaskError | Mismatch:
-    """The pipeline and step `job` runs, or why this worker's app cannot run it."""
-    versions = app.versions(job.task)
-    world = elsewhere or Elsewhere()
-    if not versions:
-        return UnknownTaskError(
-            f"no task or pipeline named {job.task!r} is registered in this worker's app "
-            "(enqueued by a newer producer, or renamed?); it will be retried")
-    known = None if job.fingerprint is None else world.versions.get(job.fingerprint)
-    pipeline = pick_version(versions, job.fingerprint, known, job.step)
-    if pipeline is None:  # the run's version is not in this code
-        return mismatch(versions[-1], job, f"version {known} of pipeline {job.task!r} is "
-                        "not in this code", elsewhere)
-    step = pipeline.step_named(job.step) if job.step else pipeline.first
-    if step is not None and job.fingerprint in (None, pipeline.fingerprint):
-        return pipeline, step
-    # Another definition than the run's: the deploy check's rule, for this job (its
-    # arguments are bound when it is prepared).
-    old = None if job.fingerprint is None else world.shapes.get(job.fingerprint)
-    found = obstacles(Shape.of(pipeline), None if old is None else Shape(old, job.fingerprint),
-                      job.step, joined=job.joined)
-    if step is None or found:
-        return mismatch(pipeline, job, "; ".join(o.text for o in found), elsewhere)
-    return pipeline, step
-
-
-def mismatch(pipeline: Pipeline, job: ClaimedJob, problem: str, elsewhere: Elsewhere | None,
-             names: Collection[str] | None = None) -> Mismatch:
-    """The one rule for a job that `pipeline` (this worker's version for its run) cannot
-    run because of `problem`: left to a live worker serving a compatible definition; else,
-    for a definition the registry has never recorded, retried (newer code: its workers may
-    be starting); else dead with the mismatch and the fix. `elsewhere` None: nothing is
-    known beyond this app (the test kit), so nothing is left to others and nothing waits."""
-    started = (f"started under definition {short(job.fingerprint)}" if job.fingerprint
-               else "started under an unrecorded definition")
-    where = f"pipeline {job.task!r} version {pipeline.version} ({short(pipeline.fingerprint)})"
-    other = (elsewhere or Elsewhere()).compatible(job, names)
-    if other is None and elsewhere is not None and job.fingerprint is not None \
-            and job.fingerprint not in elsewhere.versions:
-        return Mismatch(
-            f"run {job.run_id} started under definition {short(job.fingerprint)} of "
-            f"{job.task!r}, which no worker has registered (newer code, whose workers are "
-            f"starting?): this worker's {where} cannot run step "
-            f"{job.step or pipeline.first.name!r}: {problem}; it will be retried",
-            unheard=True)
-    if other is not None:
-        return Mismatch(f"left to worker {other!r}, which serves the "
-                        f"definition run {job.run_id} {started}: this worker's {where} "
-                        f"cannot run step {job.step or pipeline.first.name!r}: {problem}",
-                        other)
-    return Mismatch(
-        f"run {job.run_id} ({started}) cannot continue on this worker's "
-        f"{where}: {problem}; no live worker serves a definition that can run it. Fix: deploy "
-        f"code that can (keep the step, or the version the run started on beside the new "
-        f"one: app.pipeline({job.task!r}, version=N)) and `flowq runs retry {job.run_id}`, "
-        f"or `flowq runs fork {job.run_id}` to continue it on the new definition "
-        "(`flowq deploy-check` names such runs before a deploy)")
+Reader = Callable[[Any, dict[str, Any]], list[Any]]
+"""Runs one workflow read (a join's mapped inputs, a signal's payload), a statement and its
+parameters as the store built them: its rows."""
 
 
 @dataclass(frozen=True)
@@ -267,7 +146,7 @@ class Attempt:
             return self.failure(exc, 0.0)
         except InvalidArgumentsError as exc:
             return self.mismatched(mismatch(pipeline, job, str(exc), self.elsewhere,
-                                            _names(job.args)))
+                                            stored_names(job.args)))
         if started is not None:
             return started
         try:
@@ -312,31 +191,32 @@ class Attempt:
     def _cancel_seen(self) -> bool:
         return self.cancelled or self.job.cancel_requested
 
-    def _rows(self, statement: TextClause, params: dict[str, Any]) -> list[Any]:
+    def _rows(self, statement: tuple[Any, dict[str, Any]]) -> list[Any]:
         if self.read is None:
             raise RuntimeError("this attempt reads the database, but was given no reader")
-        return self.read(statement, params)
+        return self.read(*statement)
 
     def _gather(self, step: Step[Any, Any], args: dict[str, Any]) -> None:
         """A join's inputs: the static parents' results came with the row; a mapped parent's
         are its instances' results, read now, in item order (none: it mapped `[]`)."""
-        q = queries(self.app.schema)
+        verbs = builder(self.app.schema)
         for parent in step.parents:
             if parent not in args:
-                rows = self._rows(q.select_map_results,
-                                  {"run_id": self.job.run_id, "step": parent})
-                args[parent] = [r[0] for r in rows]
+                rows = self._rows(verbs.map_results_statement(self.job.run_id, parent))
+                args[parent] = verbs.read_map_results(rows)
 
     def _receive(self, step: Step[Any, Any], args: dict[str, Any]) -> dict[str, Any]:
         """A waiting step that runs without its payload: its timeout passed, unless the signal
         came while it was between attempts."""
-        rows = self._rows(queries(self.app.schema).find_signal,
-                          {"run_id": self.job.run_id, "name": step.wait_for})
-        if not rows:
+        assert step.wait_for is not None  # only a waiting step receives
+        verbs = builder(self.app.schema)
+        sent = verbs.read_signal(self._rows(verbs.signal_statement(self.job.run_id,
+                                                                   step.wait_for)))
+        if sent is None:
             raise SignalTimeout(
                 f"signal {step.wait_for!r} did not arrive within {step.wait_timeout:g}s "
                 f"(run {self.job.run_id}, step {step.name!r})")
-        return step.with_signal(args, rows[0][0])
+        return step.with_signal(args, sent[0])
 
     # -- judging --------------------------------------------------------------------------
 
@@ -421,15 +301,6 @@ class Attempt:
             return Failed(text, None, summary)
         # A wait without a `max` grows past any date (wait_exponential at attempt 50): clamp.
         return Failed(text, None if delay is None else clamp_delay(delay), summary)
-
-
-def _names(args: str) -> list[str] | None:
-    """The argument names of stored arguments (JSON text), or None if they are no object."""
-    try:
-        value = json.loads(args)
-    except ValueError:
-        return None
-    return list(value) if isinstance(value, dict) else None
 
 
 def run_attempt(attempt: Attempt, *, call: Callable[[Call], Any] | None = None,

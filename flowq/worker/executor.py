@@ -37,10 +37,11 @@ from flowq.context import StepSession
 from flowq.db.rows import Claim, ClaimedJob
 from flowq.define.app import FlowQ
 from flowq.storable import describe, first_line, safe_str
-from flowq.worker.attempt import SUMMARY_CHARS, Attempt, Elsewhere, arun_attempt, run_attempt
+from flowq.worker.attempt import SUMMARY_CHARS, Attempt, arun_attempt, run_attempt
 from flowq.worker.completer import Completer
 from flowq.worker.logs import ERROR, INFO, WARNING, log_event
 from flowq.worker.model import Failed, Outcome, Succeeded
+from flowq.worker.resolution import Elsewhere
 from flowq.worker.watchdog import EventLoop, Watchdog
 
 __all__ = ["Executor"]

@@ -36,7 +36,6 @@ from collections.abc import Callable
 from typing import Final, Protocol
 
 from flowq.db.rows import Claim, ClaimedJob
-from flowq.db.sql import Queries
 from flowq.storable import first_line
 from flowq.worker.claimer import Claimer
 from flowq.worker.config import WorkerConfig
@@ -90,7 +89,7 @@ class Producer:
     `stopping` is set or `interrupted()` says so."""
 
     def __init__(self, config: WorkerConfig, claimer: Claimer, slots: Slots,
-                 outcomes: Outcomes, queries: Queries, *,
+                 outcomes: Outcomes, *,
                  wake: threading.Event, stopping: threading.Event,
                  interrupted: Callable[[], bool] = lambda: False,
                  outage: Outage | None = None) -> None:
@@ -100,7 +99,6 @@ class Producer:
         self.conn = claimer.conn  # the loop's own connection: it also releases and checks
         self.slots = slots
         self.outcomes = outcomes
-        self.q = queries
         self._wake = wake
         self._stopping = stopping
         self.interrupted = interrupted
@@ -205,9 +203,7 @@ class Producer:
 
     def has_due_jobs(self) -> bool:
         """Whether a job of our queues is due within `idle_horizon` seconds."""
-        rows = self.conn.execute(self.q.exists_due_jobs, {
-            "queues": self.claimer.queues, "horizon": self.idle_horizon})
-        return bool(rows[0][0])
+        return self.claimer.store.due_jobs_exist(self.claimer.queues, self.idle_horizon)
 
     def run(self, until_idle: bool = False) -> None:
         """The claim loop: until `stopping` or `interrupted()`, or with `until_idle` until no

@@ -32,7 +32,6 @@ import sqlalchemy as sa
 
 from flowq.db.sql import Queries
 from flowq.storable import first_line
-from flowq.worker.attempt import Elsewhere, ServedBy
 from flowq.worker.config import (
     DEFAULT_HEARTBEAT_INTERVAL,
     DEFAULT_REAP_INTERVAL,
@@ -40,6 +39,7 @@ from flowq.worker.config import (
 )
 from flowq.worker.connection import DB_ERRORS
 from flowq.worker.logs import WARNING, log_event
+from flowq.worker.resolution import Elsewhere, ServedBy
 from flowq.worker.services import Service
 
 if TYPE_CHECKING:

@@ -157,7 +157,7 @@ class Worker:
             elsewhere=lambda: self.registry.elsewhere)
         self.claimer = Claimer(self.claim_conn, self.q, self.queues, c.name,
                                self.executor.submit, held=self._held_claims)
-        self.producer = Producer(c, self.claimer, self.executor, self.completer, self.q,
+        self.producer = Producer(c, self.claimer, self.executor, self.completer,
                                  wake=self._wake,
                                  stopping=self._stopping, interrupted=self._interrupted,
                                  outage=self.connections.outage)

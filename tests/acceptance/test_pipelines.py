@@ -189,7 +189,7 @@ def test_renamed_pipeline_and_removed_step_end_dead_with_the_reason_then_retry(
     removed = runs_cli(db_url, "show", str(deployed.id))
     assert removed["status"] == "dead"
     # A step removed while runs wait to run it: dead at its first attempt, saying why and
-    # what to do (flowq.worker.attempt.resolve; no other worker serves the old definition).
+    # what to do (flowq.worker.resolution.resolve; no other worker serves the old definition).
     assert [(s["step"], s["status"], s["attempts"]) for s in removed["steps"]] == [
         ("first", "succeeded", 1), ("second", "dead", 1)]
     assert removed["steps"][1]["last_error"].startswith(

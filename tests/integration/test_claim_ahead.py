@@ -283,7 +283,7 @@ def idle_producer(**config: Any) -> tuple[Any, threading.Event]:
     conn = DedicatedConnection(normalize_url("postgresql://unused/none"), "unused")
     claimer = Claimer(conn, Queries("flowq"), ["default"], "w", lambda job: None)
     wake = threading.Event()
-    producer = Producer(WorkerConfig(**config), claimer, _Idle(), _Idle(), Queries("flowq"),
+    producer = Producer(WorkerConfig(**config), claimer, _Idle(), _Idle(),
                         wake=wake, stopping=threading.Event())
     return producer, wake
 

@@ -1,6 +1,6 @@
 """The deploy check (flowq.ops.deploy, `flowq deploy-check`) over runs staged between steps by
 version A of an app (tests/apps/deploy_a.py), against version B (deploy_b.py); and the rule
-at run time (flowq.worker.attempt.resolve) for a job B cannot run: left to a live worker
+at run time (flowq.worker.resolution.resolve) for a job B cannot run: left to a live worker
 serving A, or dead with the sentence."""
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ from flowq.ops.doctor import doctor
 from flowq.ops.runs import list_runs
 from flowq.ops.status import status
 from flowq.testing import drain
-from flowq.worker.attempt import Attempt, Elsewhere, ServedBy, run_attempt
+from flowq.worker.attempt import Attempt, run_attempt
 from flowq.worker.model import Failed, Retried
 from flowq.worker.registry import Registry
+from flowq.worker.resolution import Elsewhere, ServedBy
 from flowq.worker.writes import write_outcome
 
 RUNS = 3  # per pipeline

@@ -91,7 +91,7 @@ class CheckpointStatements(Statements):
         """Send a running claim back to pending until a time, giving its attempt back, fenced.
 
         A durable sleep, a snooze, or a job this worker's definition cannot run left to
-        another live worker's (`flowq.worker.attempt.resolve`, with :note as its
+        another live worker's (`flowq.worker.resolution.resolve`, with :note as its
         `last_error`): back to `pending` (or `cancelled` if its run was cancelled meanwhile)
         due at :until (else `now()` plus :delay seconds), its attempt given back (a
         suspension is not a failure), nothing appended to `attempt_log`.

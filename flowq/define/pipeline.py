@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, ParamSpec, TypeVar
 from flowq.define.options import EnqueueOptions
 from flowq.define.retry import Retry
 from flowq.define.shape import fingerprint_of, shape_of
-from flowq.define.step import MAX_STEP_INDEX, Step, as_seconds, make_step
+from flowq.define.step import MAX_STEP_INDEX, Step, StepContext, as_seconds, make_step
 from flowq.define.typecheck import check_step_types
 from flowq.errors import ConfigurationError, InvalidArgumentsError
 from flowq.jsonargs import JSONError, dumps_checked
@@ -44,7 +44,6 @@ from flowq.names import validate_name, validate_priority, validate_queue
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11 on
 
-    from flowq.context import Context
     from flowq.define.app import FlowQ
     from flowq.enqueueing.aio import AsyncTarget
     from flowq.enqueueing.prepare import Enqueued, PreparedCall
@@ -441,6 +440,6 @@ class Task(Pipeline[P], Generic[P, T]):
     `aenqueue` and `options(...).enqueue` are checked against them by a type checker.
     """
 
-    def __call__(self, ctx: Context, /, *args: P.args, **kwargs: P.kwargs) -> T:
+    def __call__(self, ctx: StepContext, /, *args: P.args, **kwargs: P.kwargs) -> T:
         result: T = self.steps[0].fn(ctx, *args, **kwargs)
         return result

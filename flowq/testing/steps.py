@@ -22,12 +22,13 @@ from typing import Any, Final, cast
 
 from sqlalchemy import orm
 
-from flowq.context import Context, StepSession
 from flowq.db.rows import ClaimedJob
 from flowq.define.pipeline import Pipeline
 from flowq.define.step import Step
 from flowq.define.workflows import Each
-from flowq.durable import Ledger
+from flowq.durable.checkpoints import Ledger
+from flowq.durable.context import Context
+from flowq.durable.session import StepSession
 from flowq.jsonargs import JSONError, dumps_checked
 from flowq.worker.attempt import Attempt
 from flowq.worker.graph import InvalidResultError, result_text

@@ -45,7 +45,6 @@ from typing import Any, Final
 from sqlalchemy.sql.elements import TextClause
 
 from flowq import tracing
-from flowq.context import Context, StepSession
 from flowq.db.rows import ClaimedJob
 from flowq.db.sql import queries
 from flowq.define.app import FlowQ
@@ -53,7 +52,10 @@ from flowq.define.pipeline import Pipeline
 from flowq.define.retry import Retry
 from flowq.define.shape import Shape, misfit, obstacles, pick_version, short
 from flowq.define.step import Step, as_seconds
-from flowq.durable import MAX_SNOOZES, Ledger, Suspend
+from flowq.durable.checkpoints import MAX_SNOOZES, Ledger
+from flowq.durable.context import Context
+from flowq.durable.session import StepSession
+from flowq.durable.sleeps import Suspend
 from flowq.errors import (
     CancelRun,
     InvalidArgumentsError,

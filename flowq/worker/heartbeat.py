@@ -30,10 +30,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from flowq.context import progress_of
 from flowq.db.rows import Claim
 from flowq.db.sql import Queries
 from flowq.db.store import Store
+from flowq.durable.context import progress_of
 from flowq.worker.config import DEFAULT_HEARTBEAT_INTERVAL
 from flowq.worker.connection import DedicatedConnection
 from flowq.worker.logs import WARNING, log_event

@@ -35,8 +35,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
 import flowq
 import flowq.local.postgres
-from flowq.context import Context
 from flowq.db import create_engine
+from flowq.durable.context import Context
 from flowq.ops.runs import get_run, retry_run, wait_run
 
 # -- the application's own model -------------------------------------------------------------

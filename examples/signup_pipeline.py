@@ -28,8 +28,8 @@ from tenacity import stop_after_attempt, wait_fixed
 
 import flowq
 import flowq.local.postgres
-from flowq.context import Context
 from flowq.db import create_engine
+from flowq.durable.context import Context
 from flowq.ops.runs import get_run
 from flowq.testing import run_until_idle
 

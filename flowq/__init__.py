@@ -17,7 +17,6 @@ import importlib
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
-    from flowq.context import Context
     from flowq.db.migrations import migrate
     from flowq.define.app import FlowQ
     from flowq.define.pipeline import Pipeline, Task
@@ -25,6 +24,7 @@ if TYPE_CHECKING:
     from flowq.define.retry import Retry
     from flowq.define.step import Step
     from flowq.define.workflows import Each, each
+    from flowq.durable.context import Context
     from flowq.enqueueing.prepare import Enqueued
     from flowq.enqueueing.signals import Signalled
     from flowq.enqueueing.sync import Session, SessionMixin, enqueue, enqueue_many, signal
@@ -111,7 +111,7 @@ _EXPORTS: Final[dict[str, tuple[str, ...]]] = {
     "flowq.enqueueing.prepare": ("Enqueued",),
     "flowq.enqueueing.signals": ("Signalled",),
     "flowq.enqueueing.sync": ("Session", "SessionMixin", "enqueue", "enqueue_many", "signal"),
-    "flowq.context": ("Context",),
+    "flowq.durable.context": ("Context",),
     "flowq.errors": (
         "CancelRun", "ConfigurationError", "DatabaseUnavailableError", "DeadlineExceeded",
         "EmbeddedPostgresError",
@@ -130,7 +130,7 @@ _EXPORTS: Final[dict[str, tuple[str, ...]]] = {
 # enqueueing/ and ops/; imported on first use (the async one needs greenlet).
 _MODULES: Final[dict[str, str]] = {
     "aio": "flowq.enqueueing.aio",
-    "children": "flowq.children",
+    "children": "flowq.durable.children",
     "doctor": "flowq.ops.doctor",
     "durable": "flowq.durable",
     "queues": "flowq.ops.queues",

@@ -37,7 +37,7 @@ from typing import Any, Final
 import sqlalchemy as sa
 
 import flowq
-from flowq.context import Context
+from flowq.durable.context import Context
 
 __all__ = ["CHECKPOINTS", "LIMITED_QUEUE", "LIMIT_ENV", "RATE_ENV", "RATE_QUEUE", "app",
            "checkpointed", "dag", "fan", "ledger", "limited", "noop", "rated", "sleeper", "stamp", "steps"]

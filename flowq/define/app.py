@@ -20,25 +20,47 @@ import difflib
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, overload
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, cast, overload
 
 from flowq.define.options import check_deadline
 from flowq.define.pipeline import Pipeline, Task
 from flowq.define.queues import QueueConfig, Rate
 from flowq.define.retry import Retry
 from flowq.define.schedules import Schedule, make_schedule
-from flowq.define.step import make_step
+from flowq.define.step import StepContext, make_step
 from flowq.errors import ConfigurationError, InvalidArgumentsError
 from flowq.names import DEFAULT_QUEUE, DEFAULT_SCHEMA, validate_queue, validate_schema_name
 
-if TYPE_CHECKING:
-    from flowq.context import Context
-
-__all__ = ["FlowQ", "defined_names", "did_you_mean", "find_definition"]
+__all__ = ["FlowQ", "MakesPipeline", "MakesTask", "defined_names", "did_you_mean",
+           "find_definition"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
+C = TypeVar("C", bound=StepContext)
 D = TypeVar("D", bound=Pipeline)
+
+
+class MakesTask(Protocol):
+    """What `@app.task(...)` applies to a handler: it takes the context first (annotated
+    `flowq.Context`, a type one is, or `object`), and the `Task` is typed by the parameters
+    after it."""
+
+    @overload
+    def __call__(self, fn: Callable[Concatenate[object, P], R], /) -> Task[P, R]: ...
+
+    @overload
+    def __call__(self, fn: Callable[Concatenate[C, P], R], /) -> Task[P, R]: ...
+
+
+class MakesPipeline(Protocol):
+    """What `@app.pipeline(...)` applies to a first step's handler (see `MakesTask`); the
+    `Pipeline` is typed by the parameters after the context."""
+
+    @overload
+    def __call__(self, fn: Callable[Concatenate[object, P], R], /) -> Pipeline[P]: ...
+
+    @overload
+    def __call__(self, fn: Callable[Concatenate[C, P], R], /) -> Pipeline[P]: ...
 
 _APPS: weakref.WeakSet[FlowQ] = weakref.WeakSet()
 
@@ -57,7 +79,7 @@ class FlowQ:
         self._registry: dict[str, Pipeline] = {}  # the newest version of each name
         self._versions: dict[str, list[Pipeline]] = {}  # every version, oldest first
         self._queues: dict[str, QueueConfig] = {}
-        self._schedules: dict[str, Schedule] = {}
+        self._schedules: dict[str, Schedule[Pipeline]] = {}
         _APPS.add(self)
 
     def queue(self, name: str, *, concurrency: int | None = None,
@@ -88,7 +110,7 @@ class FlowQ:
              concurrency_key: str | Callable[..., Any] | None = None,
              key_concurrency: int | None = None,
              deadline: float | timedelta | None = None
-             ) -> Callable[[Callable[Concatenate[Context, P], R]], Task[P, R]]:
+             ) -> MakesTask:
         """Register the decorated function as a task (a pipeline of one step).
 
         The handler takes the context first; the `Task` is typed by the parameters after it.
@@ -98,9 +120,9 @@ class FlowQ:
         `deadline` (seconds or a timedelta): each run's default `deadline=`, from its enqueue.
         """
 
-        def decorate(fn: Callable[Concatenate[Context, P], R]) -> Task[P, R]:
+        def decorate(fn: Callable[..., Any]) -> Task[..., Any]:
             task_name = str(name or getattr(fn, "__name__", ""))
-            t: Task[P, R] = Task(self, task_name, queue=queue, priority=priority)
+            t: Task[..., Any] = Task(self, task_name, queue=queue, priority=priority)
             t.steps.append(make_step(fn, name=task_name, retry=retry, timeout=timeout,
                                       queue=t.queue, index=0))
             _key_options(t, concurrency_key, key_concurrency)
@@ -108,7 +130,8 @@ class FlowQ:
             self._register(t)
             return t
 
-        return decorate
+        # Typed by its overloads (one function cannot be written as both).
+        return cast(MakesTask, decorate)
 
     @overload
     def pipeline(self, name: str, /, *, queue: str | None = None, priority: int = 0,
@@ -118,12 +141,12 @@ class FlowQ:
     def pipeline(self, *, name: str | None = None, queue: str | None = None,
                  priority: int = 0, retry: Retry | None = None, timeout: float | None = None,
                  deadline: float | timedelta | None = None, version: int = 1
-                 ) -> Callable[[Callable[Concatenate[Context, P], R]], Pipeline[P]]: ...
+                 ) -> MakesPipeline: ...
 
     def pipeline(self, *named: str, name: str | None = None, queue: str | None = None,
                  priority: int = 0, retry: Retry | None = None, timeout: float | None = None,
                  deadline: float | timedelta | None = None, version: int = 1
-                 ) -> Pipeline | Callable[[Callable[Concatenate[Context, P], R]], Pipeline[P]]:
+                 ) -> Pipeline | MakesPipeline:
         """Create and register a pipeline; add steps with `@pipeline.step()`.
 
         `app.pipeline("name")` is a pipeline without steps yet, so a type checker cannot know
@@ -149,15 +172,15 @@ class FlowQ:
             self._register(p)
             return p
 
-        def decorate(fn: Callable[Concatenate[Context, P], R]) -> Pipeline[P]:
-            typed: Pipeline[P] = Pipeline(self, str(name or getattr(fn, "__name__", "")),
+        def decorate(fn: Callable[..., Any]) -> Pipeline[...]:
+            typed: Pipeline[...] = Pipeline(self, str(name or getattr(fn, "__name__", "")),
                                           queue=queue, priority=priority, version=version)
             typed.deadline = _default_deadline(typed.name, deadline)
             typed.step(retry=retry, timeout=timeout)(fn)
             self._register(typed)
             return typed
 
-        return decorate
+        return cast(MakesPipeline, decorate)
 
     def versions(self, name: str) -> list[Pipeline]:
         """Every version of the pipeline (or task) `name`, oldest first ([] if none)."""
@@ -202,8 +225,9 @@ class FlowQ:
             if definition.app is not self or self._registry.get(definition.name) is not definition:
                 raise ConfigurationError(
                     f"{definition.name!r} is not a task or pipeline of this app")
-            schedule = make_schedule(definition, cron=cron, every=every, name=name, args=args,
-                                     timezone=timezone, catch_up=catch_up)
+            schedule: Schedule[Pipeline] = make_schedule(
+                definition, cron=cron, every=every, name=name, args=args,
+                timezone=timezone, catch_up=catch_up)
             if schedule.name in self._schedules:
                 raise ConfigurationError(
                     f"a schedule named {schedule.name!r} is already defined in this app "
@@ -216,7 +240,7 @@ class FlowQ:
         return register if target is None else register(target)
 
     @property
-    def schedules(self) -> list[Schedule]:
+    def schedules(self) -> list[Schedule[Pipeline]]:
         """The schedules defined with `periodic()`, by name."""
         return [self._schedules[n] for n in sorted(self._schedules)]
 

@@ -28,14 +28,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final, Generic, ParamSpec, TypeVar
 
+from flowq.define.graph import StepIndex, check_inputs, parents_of, wait_of
 from flowq.define.options import EnqueueOptions
 from flowq.define.retry import Retry
 from flowq.define.shape import fingerprint_of, shape_of
-from flowq.define.step import MAX_STEP_INDEX, Step, as_seconds, make_step
+from flowq.define.step import MAX_STEP_INDEX, Step, StepContext, as_seconds, make_step
 from flowq.define.typecheck import check_step_types
 from flowq.errors import ConfigurationError, InvalidArgumentsError
 from flowq.jsonargs import JSONError, dumps_checked
@@ -44,7 +45,6 @@ from flowq.names import validate_name, validate_priority, validate_queue
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11 on
 
-    from flowq.context import Context
     from flowq.define.app import FlowQ
     from flowq.enqueueing.aio import AsyncTarget
     from flowq.enqueueing.prepare import Enqueued, PreparedCall
@@ -138,28 +138,6 @@ class WithOptions(Generic[P]):
         return await execute(target, call)
 
 
-@dataclass
-class _StepIndex:
-    """What is looked up in a pipeline's steps, kept up to date as steps are appended, so
-    that defining N steps is linear and a worker's per-job lookups are dict lookups."""
-
-    count: int = 0  # how many of `Pipeline.steps` are indexed
-    by_name: dict[str, Step[Any, Any]] = field(default_factory=dict)
-    by_signal: dict[str, Step[Any, Any]] = field(default_factory=dict)
-    children: dict[str, list[Step[Any, Any]]] = field(default_factory=dict)
-    roots: list[Step[Any, Any]] = field(default_factory=list)
-
-    def add(self, step: Step[Any, Any]) -> None:
-        self.count += 1
-        self.by_name.setdefault(step.name, step)
-        if step.wait_for is not None:
-            self.by_signal.setdefault(step.wait_for, step)
-        for parent in step.parents:
-            self.children.setdefault(parent, []).append(step)
-        if not step.parents:
-            self.roots.append(step)
-
-
 class Pipeline(Generic[P]):
     """An ordered chain of steps run as one run; each step's dict result feeds the next.
 
@@ -186,7 +164,7 @@ class Pipeline(Generic[P]):
         except InvalidArgumentsError as exc:
             raise ConfigurationError(f"{self.name!r}: {exc}") from None
         self.steps: list[Step[Any, Any]] = []
-        self._index = _StepIndex()
+        self._index = StepIndex()
         # Per-key concurrency (tasks only, see `FlowQ.task`): the argument naming the key, or
         # a function of the arguments; and how many jobs of one key may run at once.
         self.concurrency_key: str | Callable[..., Any] | None = None
@@ -251,8 +229,8 @@ class Pipeline(Generic[P]):
                     "step names must be unique within a pipeline (pass name=...)."
                 )
             s = dataclasses.replace(
-                s, parents=self._parents_of(s.name, parents),
-                wait_for=self._wait_of(s.name, wait_for),
+                s, parents=parents_of(self.name, self.steps, self._indexed(), s.name, parents),
+                wait_for=wait_of(self.name, self._indexed(), s.name, wait_for),
                 wait_timeout=None if wait_for is None else as_seconds(
                     f"wait_timeout of {s.name!r}", DEFAULT_WAIT_TIMEOUT if wait_timeout is None
                     else wait_timeout, minimum=0.001),
@@ -265,85 +243,13 @@ class Pipeline(Generic[P]):
                 raise ConfigurationError(
                     f"step {s.name!r}: wait_for and delay cannot be combined (a waiting step "
                     "starts when its signal arrives)")
-            self._check_inputs(s)
+            check_inputs(s)
             check_step_types(s, [self._indexed().by_name[p] for p in s.parents],
                              self.step_named)
             self.steps.append(s)  # indexed when next looked up
             return s
 
         return decorate
-
-    def _parents_of(self, name: str,
-                    parents: Sequence[Step[Any, Any] | str] | None) -> tuple[str, ...]:
-        if parents is None:  # a chain: the step defined before, if any
-            return (self.steps[-1].name,) if self.steps else ()
-        if isinstance(parents, str | Step) or not isinstance(parents, Sequence):
-            raise ConfigurationError(
-                f"parents of {name!r} must be a list of steps, e.g. parents=[fetch, parse]")
-        names: list[str] = []
-        for p in parents:
-            if isinstance(p, Step):
-                if self.step_named(p.name) is not p:
-                    raise ConfigurationError(
-                        f"parent {p.name!r} of step {name!r} is not a step of pipeline "
-                        f"{self.name!r} (a parent in another pipeline?)")
-                pname = p.name
-            elif isinstance(p, str):
-                if p == name:
-                    raise ConfigurationError(
-                        f"step {name!r} cannot be its own parent (that is a cycle)")
-                if self.step_named(p) is None:
-                    raise ConfigurationError(
-                        f"unknown parent {p!r} of step {name!r}: pipeline {self.name!r} has no "
-                        "such step yet (define parents before their children: that is also "
-                        "what keeps the graph free of cycles)")
-                pname = p
-            else:
-                raise ConfigurationError(
-                    f"parents of {name!r} must be steps of {self.name!r}, got {p!r}")
-            if pname in names:
-                raise ConfigurationError(f"step {name!r} lists parent {pname!r} twice")
-            names.append(pname)
-        return tuple(names)
-
-    def _wait_of(self, name: str, wait_for: str | None) -> str | None:
-        if wait_for is None:
-            return None
-        signal = validate_name("signal", wait_for)
-        other = self._indexed().by_signal.get(signal)
-        if other is not None:
-            raise ConfigurationError(
-                f"step {other.name!r} of {self.name!r} already waits for signal {signal!r}: "
-                "a signal is delivered to one step of a run")
-        return signal
-
-    def _check_inputs(self, s: Step[Any, Any]) -> None:
-        """A step with several parents takes each one's result as a keyword named after it,
-        and a waiting step its signal's payload: refuse a handler that cannot take them."""
-        names = list(s.parents) if len(s.parents) > 1 else []
-        if s.wait_for is not None:
-            if s.wait_for in names:
-                raise ConfigurationError(
-                    f"step {s.name!r} waits for signal {s.wait_for!r}, which is also the name "
-                    "of one of its parents: rename one")
-            names.append(s.wait_for)
-        if not names:
-            return
-        params = list(s.signature.parameters.values())[1:]
-        if any(p.kind is p.VAR_KEYWORD for p in params):
-            return
-        accepted = {p.name for p in params
-                    if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-        missing = [n for n in names if n not in accepted]
-        if missing:
-            raise ConfigurationError(
-                f"step {s.name!r} {s.signature} cannot take keyword(s) "
-                f"{', '.join(map(repr, missing))}: "
-                + ("a step with several parents receives each parent's result as a keyword "
-                   "named after that parent" if len(s.parents) > 1 else "")
-                + ("; " if len(s.parents) > 1 and s.wait_for else "")
-                + (f"a step waiting for a signal receives its payload as a keyword named "
-                   f"{s.wait_for!r}" if s.wait_for else ""))
 
     @property
     def first(self) -> Step[Any, Any]:
@@ -388,7 +294,7 @@ class Pipeline(Generic[P]):
         """The step called `name` (a worker asks once per claimed job: a dict lookup)."""
         return self._indexed().by_name.get(name)
 
-    def _indexed(self) -> _StepIndex:
+    def _indexed(self) -> StepIndex:
         """The lookups over `steps`, brought up to date with it: steps are only ever
         appended (by `step()`, and a task's one step by `FlowQ.task`)."""
         index = self._index
@@ -441,6 +347,6 @@ class Task(Pipeline[P], Generic[P, T]):
     `aenqueue` and `options(...).enqueue` are checked against them by a type checker.
     """
 
-    def __call__(self, ctx: Context, /, *args: P.args, **kwargs: P.kwargs) -> T:
+    def __call__(self, ctx: StepContext, /, *args: P.args, **kwargs: P.kwargs) -> T:
         result: T = self.steps[0].fn(ctx, *args, **kwargs)
         return result

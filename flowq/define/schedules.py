@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import math
 import zoneinfo
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone, tzinfo
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar
 
 from cronsim import CronSim, CronSimError
 
@@ -41,11 +41,8 @@ from flowq.errors import ConfigurationError, FlowqError, NaiveDatetimeError
 from flowq.jsonargs import JSONError, dumps_checked
 from flowq.names import validate_name, validate_priority
 
-if TYPE_CHECKING:
-    from flowq.define.pipeline import Pipeline
-
-__all__ = ["KEY_PREFIX", "LATE_GRACE", "MAX_TICKS_PER_PASS", "MIN_EVERY", "Schedule",
-           "make_schedule", "utc"]
+__all__ = ["KEY_PREFIX", "LATE_GRACE", "MAX_TICKS_PER_PASS", "MIN_EVERY", "Schedulable",
+           "Schedule", "make_schedule", "utc"]
 
 DEFAULT_TIMEZONE: Final = "UTC"
 MIN_EVERY: Final = timedelta(seconds=1)
@@ -67,6 +64,35 @@ _LOOKBACK: Final = (timedelta(minutes=1), timedelta(hours=1), timedelta(days=1),
                     timedelta(days=32), timedelta(days=400))
 
 
+class Schedulable(Protocol):
+    """What a schedule needs of the task or pipeline it enqueues (a `Pipeline`, which
+    imports this module through the app): its name, priority and steps, and the checks an
+    enqueue of a tick would make."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def priority(self) -> int: ...
+
+    @property
+    def steps(self) -> Sequence[object]: ...
+
+    def check_start_arguments(self, args: dict[str, Any], what: str = ...) -> None: ...
+
+    def key_of(self, args: dict[str, Any]) -> str | None: ...
+
+
+if TYPE_CHECKING:
+    # A bare `Schedule` is `Schedule[Any]` (see flowq.define.pipeline for the default);
+    # the app's are `Schedule[Pipeline]`.
+    from typing_extensions import TypeVar as TypeVarWithDefault
+
+    D = TypeVarWithDefault("D", bound=Schedulable, default=Any)
+else:
+    D = TypeVar("D", bound=Schedulable)
+
+
 def utc(moment: datetime, what: str = "a time") -> datetime:
     if not isinstance(moment, datetime) or moment.utcoffset() is None:
         raise NaiveDatetimeError(f"{what} must be a timezone-aware datetime, got {moment!r}")
@@ -74,11 +100,11 @@ def utc(moment: datetime, what: str = "a time") -> datetime:
 
 
 @dataclass(frozen=True, eq=False)
-class Schedule:
+class Schedule(Generic[D]):
     """A periodic schedule of a task or pipeline (see the module docstring)."""
 
     name: str
-    definition: Pipeline
+    definition: D
     cron: str | None
     every: timedelta | None
     args: dict[str, Any]
@@ -246,9 +272,9 @@ def _every(every: object, schedule: str) -> timedelta:
     return every
 
 
-def make_schedule(definition: Pipeline, *, cron: str | None, every: timedelta | float | None,
+def make_schedule(definition: D, *, cron: str | None, every: timedelta | float | None,
                   name: str | None, args: Mapping[str, Any] | None, timezone: str,
-                  catch_up: bool) -> Schedule:
+                  catch_up: bool) -> Schedule[D]:
     """Validate a schedule's options (not its arguments: `Schedule.check`)."""
     schedule = validate_name("schedule", definition.name if name is None else name)
     if (cron is None) == (every is None):

@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from flowq.define.pipeline import Pipeline
+    from flowq.define.step import Step
 
-__all__ = ["FINGERPRINT_DIGITS", "Obstacle", "Shape", "Versioned", "fingerprint_of", "misfit",
-           "obstacles", "pick_version", "shape_of", "short"]
+__all__ = ["FINGERPRINT_DIGITS", "Obstacle", "Shape", "Shapeable", "Versioned", "fingerprint_of",
+           "misfit", "obstacles", "pick_version", "shape_of", "short"]
 
 
 class Versioned(Protocol):
@@ -48,6 +48,26 @@ class Versioned(Protocol):
     def fingerprint(self) -> str: ...
 
     def step_named(self, name: str) -> object | None: ...
+
+
+class Shapeable(Protocol):
+    """What a shape is read from: a `Pipeline` (which imports this module to fingerprint
+    itself): its name, version and steps, and, for `Shape.of`, its shape and fingerprint."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def version(self) -> int: ...
+
+    @property
+    def steps(self) -> Sequence[Step[Any, Any]]: ...
+
+    @property
+    def shape(self) -> dict[str, Any]: ...
+
+    @property
+    def fingerprint(self) -> str: ...
 
 
 V = TypeVar("V", bound=Versioned)
@@ -68,7 +88,7 @@ _KINDS: Final = {
 }
 
 
-def shape_of(pipeline: Pipeline) -> dict[str, Any]:
+def shape_of(pipeline: Shapeable) -> dict[str, Any]:
     """The shape of `pipeline` (see the module): a dict of JSON values only."""
     steps = []
     for s in pipeline.steps:
@@ -152,7 +172,7 @@ class Shape:
         self._by_name = {s["name"]: s for s in self.steps}
 
     @classmethod
-    def of(cls, pipeline: Pipeline) -> Shape:
+    def of(cls, pipeline: Shapeable) -> Shape:
         return cls(pipeline.shape, pipeline.fingerprint)
 
     def step_named(self, name: str) -> dict[str, Any] | None:

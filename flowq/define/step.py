@@ -6,6 +6,10 @@ named like an enqueue option (`flowq.define.options.RESERVED_OPTIONS`), and its 
 function's `__name__` unless `name=` is given) must be a valid name. `Step.check_arguments`
 binds arguments against the handler, for enqueue and for the worker alike; `Step.check_input`
 does so with the keyword a waiting step receives its signal's payload under.
+
+`StepContext` is what the definitions know of the context a handler is called with: the
+worker's `flowq.Context` is one, and the definitions never import it (it belongs to the
+durable wing, which imports them).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Final, Generic, ParamSpec, TypeVar
+from typing import Any, Final, Generic, ParamSpec, Protocol, TypeVar
 
 from flowq.define.options import RESERVED_OPTIONS
 from flowq.define.retry import Retry
@@ -23,7 +27,8 @@ from flowq.errors import ConfigurationError, InvalidArgumentsError
 from flowq.names import validate_name, validate_queue
 from flowq.storable import MAX_DELAY
 
-__all__ = ["MAX_REMEMBERED_NAME_SETS", "MAX_STEP_INDEX", "Step", "as_seconds", "make_step"]
+__all__ = ["MAX_REMEMBERED_NAME_SETS", "MAX_STEP_INDEX", "Step", "StepContext", "as_seconds",
+           "make_step"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -34,6 +39,25 @@ MAX_REMEMBERED_NAME_SETS: Final = 256
 # A step's index (its place in definition order, from 0) is stored in `flowq.jobs.step_index`,
 # a smallint: a pipeline has at most MAX_STEP_INDEX + 1 = 32,768 steps.
 MAX_STEP_INDEX: Final = 2**15 - 1
+
+
+class StepContext(Protocol):
+    """The context a handler is called with, as the definitions see it (`flowq.Context` is
+    one): a handler declared to take a `flowq.Context`, or any type a `flowq.Context` is, is
+    accepted by `FlowQ.task` and `FlowQ.pipeline`; one that cannot take it is refused by a
+    type checker."""
+
+    @property
+    def job_id(self) -> int: ...
+
+    @property
+    def run_id(self) -> int: ...
+
+    @property
+    def step(self) -> str: ...
+
+    @property
+    def attempt(self) -> int: ...
 
 
 @dataclass(frozen=True, eq=False)

@@ -32,8 +32,8 @@ from tenacity import stop_after_attempt, wait_fixed
 
 import flowq
 import flowq.db
-from flowq.context import Context
 from flowq.define.pipeline import Task
+from flowq.durable.context import Context
 from flowq.errors import DemoError
 from flowq.local.postgres import LocalPostgres
 from flowq.storable import first_line

@@ -21,7 +21,6 @@ otherwise the steps with the highest index are taken as the leaves.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime
@@ -369,6 +368,6 @@ def read_runs(conn: sa.Connection, where: str | NamesSchema,
 
 def _checkpoints(store: Store, run_id: int) -> tuple[CheckpointInfo, ...]:
     return tuple(CheckpointInfo(step=r.step, map_index=r.map_index, name=r.name,
-                                position=r.position, result=json.loads(r.result),
+                                position=r.position, result=r.result,
                                 created_at=r.created_at)
                  for r in store.run_checkpoints(run_id, CHECKPOINTS_SHOWN))

@@ -282,7 +282,7 @@ def cancel_run(bind: Bind, run_id: int, schema: str = DEFAULT_SCHEMA, *,
     them again. A succeeded run, or a dead one with nothing unfinished below it, raises
     RunStateError.
     """
-    from flowq.children import MAX_DEPTH
+    from flowq.durable.children import MAX_DEPTH
 
     run_id = check_id(run_id)
     with binds.transaction(bind) as conn:

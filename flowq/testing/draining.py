@@ -47,11 +47,11 @@ from typing import TYPE_CHECKING, Any, Final, Union
 import sqlalchemy as sa
 from sqlalchemy import orm
 
-from flowq.context import StepSession
 from flowq.db.rows import ClaimedJob
 from flowq.db.runner import Runner, runner
 from flowq.db.store import Store
 from flowq.define.app import FlowQ
+from flowq.durable.session import StepSession
 from flowq.enqueueing.prepare import Enqueued
 from flowq.names import validate_queue
 from flowq.worker.attempt import Attempt, Call, run_attempt

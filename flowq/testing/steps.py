@@ -6,7 +6,7 @@ The context's `job_id` and `run_id` are synthetic (`SYNTHETIC_ID`, 0: never a re
 commit or rollback; without one, using `ctx.session` raises FlowqError). Its checkpoints are
 kept in memory (each runs once per context; a function taking `session` gets that session),
 and `ctx.sleep` returns at once. Pass a
-`flowq.context.StepSession` to get a worker's refusal of `commit()` in the handler too.
+`flowq.durable.session.StepSession` to get a worker's refusal of `commit()` in the handler too.
 
 `run_step` checks the arguments as a worker would (they must bind to the handler; `Task` and
 `Pipeline` run their first step), awaits an `async def` handler (`asyncio.run`; inside a
@@ -22,12 +22,13 @@ from typing import Any, Final, cast
 
 from sqlalchemy import orm
 
-from flowq.context import Context, StepSession
 from flowq.db.rows import ClaimedJob
 from flowq.define.pipeline import Pipeline
 from flowq.define.step import Step
 from flowq.define.workflows import Each
-from flowq.durable import Ledger
+from flowq.durable.checkpoints import Ledger
+from flowq.durable.context import Context
+from flowq.durable.session import StepSession
 from flowq.jsonargs import JSONError, dumps_checked
 from flowq.worker.attempt import Attempt
 from flowq.worker.graph import InvalidResultError, result_text

@@ -38,13 +38,15 @@ from datetime import timedelta
 from typing import Any, Final
 
 from flowq import tracing
-from flowq.context import Context, StepSession
 from flowq.db.rows import ClaimedJob
 from flowq.db.store.enqueue import builder
 from flowq.define.app import FlowQ
 from flowq.define.retry import Retry
 from flowq.define.step import Step, as_seconds
-from flowq.durable import MAX_SNOOZES, Ledger, Suspend
+from flowq.durable.checkpoints import MAX_SNOOZES, Ledger
+from flowq.durable.context import Context
+from flowq.durable.session import StepSession
+from flowq.durable.sleeps import Suspend
 from flowq.errors import (
     CancelRun,
     InvalidArgumentsError,

@@ -44,7 +44,7 @@ from flowq.worker.model import Cancelled, Failed, Outcome, Retried, Succeeded, S
 from flowq.worker.writes import complete_in_session, end_job, write_outcome, write_successes
 
 if TYPE_CHECKING:
-    from flowq.context import StepSession
+    from flowq.durable.session import StepSession
     from flowq.worker.metrics import OutcomeObserver
 
 __all__ = ["Completer"]

@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flowq import tracing
-from flowq.context import StepSession
 from flowq.db.rows import Claim, ClaimedJob
 from flowq.define.app import FlowQ
+from flowq.durable.session import StepSession
 from flowq.storable import describe, first_line, safe_str
 from flowq.worker.attempt import SUMMARY_CHARS, Attempt, arun_attempt, run_attempt
 from flowq.worker.completer import Completer

@@ -22,7 +22,7 @@ Jobs whose fence (id, lease) no longer matches were taken from us (the reaper re
 each is logged once, and its result will be discarded. The beat also reads which running jobs
 were asked to stop (`flowq runs cancel`) and passes their claims to `on_cancelled`, and
 writes the latest `ctx.progress` of the jobs that reported since the last beat (kept in
-memory by their contexts, `flowq.context.progress_of`) in the same statement, to those rows
+memory by their contexts, `flowq.durable.context.progress_of`) in the same statement, to those rows
 only: a beat with no progress to write writes no job.
 """
 
@@ -30,10 +30,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from flowq.context import progress_of
 from flowq.db.rows import Claim
 from flowq.db.sql import Queries
 from flowq.db.store import Store
+from flowq.durable.context import progress_of
 from flowq.worker.config import DEFAULT_HEARTBEAT_INTERVAL
 from flowq.worker.connection import DedicatedConnection
 from flowq.worker.logs import WARNING, log_event

@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Final
 
 from sqlalchemy.engine import URL
 
-from flowq.context import StepSession
 from flowq.db import describe_url, mask_secrets, normalize_url
 from flowq.db.checks import ensure_schema
 from flowq.db.rows import Claim, ClaimedJob
@@ -44,6 +43,7 @@ from flowq.db.schema import notify_channel, schema_map
 from flowq.db.sql import Queries
 from flowq.db.transient import is_transient
 from flowq.define.app import FlowQ
+from flowq.durable.session import StepSession
 from flowq.errors import ConfigurationError, DatabaseUnavailableError, FlowqError
 from flowq.storable import first_line
 from flowq.worker.claimer import Claimer

@@ -23,10 +23,10 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Literal
 
-from flowq.context import StepSession, commit_step_session
 from flowq.db.rows import ClaimedJob, Completion, Spawned
 from flowq.db.runner import runner
 from flowq.db.store import Store
+from flowq.durable.session import StepSession, commit_step_session
 from flowq.storable import clamp_delay
 from flowq.worker.model import Cancelled, Failed, Retried, Spawn, Succeeded, Suspended
 

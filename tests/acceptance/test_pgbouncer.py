@@ -52,7 +52,7 @@ import os
 import sqlalchemy as sa
 
 import flowq
-from flowq.context import Context
+from flowq.durable.context import Context
 
 app = flowq.FlowQ()
 app.queue("limited", concurrency=3)

@@ -11,7 +11,7 @@ from ledger_app import write_ledger_row
 from tenacity import stop_after_attempt, wait_none
 
 import flowq
-from flowq.context import Context
+from flowq.durable.context import Context
 
 app = flowq.FlowQ()
 

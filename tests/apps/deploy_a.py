@@ -14,7 +14,7 @@ from typing import Any, Final
 import sqlalchemy as sa
 
 import flowq
-from flowq.context import Context
+from flowq.durable.context import Context
 
 RELEASE: Final = "A"
 GATE: Final = 3600.0

@@ -10,7 +10,7 @@ import time
 import sqlalchemy as sa
 
 import flowq
-from flowq.context import Context
+from flowq.durable.context import Context
 
 app = flowq.FlowQ()
 

@@ -18,7 +18,7 @@ from ledger_app import write_ledger_row
 from tenacity import retry_if_exception, stop_after_attempt, wait_fixed
 
 import flowq
-from flowq.context import Context
+from flowq.durable.context import Context
 
 app = flowq.FlowQ()
 

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from tenacity import stop_after_attempt, wait_fixed
 
 import flowq
-from flowq.context import Context
+from flowq.durable.context import Context
 
 app = flowq.FlowQ()
 app_v2 = flowq.FlowQ()

@@ -21,7 +21,7 @@ from pipeline_app import LEDGER_DDL, ledger
 from tenacity import stop_after_attempt, wait_fixed
 
 import flowq
-from flowq.context import Context
+from flowq.durable.context import Context
 
 __all__ = ["LEDGER_DDL", "STEPS", "app", "relay"]
 

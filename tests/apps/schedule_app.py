@@ -9,7 +9,7 @@ from datetime import timedelta
 import sqlalchemy as sa
 
 import flowq
-from flowq.context import Context
+from flowq.durable.context import Context
 
 app = flowq.FlowQ()
 

@@ -41,7 +41,7 @@ import sqlalchemy as sa
 from tenacity import stop_after_attempt, wait_fixed
 
 import flowq
-from flowq.context import Context
+from flowq.durable.context import Context
 
 __all__ = ["FLAKY_ITEM", "LEDGER_DDL", "app", "item_value", "ledger", "mark"]
 

@@ -19,11 +19,11 @@ from tenacity import stop_after_attempt
 
 import flowq
 from flowq.cli import main
-from flowq.context import StepSession
 from flowq.db.runner import runner
 from flowq.db.sql import queries
 from flowq.db.store import Store
-from flowq.durable import MAX_SNOOZES, ClaimLost, Ledger
+from flowq.durable.checkpoints import MAX_SNOOZES, ClaimLost, Ledger
+from flowq.durable.session import StepSession
 from flowq.testing import drain, job_rows, run_step
 from flowq.worker.pruner import Pruner
 

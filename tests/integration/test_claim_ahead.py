@@ -19,8 +19,9 @@ import sqlalchemy as sa
 from support import rows, scalar
 
 import flowq
-from flowq.context import Context, StepSession
 from flowq.db.rows import ClaimedJob
+from flowq.durable.context import Context
+from flowq.durable.session import StepSession
 from flowq.testing import job_rows, running_worker, wait_until
 from flowq.worker import Worker, WorkerConfig
 from flowq.worker.executor import Executor

@@ -8,7 +8,8 @@ import pytest
 import sqlalchemy as sa
 
 import flowq
-from flowq.context import Context, StepSession, commit_step_session
+from flowq.durable.context import Context
+from flowq.durable.session import StepSession, commit_step_session
 
 
 def make_ctx(**over: object) -> Context:

@@ -17,9 +17,9 @@ import sqlalchemy as sa
 from support import APPS_DIR, rows, scalar
 
 import flowq
-from flowq.context import Context
 from flowq.db.sql import queries
 from flowq.define.shape import Shape, fingerprint_of, pick_version
+from flowq.durable.context import Context
 from flowq.testing import drain
 from flowq.worker.registry import Registry
 

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from runs_cli import cli, cli_json
 
 import flowq
-from flowq.context import Context
+from flowq.durable.context import Context
 from flowq.ops.runs import fork, get_run
 from flowq.testing import drain
 

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from tenacity import wait_fixed
 
 import flowq
-from flowq.context import Context
+from flowq.durable.context import Context
 from flowq.testing import run_until_idle
 from flowq.worker.logs import configure_logging, log_event
 

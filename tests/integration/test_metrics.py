@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tenacity import stop_after_attempt, wait_fixed
 
 import flowq
-from flowq.context import Context
+from flowq.durable.context import Context
 from flowq.testing import job_rows, wait_until
 from flowq.worker import Worker, WorkerConfig
 

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from runs_cli import cli, cli_json
 
 import flowq
-from flowq.context import PROGRESS_MESSAGE_CHARS, Context, progress_of
+from flowq.durable.context import PROGRESS_MESSAGE_CHARS, Context, progress_of
 from flowq.ops.runs import get_run
 from flowq.testing import running_worker, wait_until
 from flowq.worker import heartbeat

@@ -24,8 +24,8 @@ import pytest
 import sqlalchemy as sa
 
 import flowq
-from flowq.context import Context
 from flowq.db.schema import run_end_channel
+from flowq.durable.context import Context
 from flowq.ops import results
 from flowq.ops.results import RunEndListener
 from flowq.testing import drain, run_until_idle, wait_until

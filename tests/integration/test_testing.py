@@ -17,8 +17,8 @@ from sqlalchemy import orm
 from tenacity import stop_after_attempt, wait_fixed
 
 import flowq
-from flowq.context import Context
 from flowq.define.retry import DEFAULT_MAX_ATTEMPTS
+from flowq.durable.context import Context
 from flowq.testing import (
     DrainResult,
     aall_enqueued,

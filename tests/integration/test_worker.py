@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from tenacity import stop_after_attempt, wait_fixed
 
 import flowq
-from flowq.context import Context
+from flowq.durable.context import Context
 from flowq.testing import job_rows, run_until_idle, running_worker, wait_until
 from flowq.worker import Worker, WorkerConfig
 

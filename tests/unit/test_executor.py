@@ -15,10 +15,11 @@ import pytest
 from tenacity import retry_if_exception, stop_after_attempt, wait_fixed
 
 import flowq
-from flowq.context import Context, StepSession
 from flowq.db import normalize_url
 from flowq.db.rows import ClaimedJob
 from flowq.db.sql import Queries
+from flowq.durable.context import Context
+from flowq.durable.session import StepSession
 from flowq.testing import wait_until
 from flowq.worker.completer import Completer
 from flowq.worker.connection import DedicatedConnection

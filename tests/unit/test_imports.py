@@ -45,7 +45,7 @@ ALLOWED_UPWARD: frozenset[tuple[str, str]] = frozenset({
 })
 ABOVE_DEFINE = ("flowq.enqueueing", "flowq.db", "flowq.worker", "flowq.ops", "flowq.cli",
                 "flowq.dashboard", "flowq.queries", "flowq.schema", "flowq.direct",
-                "flowq.migrations", "flowq.context", "flowq.tracing", "flowq.metrics",
+                "flowq.migrations", "flowq.durable", "flowq.tracing", "flowq.metrics",
                 "flowq.testing", "flowq.local", "flowq_bench", "sqlalchemy", "psycopg")
 # (importer, module, name) of the `_private` imports across modules still left: none (the
 # test kit's borrowings from the worker gave way to flowq.worker.attempt and .writes).

@@ -1,22 +1,57 @@
-"""The verbs of a step's durable state: checkpoints, child runs, batches, run waiters."""
+"""The verbs of a step's durable state outside its claim: child runs and a run's checkpoints.
+
+- A step's child runs (`flowq.durable.children`): `link_child` records a run the step
+  started (after locking the step's job row, so a cancel in flight is seen), `children_status`
+  reads the status of the children it waits on with the database's clock, and
+  `wait_on_children` points their links at the step that waits, so their end wakes it.
+- Inspection (`flowq.ops.runinfo`, `flowq.ops.runs`): `run_checkpoints` (what a run's steps
+  recorded), `run_family` (its parent and first children), `descendants` (the runs below it).
+
+The checkpoints a claim reads and records are the worker's (`ClaimVerbs.checkpoints`,
+`record_checkpoint`), fenced on the claim.
+"""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from flowq.db.rows import read
+from flowq.db.rows import column, read, read_one
+from flowq.db.runner import Rows
 from flowq.db.schema import Status
 from flowq.db.store.base import Verbs
 
-__all__ = ["DurableVerbs", "FamilyLink", "RunCheckpoint"]
+__all__ = ["ChildLink", "ChildStatus", "DurableVerbs", "FamilyLink", "RunCheckpoint"]
+
+
+@dataclass(frozen=True)
+class ChildLink:
+    """What linking a child did: `cancelled` (its parent's run is being cancelled: nothing
+    linked; None when the parent's job row does not exist, the test kit's synthetic job) and
+    how many links it wrote (0 or 1)."""
+
+    cancelled: bool | None
+    linked: int
+
+
+@dataclass(frozen=True)
+class ChildStatus:
+    """A child of a run: when it was started, its status derived from its rows (None: its
+    rows are gone) and whether they have all finished."""
+
+    run_id: int
+    created_at: datetime
+    status: Status | None
+    finished: bool | None
 
 
 @dataclass(frozen=True)
 class FamilyLink:
-    """A run's parent (`kind` 'parent') or one of its children (`kind` 'child', with its
-    derived status; None when its rows are gone): the step and map instance that started
-    the child, the checkpoint that did, when."""
+    """A run's parent (`kind` 'parent': the step and map instance that started the run) or
+    one of its children (`kind` 'child', with its derived status; None: its rows are gone)."""
 
     kind: str
     run_id: int
@@ -29,7 +64,75 @@ class FamilyLink:
 
 @dataclass(frozen=True)
 class RunCheckpoint:
-    """A recorded checkpoint of a run's step, its result as JSON text."""
+    """One checkpoint a run's step recorded: its position in the attempt that recorded it,
+    and its stored result (decoded JSON)."""
+
+    step: str
+    map_index: int | None
+    name: str
+    position: int
+    result: Any
+    created_at: datetime
+
+
+class DurableVerbs(Verbs):
+    """Child runs and a run's checkpoints (see the module)."""
+
+    # -- child runs (flowq.durable.children) --------------------------------------------------
+
+    def link_child(self, job_id: int, child_run_id: int, run_id: int, step: str,
+                   map_index: int | None, name: str) -> ChildLink:
+        """Record run `child_run_id` as a child of (`run_id`, `step`, `map_index`), started
+        by job `job_id`'s checkpoint `name`, unless that run is being cancelled (see
+        `ChildLink`); the job's row stays locked until the transaction ends."""
+        link = read_one(ChildLink, self.run(self.q.insert_child, {
+            "job_id": job_id, "child_run_id": child_run_id, "run_id": run_id, "step": step,
+            "map_index": map_index, "name": name}))
+        if link is None:  # the statement always returns its one row
+            raise LookupError("linking a child run returned no row")
+        return link
+
+    def children_status(self, run_id: int, run_ids: Sequence[int]
+                        ) -> tuple[datetime, list[ChildStatus]]:
+        """The database's clock, and the status of those of `run_ids` that are children of
+        run `run_id` (the others are left out)."""
+        rows = self.run(self.q.select_children_status, {"run_id": run_id,
+                                                        "run_ids": list(run_ids)})
+        now: datetime = column(rows, "now")[0]
+        run_id_at = rows.columns.index("run_id")
+        found = Rows(rows.columns, [r for r in rows if r[run_id_at] is not None])
+        return now, read(ChildStatus, found)
+
+    def wait_on_children(self, job_id: int, run_id: int, run_ids: Sequence[int]) -> None:
+        """Make job `job_id` the waiter of those of `run_ids` that are children of run
+        `run_id` started by another of its jobs, so that their end wakes it."""
+        self.run(self.q.set_children_waiter, {"job_id": job_id, "run_id": run_id,
+                                              "run_ids": list(run_ids)})
+
+    # -- inspection ----------------------------------------------------------------------------
+
+    def run_checkpoints(self, run_id: int, limit: int) -> list[RunCheckpoint]:
+        """The first `limit` checkpoints of run `run_id`, by step, map instance and position."""
+        rows = self.run(self.q.select_run_checkpoints, {"run_id": run_id, "limit": limit})
+        return [RunCheckpoint(step=c.step, map_index=c.map_index, name=c.name,
+                              position=c.position, result=json.loads(c.result),
+                              created_at=c.created_at) for c in read(_StoredResult, rows)]
+
+    def run_family(self, run_id: int, limit: int) -> list[FamilyLink]:
+        """Run `run_id`'s parent, if it has one, and its first `limit` children (by run id)."""
+        return read(FamilyLink, self.run(self.q.select_run_family,
+                                         {"run_id": run_id, "limit": limit}))
+
+    def descendants(self, run_id: int, max_depth: int) -> list[int]:
+        """The runs below run `run_id` (its children, theirs, ...) down to `max_depth`
+        levels, in run id order."""
+        rows = self.run(self.q.select_descendants, {"run_id": run_id, "max_depth": max_depth})
+        return [int(i) for i in column(rows, "run_id")]
+
+
+@dataclass(frozen=True)
+class _StoredResult:
+    """A row of `select_run_checkpoints`, its result still JSON text."""
 
     step: str
     map_index: int | None
@@ -37,21 +140,3 @@ class RunCheckpoint:
     position: int
     result: str
     created_at: datetime
-
-
-class DurableVerbs(Verbs):
-    """Checkpoints, children, batches and waiters."""
-
-    # -- a run's family and checkpoints as `flowq.ops.runinfo` shows them (appended by the
-    # runs slice) --------------------------------------------------------------------------
-
-    def run_family(self, run_id: int, limit: int) -> list[FamilyLink]:
-        """Run `run_id`'s parent (`kind` 'parent') and its first `limit` children (`kind`
-        'child', with their derived status)."""
-        return read(FamilyLink, self.run(self.q.select_run_family,
-                                      {"run_id": run_id, "limit": limit}))
-
-    def run_checkpoints(self, run_id: int, limit: int) -> list[RunCheckpoint]:
-        """Run `run_id`'s first `limit` checkpoints, by step, map instance and position."""
-        return read(RunCheckpoint, self.run(self.q.select_run_checkpoints,
-                                            {"run_id": run_id, "limit": limit}))

@@ -144,11 +144,6 @@ class RunVerbs(Verbs):
         """For each of `run_ids` with a dead step, its first one and why it died."""
         return read(DeadError, self.run(self.q.select_dead_errors, {"run_ids": list(run_ids)}))
 
-    def descendants(self, run_id: int, max_depth: int) -> list[int]:
-        """Every run below run `run_id` through `flowq.children`, down to `max_depth` levels."""
-        rows = self.run(self.q.select_descendants, {"run_id": run_id, "max_depth": max_depth})
-        return [int(row[0]) for row in rows]
-
     # -- control -----------------------------------------------------------------------------
 
     def lock_run(self, run_id: int) -> set[int]:

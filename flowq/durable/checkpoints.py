@@ -1,7 +1,8 @@
-"""Durable execution inside a step: checkpoints, durable sleeps and the snooze count.
+"""Checkpoints inside a step: the attempt's `Ledger` and the snooze count.
 
 A `Ledger` is one attempt's view of what its step recorded in `flowq.checkpoints` (read once,
-on first use): `ctx.checkpoint`, `ctx.sleep` and `ctx.sleep_until` are its methods, and the
+on first use): `ctx.checkpoint` is its `checkpoint`, the durable sleeps
+(`flowq.durable.sleeps`) and child runs (`flowq.durable.children`) record through it, and the
 attempt asks it how often the step snoozed (`Snooze`).
 
 - `checkpoint(name, fn, args, kwargs)`: a recorded name returns its stored result without
@@ -10,10 +11,6 @@ attempt asks it how often the step snoozed (`Snooze`).
   a session of its own. A `fn` taking a keyword `session` gets that session: its writes
   commit with the record, or neither does (a worker that lost its claim commits neither). The
   value returned is the stored JSON read back, so a first run and a replay see the same.
-- `sleep(seconds)` / `sleep_until(when)`: a sleep is a checkpoint of its own (`flowq.sleep.N`,
-  the deadline): the first time, the deadline is recorded and `Suspend` ends the handler's
-  call (the job goes back to pending until then, its attempt given back, no slot held); when
-  the handler runs again and the deadline has passed (the database's clock), it returns.
 - `snoozes()`: how many times the step snoozed (`flowq.snoozes`, written with each snooze).
 
 Names are the user's (hostile): text of 1-`MAX_NAME_CHARS` characters without NUL or lone
@@ -35,34 +32,23 @@ import json
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
-from typing import Any, Final, NoReturn
+from typing import Any, Final
 
-from flowq.context import StepSession, commit_step_session
 from flowq.db.rows import Claim, StoredCheckpoint
 from flowq.db.runner import runner
 from flowq.db.store import Store
-from flowq.define.step import as_seconds
-from flowq.errors import CheckpointError, ConfigurationError, FlowqError
+from flowq.durable.session import StepSession, commit_step_session
+from flowq.errors import CheckpointError, FlowqError
 from flowq.jsonargs import JSONError, dumps_checked
 from flowq.names import DEFAULT_SCHEMA
 
 __all__ = ["MAX_NAME_CHARS", "MAX_SNOOZES", "RESERVED_PREFIX", "ClaimLost", "Ledger",
-           "Suspend"]
+           "check_name"]
 
 MAX_SNOOZES: Final = 1000
 MAX_NAME_CHARS: Final = 200
 RESERVED_PREFIX: Final = "flowq."
 SNOOZES: Final = "flowq.snoozes"
-
-
-class Suspend(BaseException):
-    """Control flow of a durable sleep: the handler's call ends here, and the job is due
-    again at `until` (None: now). Not an error; a handler must not swallow it."""
-
-    def __init__(self, until: datetime | None, reason: str) -> None:
-        super().__init__(reason)
-        self.until = until
-        self.reason = reason
 
 
 class ClaimLost(BaseException):
@@ -140,9 +126,24 @@ class Ledger:
             self._loaded = time.monotonic()
         return self._stored
 
+    def stored(self, name: str) -> str | None:
+        """The stored result (JSON text) of checkpoint `name`, or None if it is not recorded."""
+        return self._load().get(name)
+
+    def now(self) -> datetime:
+        """The database's clock, as read with the checkpoints (read here if they were not
+        yet), advanced by this machine's monotonic clock since (the worker's wall clock is
+        never used)."""
+        self._load()
+        return self._now()
+
+    def next_sleep(self) -> str:
+        """The name of this attempt's next durable sleep (`flowq.sleep.N`, counted from 0)."""
+        name = f"{RESERVED_PREFIX}sleep.{self._sleeps}"
+        self._sleeps += 1
+        return name
+
     def _now(self) -> datetime:
-        """The database's clock, as read with the checkpoints, advanced by this machine's
-        monotonic clock since (the worker's wall clock is never used)."""
         if self._db_now is None:
             return datetime.now(timezone.utc)
         return self._db_now + timedelta(seconds=time.monotonic() - self._loaded)
@@ -153,7 +154,7 @@ class Ledger:
         value = json.loads(text) if text is not None else 0
         return value if isinstance(value, int) else 0
 
-    def _position(self, name: str) -> int:
+    def position(self, name: str) -> int:
         """The next position of this attempt's sequence, taken by `name` (once)."""
         position = len(self._used)
         if name in self._used:
@@ -173,7 +174,7 @@ class Ledger:
         if not callable(fn):
             raise CheckpointError(f"checkpoint {name!r} needs a function, got "
                                   f"{type(fn).__name__}")
-        position = self._position(name)
+        position = self.position(name)
         stored = self._load().get(name)
         if stored is not None:
             return json.loads(stored)
@@ -184,10 +185,10 @@ class Ledger:
         if self.claim is None:
             return self._in_memory(name, fn, args, kwargs, takes_session)
         if takes_session:
-            return self._recorded(name, position, lambda session: fn(
-                *args, session=session, **kwargs))
+            return json.loads(self.record(name, position, lambda session: fn(
+                *args, session=session, **kwargs)))
         result = fn(*args, **kwargs)  # no transaction is open while `fn` runs
-        return self._recorded(name, position, lambda session: result)
+        return json.loads(self.record(name, position, lambda session: result))
 
     def lookup(self, name: object, fn: Callable[..., Any]) -> tuple[bool, Any]:
         """Whether checkpoint `name` is recorded, and its stored result: the first half of a
@@ -201,22 +202,8 @@ class Ledger:
         stored = self._load().get(name)
         if stored is None:
             return False, None
-        self._position(name)
+        self.position(name)
         return True, json.loads(stored)
-
-    @staticmethod
-    def commit(session: StepSession) -> None:
-        """Commit a session of this ledger's factory (a StepSession refuses `commit()`) that
-        holds flowq's own writes, for modules that may not import flowq.context
-        (`flowq.children`, which it imports)."""
-        commit_step_session(session)
-
-    @staticmethod
-    def suspend(until: datetime | None, reason: str) -> NoReturn:
-        """End the handler's call: the job is due again at `until` (None: now) without
-        spending an attempt (`Suspend`; for modules that may not import this one, such as
-        `flowq.children`, which `flowq.context` imports)."""
-        raise Suspend(until, reason)
 
     def own_checkpoint(self, name: str, make: Callable[[StepSession | None], Any]) -> Any:
         """A checkpoint of flowq's own (`name` under `RESERVED_PREFIX`, e.g. a child run's
@@ -226,7 +213,7 @@ class Ledger:
         None without one."""
         if not name.startswith(RESERVED_PREFIX):
             raise ValueError(f"{name!r} is not a name of flowq's own")
-        position = self._position(name)
+        position = self.position(name)
         stored = self._load().get(name)
         if stored is not None:
             return json.loads(stored)
@@ -235,19 +222,22 @@ class Ledger:
             text = self._checked(name, make(session))
             self._load()[name] = text
             return json.loads(text)
-        return self._recorded(name, position, make)
+        return json.loads(self.record(name, position, make))
 
-    def _recorded(self, name: str, position: int, make: Callable[[StepSession], Any]) -> Any:
-        """Record `make(session)`'s result as checkpoint `name` in one transaction of a new
-        session, fenced on the claim: the session's writes and the record commit together,
-        or neither does (`ClaimLost` when the claim is no longer ours)."""
+    def record(self, name: str, position: int,
+               make: Callable[[StepSession], Any] | None = None, *,
+               sleep: float | None = None, until: datetime | None = None) -> str:
+        """Record checkpoint `name` at `position` in one transaction of a new session, fenced
+        on the claim: `make(session)`'s result, the session's writes committing with the
+        record, or neither (`ClaimLost` when the claim is no longer ours); without `make`, a
+        durable sleep's deadline (`sleep` seconds from now, or `until`). The stored JSON."""
         assert self.session_factory is not None and self.claim is not None
         with self.session_factory() as session:
             try:
-                text = self._checked(name, make(session))
+                text = None if make is None else self._checked(name, make(session))
                 recorded = Store(runner(session), self.schema).record_checkpoint(
                     self.claim, self.run_id, self.step, self.map_index, name, position,
-                    result=text)
+                    result=text, sleep=sleep, until=until)
                 if recorded is None:
                     raise ClaimLost(name)
                 commit_step_session(session)
@@ -255,7 +245,7 @@ class Ledger:
                 session.rollback()
                 raise
         self._load()[name] = recorded
-        return json.loads(recorded)
+        return recorded
 
     def _in_memory(self, name: str, fn: Callable[..., Any], args: tuple[Any, ...],
                    kwargs: dict[str, Any], takes_session: bool) -> Any:
@@ -278,70 +268,3 @@ class Ledger:
         except JSONError as exc:
             raise CheckpointError(f"checkpoint {name!r} returned a value flowq cannot store "
                                   f"(not retried: it would return the same): {exc}") from None
-
-    # -- durable sleeps ---------------------------------------------------------------------
-
-    def sleep(self, seconds: object) -> None:
-        """Sleep durably for `seconds` (a number or a timedelta; see the module)."""
-        delay = _delay("ctx.sleep(seconds)", seconds)
-        self._sleep(None, delay)
-
-    def sleep_until(self, when: object) -> None:
-        """Sleep durably until `when`, an aware datetime (one in the past returns at once)."""
-        if not isinstance(when, datetime):
-            raise ConfigurationError(f"ctx.sleep_until(when) takes an aware datetime, got "
-                                     f"{type(when).__name__}")
-        if when.tzinfo is None or when.utcoffset() is None:
-            raise ConfigurationError("ctx.sleep_until(when) takes an aware datetime (a naive "
-                                     "one names no instant): add tzinfo=timezone.utc")
-        self._load()  # the database's clock decides whether `when` has passed
-        try:
-            left = (when - self._now()).total_seconds()
-        except OverflowError:
-            left = float("inf")
-        if left <= 0:
-            self._sleep(None, 0.0)
-        else:
-            _delay("ctx.sleep_until(when)", timedelta(seconds=min(left, 1e12)))
-            self._sleep(when.astimezone(timezone.utc), left)
-
-    def _sleep(self, until: datetime | None, delay: float) -> None:
-        name = f"{RESERVED_PREFIX}sleep.{self._sleeps}"
-        self._sleeps += 1
-        position = self._position(name)
-        stored = self._load().get(name)
-        if stored is not None:
-            deadline = _deadline(stored)
-            if deadline <= self._now():
-                return
-            raise Suspend(deadline, f"ctx.sleep until {deadline.isoformat()} (resumed early)")
-        if delay <= 0 or self.claim is None:
-            return  # nothing to wait for; in memory (run_step) a sleep returns at once
-        assert self.session_factory is not None
-        if self.skip_sleeps:
-            until, delay = None, 0.0
-        with self.session_factory() as session:
-            try:
-                recorded = Store(runner(session), self.schema).record_checkpoint(
-                    self.claim, self.run_id, self.step, self.map_index, name, position,
-                    sleep=delay, until=until)
-                if recorded is None:
-                    raise ClaimLost(name)
-                commit_step_session(session)
-            except BaseException:
-                session.rollback()
-                raise
-        self._load()[name] = recorded
-        deadline = _deadline(recorded)
-        raise Suspend(deadline, f"ctx.sleep until {deadline.isoformat()}")
-
-
-def _delay(what: str, value: object) -> float:
-    """`value` as seconds by the rule every delay flowq takes (`as_seconds`)."""
-    return as_seconds(what, value, minimum=0.0)
-
-
-def _deadline(stored: str) -> datetime:
-    value = json.loads(stored)
-    return datetime.fromisoformat(value["until"]).astimezone(timezone.utc)
-

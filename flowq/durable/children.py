@@ -3,7 +3,7 @@
 - `start(task, args)` (`ctx.start_child(task_or_pipeline, **args)`): enqueues a run through
   the one enqueue path (`flowq.enqueueing.sync.enqueue`: its arguments and options checked
   like any enqueue's) in the session of a checkpoint of flowq's own, `flowq.child.N` (the
-  N-th child of the attempt), which also links it to its parent (`flowq.children`: the run,
+  N-th child of the attempt), which also links it to its parent (table `flowq.children`: the run,
   step and map instance). The child, its link and the record commit in one transaction,
   fenced on the claim: a retry (or a replay after a wait) gets the same run id back and
   never starts it twice, and a worker that lost its claim starts nothing. The handle is the
@@ -13,7 +13,7 @@
   succeeded: their results, in the order asked (a run's result as `flowq.runs.get_run`
   gives it). One dead or cancelled: `flowq.ChildFailed` naming the first such (in the
   order asked), its failed step and error, for the parent's retry policy. Otherwise the
-  step suspends (`flowq.durable.Ledger.suspend`: back to pending, no slot held, its
+  step suspends (`flowq.durable.sleeps.Suspend`: back to pending, no slot held, its
   attempt given back) and runs again after a re-check delay, its checkpoints replaying.
 
 Two ways a waiting parent learns that its children finished. The write that ends a child's
@@ -44,8 +44,10 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final
 
-from flowq.db.sql import queries
-from flowq.define.pipeline import Pipeline
+from flowq.db.store import Store
+from flowq.durable.checkpoints import Ledger
+from flowq.durable.session import commit_step_session
+from flowq.durable.sleeps import Suspend
 from flowq.enqueueing.sync import enqueue
 from flowq.errors import (
     CancelRun,
@@ -58,8 +60,8 @@ from flowq.errors import (
 from flowq.names import check_id
 from flowq.ops.runinfo import read_run, read_runs
 
-if TYPE_CHECKING:  # flowq.durable imports flowq.context, which imports this module
-    from flowq.durable import Ledger
+if TYPE_CHECKING:
+    from flowq.define.pipeline import Pipeline
 
 __all__ = ["CHILD_PREFIX", "MAX_DEPTH", "MAX_RECHECK", "MAX_WAIT", "MIN_RECHECK", "Children"]
 
@@ -67,7 +69,7 @@ MIN_RECHECK: Final = 0.5
 MAX_RECHECK: Final = 5.0
 MAX_WAIT: Final = 10_000
 MAX_DEPTH: Final = 100
-CHILD_PREFIX: Final = "flowq.child."  # under flowq.durable.RESERVED_PREFIX
+CHILD_PREFIX: Final = "flowq.child."  # under flowq.durable.checkpoints.RESERVED_PREFIX
 # Options `enqueue` takes that a child cannot (see the module).
 REFUSED_OPTIONS: Final = ("schema", "idempotency_key", "unique", "unique_key")
 
@@ -107,9 +109,8 @@ class Children:
                 raise FlowqError("ctx.start_child needs a database: this context has none "
                                  "(pass session= to make_context or run_step)")
             child = enqueue(session, task, schema=ledger.schema, **args)
-            linked = session.execute(queries(ledger.schema).insert_child, {
-                "job_id": self.job_id, "child_run_id": child.id, "run_id": ledger.run_id,
-                "step": ledger.step, "map_index": ledger.map_index, "name": name}).one()
+            linked = Store.of(session, ledger.schema).link_child(
+                self.job_id, child.id, ledger.run_id, ledger.step, ledger.map_index, name)
             if linked.cancelled:
                 raise CancelRun("the run was cancelled: its child was not started")
             return int(child.id)
@@ -131,12 +132,10 @@ class Children:
         ledger = self.ledger
         if ledger.session_factory is None:
             raise FlowqError("ctx.wait needs a database: this context has none")
-        q = queries(ledger.schema)
         with ledger.session_factory() as session:
-            rows = session.execute(q.select_children_status,
-                                   {"run_id": ledger.run_id, "run_ids": distinct}).all()
-            now = rows[0].now
-            found = {r.run_id: r for r in rows if r.run_id is not None}
+            store = Store.of(session, ledger.schema)
+            now, rows = store.children_status(ledger.run_id, distinct)
+            found = {r.run_id: r for r in rows}
             strangers = [i for i in distinct if i not in found]
             if strangers:
                 raise WorkflowError(
@@ -148,21 +147,19 @@ class Children:
                 if status is None:
                     raise ChildFailed(i, "gone", None, "its rows no longer exist (pruned)")
                 if status in ("dead", "cancelled"):
-                    child = read_run(session.connection(), q, i)
+                    child = read_run(session.connection(), store.q, i)
                     failed = next((s for s in child.steps if s.status == status),
                                   child.current_step)
                     raise ChildFailed(i, status, failed.step, failed.last_error)
             if all(found[i].status == "succeeded" and found[i].finished for i in ids):
-                runs = read_runs(session.connection(), q, distinct)
+                runs = read_runs(session.connection(), store.q, distinct)
                 return [runs[i].result for i in ids]
             unfinished = sum(1 for i in distinct if not found[i].finished)
             newest = max(found[i].created_at for i in distinct)
             if ledger.claim is not None:  # a later step waiting: its children now wake it
-                session.execute(q.set_children_waiter, {"job_id": self.job_id,
-                                                    "run_id": ledger.run_id,
-                                                    "run_ids": distinct})
-                ledger.commit(session)
+                store.wait_on_children(self.job_id, ledger.run_id, distinct)
+                commit_step_session(session)
         waited = (now - newest).total_seconds()
         delay = 0.0 if ledger.skip_sleeps else min(MAX_RECHECK, max(MIN_RECHECK, waited))
-        ledger.suspend(now + timedelta(seconds=delay),
+        raise Suspend(now + timedelta(seconds=delay),
                       f"ctx.wait: {unfinished} of {len(distinct)} child runs unfinished")

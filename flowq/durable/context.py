@@ -1,11 +1,13 @@
 """What a handler receives as `ctx`: who it is (job, run, step, attempt) and `ctx.session`.
 
-`ctx.session` is a SQLAlchemy Session opened lazily on first use. Its writes commit in the
-same transaction that records the step's success, so they happen exactly once per run even
-when a step is re-run after a crash: a worker that lost its claim rolls them back. flowq owns
-that commit (`commit_step_session`, called by the worker and the test kit); a handler calling
-`commit()` gets an error. A handler that never touches `ctx.session` holds no transaction
-while it runs.
+`ctx.session` is a SQLAlchemy Session (`flowq.durable.session.StepSession`) opened lazily on
+first use. Its writes commit in the same transaction that records the step's success, so
+they happen exactly once per run even when a step is re-run after a crash: a worker that
+lost its claim rolls them back. A handler that never touches `ctx.session` holds no
+transaction while it runs. The rest of the durable wing is reached through the context:
+checkpoints (`flowq.durable.checkpoints`), sleeps (`flowq.durable.sleeps`) and child runs
+(`flowq.durable.children`); and `ctx.progress` reports, which the heartbeat takes
+(`progress_of`).
 """
 
 from __future__ import annotations
@@ -20,19 +22,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Final
 
-from sqlalchemy import Connection, event
-
 from flowq import tracing
-from flowq.enqueueing.sync import Session
+from flowq.durable import sleeps
+from flowq.durable.children import Children
 from flowq.errors import CancelRun, FlowqError, InvalidArgumentsError
 
 if TYPE_CHECKING:
-    from flowq.children import Children
     from flowq.define.pipeline import Pipeline
-    from flowq.durable import Ledger
+    from flowq.durable.checkpoints import Ledger
+    from flowq.durable.session import StepSession
 
-__all__ = ["PROGRESS_MESSAGE_CHARS", "Context", "StepSession", "commit_step_session",
-           "progress_of"]
+__all__ = ["PROGRESS_MESSAGE_CHARS", "Context", "progress_of"]
 
 # `ctx.progress`: the longest message kept (longer ones are cut).
 PROGRESS_MESSAGE_CHARS: Final = 500
@@ -68,33 +68,6 @@ def _progress_message(message: object) -> str:
         raise InvalidArgumentsError("ctx.progress: message has a lone surrogate, which is "
                                     "not text JSON can store") from None
     return message
-
-
-class StepSession(Session):
-    """The Session behind `ctx.session`: flowq commits it together with the step's completion."""
-
-    _flowq_may_commit = False
-    # The server process of its open transaction (set when it begins): an attempt abandoned
-    # at its timeout has its transaction ended through it, releasing its row locks at once.
-    backend_pid: int | None = None
-
-    def commit(self) -> None:
-        if not self._flowq_may_commit:
-            raise FlowqError(
-                "ctx.session is committed by flowq together with the step's completion: "
-                "do not call commit() in a handler (use flush() to get generated ids)."
-            )
-        super().commit()
-
-
-def commit_step_session(session: StepSession) -> None:
-    """Commit a handler's `ctx.session`, which refuses `commit()` from the handler itself: what
-    the completion of a step does once its success is written in that session's transaction."""
-    session._flowq_may_commit = True
-    try:
-        session.commit()
-    finally:
-        session._flowq_may_commit = False
 
 
 @dataclass(init=False)
@@ -200,12 +173,13 @@ class Context:
         worker commits with the step's success, or rolls back."""
         return self._session
 
-    # -- durable execution (flowq.durable) ---------------------------------------------------
+    # -- durable execution (flowq.durable.checkpoints, .sleeps) -------------------------------
 
     @property
     def ledger(self) -> Ledger:
-        """This attempt's checkpoints (`flowq.durable.Ledger`): the worker's reads and records
-        them fenced on the claim; the test kit's (`make_context`) keeps them in memory."""
+        """This attempt's checkpoints (`flowq.durable.checkpoints.Ledger`): the worker's
+        reads and records them fenced on the claim; the test kit's (`make_context`) keeps
+        them in memory."""
         if self._ledger is None:
             raise FlowqError("this context has no checkpoint ledger (not run by a worker: "
                              "build it with flowq.testing.make_context)")
@@ -241,12 +215,12 @@ class Context:
         """`sleep` for an `async def` handler: its record is written in a thread, so the event
         loop is not blocked; the handler's call ends here the same way."""
         async with self._durable_turn():
-            await asyncio.to_thread(self.ledger.sleep, seconds)
+            await asyncio.to_thread(sleeps.sleep, self.ledger, seconds)
 
     async def asleep_until(self, when: datetime) -> None:
         """`sleep_until` for an `async def` handler (see `asleep`)."""
         async with self._durable_turn():
-            await asyncio.to_thread(self.ledger.sleep_until, when)
+            await asyncio.to_thread(sleeps.sleep_until, self.ledger, when)
 
     def _durable_turn(self) -> asyncio.Lock:
         # The ledger numbers an attempt's checkpoints and sleeps in call order: concurrent
@@ -260,11 +234,11 @@ class Context:
         again after `seconds` without spending an attempt; the handler then runs again, its
         checkpoints replay, and this call returns. Up to its sleeps a handler must be
         deterministic (see docs/durable.md)."""
-        self.ledger.sleep(seconds)
+        sleeps.sleep(self.ledger, seconds)
 
     def sleep_until(self, when: datetime) -> None:
         """`sleep` until `when`, an aware datetime (one in the past returns at once)."""
-        self.ledger.sleep_until(when)
+        sleeps.sleep_until(self.ledger, when)
     # -- progress (revision 0012): kept here, written by the worker's heartbeat ----------------
 
     def progress(self, done: float, total: float | None = None,
@@ -313,14 +287,13 @@ class Context:
     _progress_reports: int = field(default=0, repr=False, compare=False)
     _progress_taken: int = field(default=0, repr=False, compare=False)
 
-    # -- child runs (flowq.children) ----------------------------------------------------------
+    # -- child runs (flowq.durable.children) --------------------------------------------------
 
     @property
     def children(self) -> Children:
-        """This attempt's child runs (`flowq.children.Children`), recorded by its ledger."""
+        """This attempt's child runs (`flowq.durable.children.Children`), recorded by its
+        ledger."""
         if self._children is None:
-            from flowq.children import Children  # it imports flowq.durable, which imports us
-
             self._children = Children(self.ledger, self.job_id)
         return self._children
 
@@ -330,7 +303,7 @@ class Context:
         retry or a replay gets the same child back. Returns its handle, the child's run id
         (an int, JSON: a step may return it for a later step to wait on). Arguments and
         options are checked like any enqueue's; `idempotency_key`, `unique`, `unique_key` and
-        `schema` are refused (see flowq.children)."""
+        `schema` are refused (see flowq.durable.children)."""
         return self.children.start(task, args)
 
     def wait(self, child: int) -> Any:
@@ -347,16 +320,3 @@ class Context:
 
     def __getstate__(self) -> dict[str, Any]:  # pragma: no cover - contexts are not pickled
         raise TypeError("a flowq Context cannot be pickled")
-
-
-@event.listens_for(StepSession, "after_begin")
-def _remember_backend(session: StepSession, transaction: Any, connection: Connection) -> None:
-    info = getattr(connection.connection.dbapi_connection, "info", None)
-    pid = getattr(info, "backend_pid", None)
-    session.backend_pid = pid if isinstance(pid, int) else None
-
-
-@event.listens_for(StepSession, "after_transaction_end")
-def _forget_backend(session: StepSession, transaction: Any) -> None:
-    if transaction.parent is None:  # the outermost transaction: its connection goes back
-        session.backend_pid = None

@@ -8,7 +8,7 @@ The worker's wake-ups (`flowq.worker.listener`) and `wait_run` / `await_run`'s r
 
 - Subscriptions are counted per channel: the first one of a channel sends its LISTEN, the
   last one to leave its UNLISTEN; when none is left the connection is closed and the thread
-  ends (a later subscription opens them again).
+  ends (a later subscription opens a new listener).
 - Reconnect: after the connection is lost or a connect fails, the thread waits `backoff`
   seconds (from `BACKOFF[0]` doubling to `BACKOFF[1]`, reset once connected) and connects
   again, for as long as a subscription is left. A subscription's `stale()` returning True
@@ -97,15 +97,12 @@ class SharedListener:
 
     @classmethod
     def of(cls, conninfo: str, connect: Connect) -> SharedListener:
-        """The process's listener for `conninfo`, created on first use; a listener nobody
-        subscribes to takes `connect` for its next connection."""
+        """The process's listener for `conninfo`, created (with `connect`) on first use, and
+        again once its last subscriber left."""
         with cls._shared_lock:
             found = cls._shared.get(conninfo)
             if found is None or found._pid != os.getpid():
                 found = cls._shared[conninfo] = SharedListener(connect)
-            with found._cond:
-                if not found._channels:
-                    found.connect = connect
             return found
 
     @property
@@ -178,8 +175,18 @@ class SharedListener:
                 self._state, self._conn = "down", None
                 self._listening.clear()
                 self._cond.notify_all()
+        self._forget()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=10 * SLICE)
+
+    def _forget(self) -> None:
+        """Leave the registry once nobody subscribes: `connect` may hold its creator (a
+        worker, and its app) alive, which a later listener of the database must not."""
+        with SharedListener._shared_lock, self._cond:
+            if not self._channels:
+                for conninfo, found in list(SharedListener._shared.items()):
+                    if found is self:
+                        del SharedListener._shared[conninfo]
 
     def _everyone(self) -> list[Subscription]:
         with self._cond:

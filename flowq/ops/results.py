@@ -11,10 +11,10 @@ status is (`flowq.ops.runinfo`), never from the notification, which is a hint.
 The waiters of a process share one LISTEN connection per database (`flowq.ops.waiters`: the
 process's `flowq.db.listener.SharedListener`, which a worker of the process shares too); sync
 waiters wait on a `threading.Event`, async ones on an `asyncio.Event` set from its thread.
-The poll stays as
-the fallback: `RECHECK` seconds after a waiter registers (a completion whose statement
-began before the registration committed announces nothing), then every `FALLBACK_POLL`
-seconds while the listener is up (a notification lost to a reconnect costs that much), and from `POLL[0]` backing off to `POLL[1]` while it is down
+The poll stays as the fallback: `RECHECK` seconds after a waiter registers (a completion
+whose statement began before the registration committed announces nothing), then every
+`FALLBACK_POLL` seconds while the listener is up (a notification lost to a reconnect costs
+that much), and from `POLL[0]` backing off to `POLL[1]` while it is down
 (LISTEN refused, or behind PgBouncer in transaction mode, where a LISTEN is accepted but
 never hears anything: pass `listen=False` there to spare the connection). Options:
 

@@ -8,6 +8,10 @@ lost; the claimer's poll is the safety net in any case. Off with `listen=False` 
 PgBouncer in transaction mode cannot hold a LISTEN: with `pgbouncer=True` the worker polls,
 or listens on `listen_url` (`--listen-url`), a direct connection to PostgreSQL, since a
 NOTIFY committed through the pooler reaches every session that LISTENs on the server.
+
+The connection is the process's one to that database (`flowq.db.listener.SharedListener`,
+which `wait_run` shares): this module is the worker's subscription to it, the queues it
+cares about, and what a (re)connect or a loss means for the worker (its `Outage`).
 """
 
 from __future__ import annotations
@@ -15,18 +19,16 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Collection
-from typing import Final
+from typing import Any, Final
 
 import psycopg
 
+from flowq.db.listener import SharedListener, Subscription
 from flowq.worker.connection import Outage
 
 __all__ = ["Listener"]
 
-RECONNECT_MAX: Final = 5.0
-# How long one wait for notifications blocks: also how long `stop()` can take, so keep it
-# short (an idle wake-up costs nothing; a 1 s wait made every worker shutdown take 1 s).
-WAIT_SLICE: Final = 0.2
+CONNECT_TIMEOUT: Final = 10
 
 
 class Listener:
@@ -43,18 +45,42 @@ class Listener:
         self.wake = wake
         self.wake_in = wake_in
         self.application_name = application_name
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self.connected = threading.Event()
+        self._read_only = self.outage.read_only
+        self._subscription = Subscription(channel, self._notified, self._connected,
+                                          self._lost, self._stale)
+        self._shared: SharedListener | None = None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="flowq-listener", daemon=True)
-        self._thread.start()
+        """Subscribe to the process's listener (which connects in its own thread)."""
+        self._shared = SharedListener.of(self.conninfo, self._connect)
+        self._shared.subscribe(self._subscription, wait=False)
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2.0)
+        shared, self._shared = self._shared, None
+        if shared is not None:
+            shared.unsubscribe(self._subscription)
+        self.connected.clear()
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        return psycopg.connect(self.conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT,
+                               application_name=self.application_name)
+
+    def _connected(self) -> None:
+        # A LISTEN never writes, so it cannot see its server turn read-only: when another
+        # part met a read-only server, it reconnects too (`_stale`).
+        self._read_only = self.outage.read_only
+        self.connected.set()
+        self.outage.ok()
+        self.wake()  # whatever was notified while we were away
+
+    def _lost(self, error: psycopg.Error | None, retry_in: float) -> None:
+        self.connected.clear()
+        if error is not None:
+            self.outage.failed("listen", error, retry_in_s=round(retry_in, 2))
+
+    def _stale(self) -> bool:
+        return self.outage.read_only != self._read_only
 
     def _notified(self, payload: str) -> None:
         queue, _, due_in = payload.partition("@")
@@ -71,29 +97,3 @@ class Listener:
             self.wake_in(seconds)
         else:  # NaN or infinity (anyone may NOTIFY): wake now, never poison the schedule
             self.wake()
-
-    def _loop(self) -> None:
-        backoff = 0.1
-        while not self._stop.is_set():
-            try:
-                with psycopg.connect(self.conninfo, autocommit=True, connect_timeout=10,
-                                     application_name=self.application_name) as conn:
-                    conn.execute(f'LISTEN "{self.channel}"')
-                    self.connected.set()
-                    backoff = 0.1
-                    self.outage.ok()
-                    self.wake()  # whatever was notified while we were away
-                    # A LISTEN never writes, so it cannot see its server turn read-only:
-                    # when another part met a read-only server, it reconnects too.
-                    read_only = self.outage.read_only
-                    while not self._stop.is_set() and self.outage.read_only == read_only:
-                        for note in conn.notifies(timeout=WAIT_SLICE):
-                            self._notified(note.payload)
-                self.connected.clear()
-            except psycopg.Error as exc:
-                self.connected.clear()
-                if self._stop.is_set():
-                    return
-                self.outage.failed("listen", exc, retry_in_s=round(backoff, 2))
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, RECONNECT_MAX)

@@ -26,7 +26,7 @@ import sqlalchemy as sa
 import flowq
 from flowq.db.schema import run_end_channel
 from flowq.durable.context import Context
-from flowq.ops import results
+from flowq.ops import results, waiters
 from flowq.ops.results import RunEndListener
 from flowq.testing import drain, run_until_idle, wait_until
 
@@ -241,7 +241,7 @@ def test_wait_run_polls_when_listen_is_unavailable(
     def refused(conninfo: str) -> psycopg.Connection[Any]:
         raise psycopg.OperationalError("LISTEN is not available here (transaction pooling)")
 
-    monkeypatch.setattr(results, "listener_connection", refused)
+    monkeypatch.setattr(waiters, "listener_connection", refused)
     run_id = enqueue(engine, double, n=3)
     thread, out = waiting(flowq.wait_run, engine, run_id, timeout=120)
     wait_until(lambda: reads.count >= 1, message="the waiter's first read")
@@ -262,7 +262,7 @@ def test_wait_run_polls_when_listen_hears_nothing(
     from flowq.db.urls import normalize_url, to_conninfo
 
     deaf = to_conninfo(normalize_url(server_url))
-    monkeypatch.setattr(results, "listener_connection",
+    monkeypatch.setattr(waiters, "listener_connection",
                         lambda conninfo: psycopg.connect(deaf, autocommit=True))
     monkeypatch.setattr(results, "FALLBACK_POLL", 0.2)
     run_id = enqueue(engine, double, n=7)

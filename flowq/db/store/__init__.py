@@ -32,6 +32,7 @@ from flowq.db.store.enqueue import EnqueueVerbs
 from flowq.db.store.queues import QueueVerbs
 from flowq.db.store.runs import RunVerbs
 from flowq.db.store.schedules import ScheduleVerbs
+from flowq.db.store.waiters import WaiterVerbs
 from flowq.db.store.workers import WorkerVerbs
 from flowq.names import DEFAULT_SCHEMA
 
@@ -39,7 +40,7 @@ __all__ = ["LimitedClaim", "PermittedClaim", "QueueControl", "Store"]
 
 
 class Store(ClaimVerbs, EnqueueVerbs, RunVerbs, QueueVerbs, WorkerVerbs, ScheduleVerbs,
-            DurableVerbs, AdminVerbs):
+            DurableVerbs, AdminVerbs, WaiterVerbs):
     """flowq's typed verbs on `run`, for the flowq schema `schema`."""
 
     @classmethod

@@ -1,6 +1,6 @@
 """The dashboard's own reads: queue activity over time, what each worker runs, argument search.
 
-Each runs the bounded statements of `flowq.db.sql.dashboard` in one read-only transaction
+Each runs the dashboard's bounded reads (`flowq.db.store`) in one read-only transaction
 under `READ_TIMEOUT_MS`, so no page can hold a connection for long however many rows are
 retained. Nothing here writes: the charts are computed from the rows the workers write
 anyway (no rollup, so the workers' hot path pays nothing for them).
@@ -20,16 +20,17 @@ A read cancelled by its timeout gives an empty answer that says so (`Activity.ti
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 import sqlalchemy as sa
 
-from flowq.db.sql import queries
+from flowq.db.store import Store
 from flowq.errors import InvalidArgumentsError
 from flowq.jsonargs import JSONError, dumps_checked
-from flowq.names import DEFAULT_SCHEMA
+from flowq.names import DEFAULT_SCHEMA, validate_schema_name
 
 __all__ = [
     "ACTIVITY_ROWS",
@@ -61,6 +62,7 @@ KNOWN_TASK_ROWS: Final = 5000
 # How long the argument search may walk rows before giving up (it has no index).
 SEARCH_TIMEOUT_MS: Final = 3000
 Window = Literal["hour", "day"]
+T = TypeVar("T")
 # A window: (its length, the bucket), in seconds.
 WINDOWS: Final[dict[str, tuple[int, int]]] = {"hour": (3600, 60), "day": (86400, 900)}
 
@@ -96,12 +98,13 @@ class ReadTimedOut(Exception):
     """A dashboard read ran past its statement timeout (PostgreSQL cancelled it)."""
 
 
-def _timed(engine: sa.Engine, schema: str, ms: int, fn: Any) -> Any:
-    q = queries(schema)
+def _timed(engine: sa.Engine, schema: str, ms: int, fn: Callable[[Store], T]) -> T:
+    validate_schema_name(schema)
     try:
         with engine.connect() as conn, conn.begin():
-            conn.execute(q.set_statement_timeout, {"ms": ms})
-            return fn(conn, q)
+            store = Store.of(conn, schema)
+            store.set_statement_timeout(ms)
+            return fn(store)
     except sa.exc.OperationalError as exc:
         if getattr(exc.orig, "sqlstate", None) == "57014":  # query_canceled
             raise ReadTimedOut from None
@@ -117,14 +120,13 @@ def activity(engine: sa.Engine, window: str = "hour", *,
     length, bucket = WINDOWS[window]
     n = length // bucket
 
-    def read(conn: sa.Connection, q: Any) -> Activity:
-        now = conn.execute(q.select_now).scalar_one()
+    def read(store: Store) -> Activity:
+        now = store.now()
         # Buckets end on a bucket boundary, the last one holding now.
         end = datetime.fromtimestamp((now.timestamp() // bucket + 1) * bucket, now.tzinfo)
         since = end - timedelta(seconds=length)
         out = Activity(window=window, since=since, now=now, bucket_s=bucket, buckets=n)
-        rows = conn.execute(q.select_queue_activity,
-                            {"since": since, "bucket": bucket, "limit": ACTIVITY_ROWS})
+        rows = store.queue_activity(since, bucket, ACTIVITY_ROWS)
         due: dict[str, list[int]] = {}
         taken: dict[str, list[int]] = {}
         for r in rows:
@@ -153,7 +155,7 @@ def activity(engine: sa.Engine, window: str = "hour", *,
         return out
 
     try:
-        result: Activity = _timed(engine, schema, READ_TIMEOUT_MS, read)
+        result = _timed(engine, schema, READ_TIMEOUT_MS, read)
     except ReadTimedOut:
         now = datetime.now().astimezone()
         return Activity(window=window, since=now - timedelta(seconds=length), now=now,
@@ -181,13 +183,12 @@ def running_jobs(engine: sa.Engine, *, schema: str = DEFAULT_SCHEMA,
                  limit: int = RUNNING_ROWS) -> list[RunningJob]:
     """Up to `limit` running jobs, the longest running first."""
 
-    def read(conn: sa.Connection, q: Any) -> list[RunningJob]:
+    def read(store: Store) -> list[RunningJob]:
         return [RunningJob(r.id, r.run_id, r.task, r.step, r.queue, r.attempts,
                            r.max_attempts, r.locked_by, r.locked_at, r.running_s)
-                for r in conn.execute(q.select_running_jobs, {"limit": limit})]
+                for r in store.running_rows(limit)]
 
-    found: list[RunningJob] = _timed(engine, schema, READ_TIMEOUT_MS, read)
-    return found
+    return _timed(engine, schema, READ_TIMEOUT_MS, read)
 
 
 def parse_search(text: str) -> str:
@@ -236,43 +237,33 @@ def search_args(engine: sa.Engine, args_json: str, *, schema: str = DEFAULT_SCHE
     `parse_search`), under `SEARCH_TIMEOUT_MS` (no index serves it); None when it ran out
     of time."""
 
-    def read(conn: sa.Connection, q: Any) -> list[FoundJob]:
+    def read(store: Store) -> list[FoundJob]:
         return [FoundJob(r.id, r.run_id, r.task, r.step, r.queue, r.status, r.created_at)
-                for r in conn.execute(q.find_jobs_by_args,
-                                      {"args": args_json, "limit": limit})]
+                for r in store.find_jobs_by_args(args_json, limit)]
 
     try:
-        found: list[FoundJob] = _timed(engine, schema, SEARCH_TIMEOUT_MS, read)
+        return _timed(engine, schema, SEARCH_TIMEOUT_MS, read)
     except ReadTimedOut:
         return None
-    return found
 
 
 def due_times(engine: sa.Engine, run_ids: list[int], *,
               schema: str = DEFAULT_SCHEMA) -> dict[int, datetime]:
     """When the pending steps of each of `run_ids` are due (runs with none left out)."""
 
-    def read(conn: sa.Connection, q: Any) -> dict[int, datetime]:
-        return {r.run_id: r.due_at
-                for r in conn.execute(q.select_due_times, {"run_ids": run_ids})}
+    def read(store: Store) -> dict[int, datetime]:
+        return {r.run_id: r.due_at for r in store.due_times(run_ids)}
 
-    found: dict[int, datetime] = _timed(engine, schema, READ_TIMEOUT_MS, read)
-    return found
+    return _timed(engine, schema, READ_TIMEOUT_MS, read)
 
 
 def known_tasks(engine: sa.Engine, *, schema: str = DEFAULT_SCHEMA) -> list[str]:
     """The task names the runs filter lists (`select_known_tasks`)."""
 
-    def read(conn: sa.Connection, q: Any) -> list[str]:
-        return [r.task for r in conn.execute(q.select_known_tasks,
-                                             {"recent": KNOWN_TASK_ROWS, "limit": 500})]
-
-    found: list[str] = _timed(engine, schema, READ_TIMEOUT_MS, read)
-    return found
+    return _timed(engine, schema, READ_TIMEOUT_MS,
+                  lambda store: store.known_tasks(KNOWN_TASK_ROWS, 500))
 
 
 def database_now(engine: sa.Engine, *, schema: str = DEFAULT_SCHEMA) -> datetime:
     """The database's clock (a run page's timeline ends there while steps still run)."""
-    found: datetime = _timed(engine, schema, READ_TIMEOUT_MS,
-                             lambda conn, q: conn.execute(q.select_now).scalar_one())
-    return found
+    return _timed(engine, schema, READ_TIMEOUT_MS, lambda store: store.now())

@@ -8,72 +8,63 @@ Keeping runs implicit keeps enqueue to one INSERT and completion to one UPDATE.
 
 Every object lives in the schema `flowq` (`DEFAULT_SCHEMA`); another name is applied with
 SQLAlchemy's `schema_translate_map` (see `schema_map`), so nothing here is ever rewritten.
+
+What is not a table but is read with them (the statuses, the capabilities workers register,
+the notify channels, the constants statements share with the declarations) is
+`flowq.db.vocabulary`, re-exported here.
 """
 
 from __future__ import annotations
 
-import hashlib
-from typing import Final, Literal
+from typing import Final
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+
+from flowq.db.vocabulary import (
+    ACTIVE_STATUSES,
+    BATCH_ARGUMENTS,
+    CAPABILITIES,
+    HISTORY_CAPABILITY,
+    HISTORY_PARTITION,
+    JOBS_STORAGE_PARAMETERS,
+    JOIN_SHARDS,
+    JOIN_SHARDS_CAPABILITY,
+    LIVENESS_CAPABILITY,
+    NO_MAP_INDEX,
+    PERMITS_CAPABILITY,
+    STATUSES,
+    TERMINAL_STATUSES,
+    Status,
+    metadata,
+    notify_channel,
+    run_end_channel,
+    schema_map,
+)
+from flowq.db.workflow_tables import (
+    batch_id_seq,
+    batch_runs,
+    batches,
+    checkpoints,
+    children,
+    join_shards,
+    joins,
+    run_waiters,
+    signals,
+)
 
 # Defined in flowq.names (a leaf the declarations may import); exported here too for the
 # modules that read them beside the tables.
 from flowq.names import DEFAULT_SCHEMA, validate_schema_name
 
-__all__ = [
-    "ACTIVE_STATUSES",
-    "BATCH_ARGUMENTS",
-    "CAPABILITIES",
-    "DEFAULT_SCHEMA",
-    "HISTORY_CAPABILITY",
-    "HISTORY_PARTITION",
-    "JOBS_STORAGE_PARAMETERS",
-    "JOB_COLUMNS",
-    "JOIN_SHARDS",
-    "JOIN_SHARDS_CAPABILITY",
-    "LIVENESS_CAPABILITY",
-    "NO_MAP_INDEX",
-    "PERMITS_CAPABILITY",
-    "STATUSES",
-    "TERMINAL_STATUSES",
-    "Status",
-    "batch_id_seq",
-    "batch_runs",
-    "batches",
-    "checkpoints",
-    "children",
-    "definitions",
-    "job_history",
-    "jobs",
-    "join_shards",
-    "joins",
-    "lease_seq",
-    "metadata",
-    "notify_channel",
-    "permits",
-    "queues",
-    "run_end_channel",
-    "run_id_seq",
-    "run_keys",
-    "run_waiters",
-    "schedules",
-    "schema_map",
-    "signals",
-    "uniques",
-    "validate_schema_name",
-    "workers",
-]
-
-# `waiting`: a step waiting for a signal (see flowq.workflows), until `run_at`, its timeout.
-Status = Literal["pending", "running", "succeeded", "dead", "cancelled", "waiting"]
-STATUSES: Final[tuple[Status, ...]] = ("pending", "running", "succeeded", "dead", "cancelled",
-                                       "waiting")
-ACTIVE_STATUSES: Final[tuple[Status, ...]] = ("pending", "running", "waiting")
-TERMINAL_STATUSES: Final[tuple[Status, ...]] = ("succeeded", "dead", "cancelled")
-
-metadata = sa.MetaData(schema=DEFAULT_SCHEMA)
+__all__ = ["ACTIVE_STATUSES", "BATCH_ARGUMENTS", "CAPABILITIES", "DEFAULT_SCHEMA",
+           "HISTORY_CAPABILITY", "HISTORY_PARTITION", "JOBS_STORAGE_PARAMETERS", "JOB_COLUMNS",
+           "JOIN_SHARDS", "JOIN_SHARDS_CAPABILITY", "LIVENESS_CAPABILITY", "NO_MAP_INDEX",
+           "PERMITS_CAPABILITY", "STATUSES", "TERMINAL_STATUSES", "Status", "batch_id_seq",
+           "batch_runs", "batches", "checkpoints", "children", "definitions", "job_history",
+           "jobs", "join_shards", "joins", "lease_seq", "metadata", "notify_channel", "permits",
+           "queues", "run_end_channel", "run_id_seq", "run_keys", "run_waiters", "schedules",
+           "schema_map", "signals", "uniques", "validate_schema_name", "workers"]
 
 run_id_seq = sa.Sequence("run_id_seq", metadata=metadata, schema=DEFAULT_SCHEMA)
 # The fence token: every claim draws a new one, so a lease never repeats (see `jobs.lease`).
@@ -195,10 +186,6 @@ job_history = sa.Table(
     postgresql_partition_by="RANGE (retired_at)",
 )
 
-# The name of every partition of `job_history` starts with this: a day's is
-# `job_history_YYYYMMDD` (UTC), and the DEFAULT partition `job_history_default`.
-HISTORY_PARTITION: Final = "job_history_"
-
 # The idempotency keys of runs (revision 0018): a key names its run for as long as the run is
 # retained. A run's first step leaves `jobs` when it ends, and a partitioned `job_history`
 # cannot hold a unique index without its partition key, so the keys have their own table,
@@ -217,15 +204,6 @@ run_keys = sa.Table(
 
 # The columns of a job row, in `jobs`' order: what moves a row to `job_history` lists.
 JOB_COLUMNS: Final[str] = ", ".join(c.name for c in jobs.columns)
-
-# The per-table autovacuum settings migration 0006 gives `flowq.jobs` (reloptions, which the
-# autogenerate comparison does not see; `flowq doctor` checks them): suited to a queue table.
-JOBS_STORAGE_PARAMETERS: Final[dict[str, str]] = {
-    "autovacuum_vacuum_scale_factor": "0.01",
-    "autovacuum_vacuum_insert_scale_factor": "0.01",
-    "autovacuum_analyze_scale_factor": "0.02",
-    "autovacuum_vacuum_cost_delay": "0",
-}
 
 
 # The live workers: one row per worker process, registered at start, heartbeated, deleted at
@@ -270,74 +248,6 @@ definitions = sa.Table(
     sa.Column("shape", JSONB, nullable=False),
     sa.Column("first_seen", sa.DateTime(timezone=True), nullable=False,
               server_default=sa.func.now()),
-)
-
-# What this release's workers understand, registered with each (`workers.capabilities`):
-# - `JOIN_SHARDS_CAPABILITY`: it counts the instances of a large map in `join_shards` (an
-#   older worker would count them on the join's own row);
-# - `PERMITS_CAPABILITY`: it counts the permits held in `permits` when it claims a limited
-#   queue (an older worker counts running jobs only);
-# - `LIVENESS_CAPABILITY`: its reaper takes a running job for alive while the registry entry
-#   its `locked_by` names beats and lists its lease (`workers.leases`; an older reaper reads
-#   the job's own `heartbeat_at` only, so until none is registered every worker still beats
-#   each job it holds).
-# - `HISTORY_CAPABILITY`: it reads finished rows from `job_history` too (revision 0018; an
-#   older worker reads `jobs` only: a join's mapped results, a child's end, a batch's runs),
-#   so rows move to history only while every registered worker has it (`fragments.succeed`,
-#   the trigger `jobs_retire`, the mover); until then they end in `jobs` as before.
-JOIN_SHARDS_CAPABILITY: Final = "join_shards"
-PERMITS_CAPABILITY: Final = "permits"
-LIVENESS_CAPABILITY: Final = "worker_liveness"
-HISTORY_CAPABILITY: Final = "job_history"
-CAPABILITIES: Final[tuple[str, ...]] = (JOIN_SHARDS_CAPABILITY, PERMITS_CAPABILITY,
-                                        LIVENESS_CAPABILITY, HISTORY_CAPABILITY)
-
-
-# One counter per join step of a run: the parent units still to succeed (a parent, or each
-# instance of a mapped parent), and the static parents' results so far. Updated with
-# INSERT ... ON CONFLICT DO UPDATE, which always sees the newest row: so two parents completing
-# at the same instant are serialized on it, and exactly one of them sees zero.
-joins = sa.Table(
-    "joins",
-    metadata,
-    sa.Column("run_id", sa.BigInteger, primary_key=True),
-    sa.Column("step", sa.Text, primary_key=True),
-    sa.Column("parents", sa.Integer, nullable=False),
-    sa.Column("remaining", sa.Integer, nullable=False),
-    sa.Column("inputs", JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
-)
-
-# The instance counters of a large map (revision 0009): the instances of mapped step `parent`
-# of a run count down, for join `step`, on `JOIN_SHARDS` rows instead of the join's one row
-# (instance i on shard i % JOIN_SHARDS), so that completing instances do not all wait for
-# one row lock: a map of `ctx.session` instances committed one by one ran at 0.29x the
-# same jobs as plain tasks. The join's own row counts each shard as one unit; the
-# instance that brings a shard to zero takes that unit off it, so exactly one completion
-# still sees the join reach zero. Upserted like `joins` (one lock order per batch).
-JOIN_SHARDS: Final = 32
-join_shards = sa.Table(
-    "join_shards",
-    metadata,
-    sa.Column("run_id", sa.BigInteger, primary_key=True),
-    sa.Column("step", sa.Text, primary_key=True),
-    sa.Column("parent", sa.Text, primary_key=True),
-    sa.Column("shard", sa.SmallInteger, primary_key=True),
-    sa.Column("remaining", sa.Integer, nullable=False),
-)
-
-# One row per (run, signal name), written by whichever comes first: the sender (payload,
-# sent_at) or the step that waits for it (step, timeout_s, reached_at). Both upsert on the
-# primary key, so the second always sees the first, even when both commit at once.
-signals = sa.Table(
-    "signals",
-    metadata,
-    sa.Column("run_id", sa.BigInteger, primary_key=True),
-    sa.Column("name", sa.Text, primary_key=True),
-    sa.Column("payload", JSONB),
-    sa.Column("sent_at", sa.DateTime(timezone=True)),
-    sa.Column("step", sa.Text),
-    sa.Column("timeout_s", sa.Float(precision=53)),
-    sa.Column("reached_at", sa.DateTime(timezone=True)),
 )
 
 
@@ -404,128 +314,3 @@ permits = sa.Table(
               server_default=sa.func.now()),
     sa.CheckConstraint("held >= 0", name="permits_held_check"),
 )
-
-
-# What a step recorded inside its handler (revision 0011, see flowq.durable): one row per
-# (run, step, map instance, name), the result of a `ctx.checkpoint`, a durable sleep's
-# deadline, a step's snooze count. `map_index` is `NO_MAP_INDEX` outside a mapped step (a
-# primary key column cannot be NULL); the reads give NULL back. Written fenced on the claim,
-# in the transaction of the checkpoint's own session; pruned with the run.
-NO_MAP_INDEX: Final = -1
-checkpoints = sa.Table(
-    "checkpoints",
-    metadata,
-    sa.Column("run_id", sa.BigInteger, primary_key=True),
-    sa.Column("step", sa.Text, primary_key=True),
-    sa.Column("map_index", sa.Integer, primary_key=True),
-    sa.Column("name", sa.Text, primary_key=True),
-    sa.Column("position", sa.Integer, nullable=False),
-    sa.Column("result", JSONB, nullable=False),
-    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False,
-              server_default=sa.func.now()),
-)
-
-
-# Batches (revision 0013, see flowq.enqueueing.batch): the runs a `session.batch()` block
-# enqueued, and the callback enqueued once they have all finished. The block draws the id
-# from `batch_id_seq` when it opens and writes both tables when it closes, in the caller's
-# transaction (a rollback leaves no batch). The reaper's pass deletes each `batch_runs` row
-# once its run has finished, adding the run's end to the batch's counts; the pass that
-# finds the counts complete stamps `fired_at` and enqueues the callback, in one statement
-# that locks the batch's row (exactly once). The callback is stored as the row enqueue
-# would insert (checked when the block opened); its arguments get `batch_id` and the counts.
-BATCH_ARGUMENTS: Final[tuple[str, ...]] = ("batch_id", "succeeded", "dead", "cancelled")
-batch_id_seq = sa.Sequence("batch_id_seq", metadata=metadata, schema=DEFAULT_SCHEMA)
-batches = sa.Table(
-    "batches",
-    metadata,
-    sa.Column("id", sa.BigInteger, primary_key=True),
-    sa.Column("task", sa.Text, nullable=False),
-    sa.Column("step", sa.Text, nullable=False),
-    sa.Column("queue", sa.Text, nullable=False),
-    sa.Column("priority", sa.SmallInteger, nullable=False),
-    sa.Column("max_attempts", sa.Integer, nullable=False),
-    sa.Column("args", JSONB, nullable=False),
-    sa.Column("runs", sa.Integer, nullable=False),
-    sa.Column("succeeded", sa.Integer, nullable=False, server_default=sa.text("0")),
-    sa.Column("dead", sa.Integer, nullable=False, server_default=sa.text("0")),
-    sa.Column("cancelled", sa.Integer, nullable=False, server_default=sa.text("0")),
-    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False,
-              server_default=sa.func.now()),
-    sa.Column("fired_at", sa.DateTime(timezone=True)),
-    sa.Column("callback_run_id", sa.BigInteger),
-    # The batches whose callback is still to come: what the pass reads.
-    sa.Index("batches_open_idx", "id", postgresql_where=sa.text("fired_at IS NULL")),
-    # The fired ones by age: the pruner deletes them after the retention.
-    sa.Index("batches_fired_idx", "fired_at", postgresql_where=sa.text("fired_at IS NOT NULL")),
-)
-batch_runs = sa.Table(
-    "batch_runs",
-    metadata,
-    sa.Column("batch_id", sa.BigInteger, primary_key=True),
-    sa.Column("run_id", sa.BigInteger, primary_key=True),
-)
-
-
-# Which runs a step started with `ctx.start_child` (revision 0015, see flowq.children): one
-# row per child run, naming its parent's run, step and map instance (`NO_MAP_INDEX` outside a
-# mapped step), the job woken by the child's completion (that step's, or a later step's that
-# waits for it) and the checkpoint that
-# started it. Written with the child's enqueue and that
-# checkpoint, in one transaction; pruned with the parent.
-children = sa.Table(
-    "children",
-    metadata,
-    sa.Column("run_id", sa.BigInteger, primary_key=True),
-    sa.Column("parent_run_id", sa.BigInteger, nullable=False),
-    sa.Column("parent_step", sa.Text, nullable=False),
-    sa.Column("parent_map_index", sa.Integer, nullable=False),
-    sa.Column("parent_job_id", sa.BigInteger, nullable=False),
-    sa.Column("name", sa.Text, nullable=False),
-    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False,
-              server_default=sa.func.now()),
-    sa.Index("children_parent_idx", "parent_run_id"),
-)
-
-# Who waits for a run's end (revision 0016, flowq.ops.results): one row per `wait_run` in
-# progress, naming the run, a token of that wait, and the backend pid of the process's LISTEN
-# connection. A completion announces a run's end on the run-end channel only when a row
-# names the run, so a run nobody waits for costs no NOTIFY (whose commit takes a lock every
-# notifying transaction of the database queues on). Deleted by the wait when it returns;
-# rows of a LISTEN connection that no longer exists are deleted by the pruner.
-run_waiters = sa.Table(
-    "run_waiters",
-    metadata,
-    sa.Column("run_id", sa.BigInteger, primary_key=True),
-    sa.Column("token", sa.Text, primary_key=True),
-    sa.Column("pid", sa.Integer, nullable=False),
-    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False,
-              server_default=sa.func.now()),
-)
-
-
-def schema_map(schema: str) -> dict[str | None, str] | None:
-    """Execution option mapping flowq's tables to `schema`; None for the default schema."""
-    validate_schema_name(schema)
-    return None if schema == DEFAULT_SCHEMA else {DEFAULT_SCHEMA: schema}
-
-
-def notify_channel(schema: str) -> str:
-    """The LISTEN/NOTIFY channel for a flowq schema: the schema's own name."""
-    return validate_schema_name(schema)
-
-
-# A channel name is an identifier: at most 63 bytes, or pg_notify raises.
-_MAX_CHANNEL: Final = 63
-
-
-def run_end_channel(schema: str) -> str:
-    """The channel on which ended runs are announced (`flowq.wait_run` LISTENs on it; the
-    workers do not, so their wake-ups never see it): `<schema>:runs`, which no schema's own
-    channel can equal (a schema name has no ':'), or for a schema name too long for that,
-    `flowq:runs:` and a digest of it. Only [a-z0-9_:] characters: safe inside a literal."""
-    name = validate_schema_name(schema)
-    channel = f"{name}:runs"
-    if len(channel) <= _MAX_CHANNEL:
-        return channel
-    return "flowq:runs:" + hashlib.sha256(name.encode()).hexdigest()[:32]

@@ -29,9 +29,10 @@ from typing import Any, Final
 
 import sqlalchemy as sa
 
-from flowq.db.sql import queries
+from flowq.db.store import Store
 from flowq.define.app import FlowQ
 from flowq.define.shape import Shape, obstacles, pick_version, short
+from flowq.names import validate_schema_name
 
 __all__ = ["MAX_GROUPS", "DeployReport", "PipelineReport", "Stranded", "check_deploy",
            "check_shapes", "served_shapes", "shapes_of"]
@@ -123,13 +124,14 @@ def served_shapes(engine: sa.Engine, *, schema: str) -> dict[str, list[Shape]]:
     """The definitions the live workers registered, as shapes by pipeline (oldest version
     first; two workers may serve two shapes of one version): the code `flowq doctor`
     checks the runs in flight against."""
-    q = queries(schema)
+    validate_schema_name(schema)
     with engine.connect() as conn:
-        workers = conn.execute(q.select_served_definitions, {"name": "", "stale": LIVE_S}).all()
+        store = Store.of(conn, schema)
+        workers = store.served_definitions(LIVE_S)
         served = {fp for w in workers for fp in _fingerprints(w.definitions)}
         names = sorted({str(n) for w in workers if isinstance(w.definitions, dict)
                         for n in w.definitions})
-        known = conn.execute(q.select_definitions, {"pipelines": names}).all() if names else []
+        known = store.definitions(names) if names else []
         conn.rollback()
     shapes: dict[str, list[Shape]] = {}
     for r in known:  # by pipeline, version, first sight
@@ -154,12 +156,13 @@ def check_deploy(engine: sa.Engine, app: FlowQ, *, schema: str | None = None) ->
 def check_shapes(engine: sa.Engine, code: Mapping[str, Sequence[Shape]], *,
                  schema: str) -> DeployReport:
     """`check_deploy` for definitions given as shapes (by name, oldest version first)."""
-    q = queries(schema)
+    validate_schema_name(schema)
     with engine.connect() as conn:
-        groups = conn.execute(q.select_runs_in_flight, {"limit": MAX_GROUPS}).all()
+        store = Store.of(conn, schema)
+        groups = store.runs_in_flight(MAX_GROUPS)
         names = sorted(set(code) | {g.task for g in groups})
-        known = conn.execute(q.select_definitions, {"pipelines": names}).all()
-        workers = conn.execute(q.select_served_definitions, {"name": "", "stale": LIVE_S}).all()
+        known = store.definitions(names)
+        workers = store.served_definitions(LIVE_S)
         conn.rollback()
     recorded = {r.fingerprint: Shape(r.shape, r.fingerprint) for r in known}
     served: dict[str, list[tuple[str, int, str]]] = {}  # pipeline -> (worker, version, fp)
@@ -178,7 +181,7 @@ def check_shapes(engine: sa.Engine, code: Mapping[str, Sequence[Shape]], *,
     found: dict[tuple[str, str, str], dict[str, Any]] = {}
     for g in groups:
         old = recorded.get(g.fingerprint) if g.fingerprint else None
-        label = (_label(old.version, g.fingerprint) if old is not None else
+        label = (_label(old.version, g.fingerprint) if old is not None and g.fingerprint else
                  f"unrecorded {short(g.fingerprint)}" if g.fingerprint else "unrecorded")
         report = reports[g.task]
         report.in_flight[label] = report.in_flight.get(label, 0) + int(g.runs)

@@ -39,8 +39,9 @@ import sqlalchemy as sa
 from flowq.db.checks import schema_exists
 from flowq.db.migrations import HEAD_REVISION, current_revision, is_known_revision
 from flowq.db.schema import JOBS_STORAGE_PARAMETERS, notify_channel
-from flowq.db.sql import Queries, queries
-from flowq.names import DEFAULT_SCHEMA
+from flowq.db.store import Store
+from flowq.db.store.admin import Backend, TableHealth
+from flowq.names import DEFAULT_SCHEMA, validate_schema_name
 
 __all__ = ["Check", "Level", "doctor"]
 
@@ -77,21 +78,22 @@ def doctor(engine: sa.Engine, *, schema: str = DEFAULT_SCHEMA,
            long_transaction_s: float = LONG_TRANSACTION_S) -> list[Check]:
     """Run every check against `engine`'s database (see the module's docstring). Connection
     failures raise; everything else is a Check."""
-    q = queries(schema)
+    validate_schema_name(schema)
     checks: list[Check] = []
     with engine.connect() as conn:
+        store = Store.of(conn, schema)
         present = schema_exists(conn, schema)
         revision = current_revision(conn, schema) if present else None
         checks.append(_schema(schema, present, revision))
-        health = conn.execute(q.select_table_health).one() if present else None
+        health = store.table_health() if present else None
         if health is not None:
             checks.append(_table(health))
-        checks.append(_xmin(conn, schema, long_transaction_s))
-        backend = conn.execute(q.select_backend).one()
+        checks.append(_xmin(store, long_transaction_s))
+        backend = store.backend()
         if health is not None:
             checks.append(_autovacuum(schema, backend.autovacuum, health.reloptions))
-        checks.append(_pooler(conn, q, backend, engine.url))
-        checks.append(_clock(conn, schema))
+        checks.append(_pooler(conn, store, backend, engine.url))
+        checks.append(_clock(store))
         checks.append(_primary(bool(backend.in_recovery)))
         conn.rollback()
     if backend.in_recovery:
@@ -168,7 +170,7 @@ def _ago(seconds: float | None) -> str:
     return "never" if seconds is None else f"{seconds:,.0f}s ago"
 
 
-def _table(r: Any) -> Check:
+def _table(r: TableHealth) -> Check:
     live, dead = int(r.n_live_tup or 0), int(r.n_dead_tup or 0)
     index_bytes = int(r.pending_index_bytes or 0)
     pending = int(r.pending or 0)
@@ -209,8 +211,8 @@ def _table(r: Any) -> Check:
     return Check("table", "OK", found, "", details)
 
 
-def _xmin(conn: sa.Connection, schema: str, min_age: float) -> Check:
-    rows = conn.execute(queries(schema).select_long_transactions, {"age": min_age}).all()
+def _xmin(store: Store, min_age: float) -> Check:
+    rows = store.long_transactions(min_age)
     sessions = [{"pid": r.pid, "application_name": r.application_name, "user": r.usename,
                  "state": r.state, "age_s": r.age_s, "xmin_age": r.xmin_age,
                  "query": r.query} for r in rows]
@@ -248,7 +250,7 @@ def _autovacuum(schema: str, on: str, options: list[str] | None) -> Check:
                  "", details)
 
 
-def _pooler(conn: sa.Connection, q: Queries, backend: Any, url: sa.URL) -> Check:
+def _pooler(conn: sa.Connection, store: Store, backend: Backend, url: sa.URL) -> Check:
     signs = []
     server_port = backend.port
     url_port = url.port or 5432
@@ -259,7 +261,7 @@ def _pooler(conn: sa.Connection, q: Queries, backend: Any, url: sa.URL) -> Check
     pids = {backend.pid}
     for _ in range(2):
         conn.commit()
-        pids.add(conn.execute(q.select_backend).one().pid)
+        pids.add(store.backend().pid)
     if len(pids) > 1:
         signs.append("the backend changed between two transactions on one connection "
                      "(transaction pooling)")
@@ -272,9 +274,9 @@ def _pooler(conn: sa.Connection, q: Queries, backend: Any, url: sa.URL) -> Check
                  "connection); see docs/operations.md", details)
 
 
-def _clock(conn: sa.Connection, schema: str) -> Check:
+def _clock(store: Store) -> Check:
     before = time.time()
-    db = float(conn.execute(queries(schema).select_clock).scalar_one())
+    db = store.clock()
     after = time.time()
     skew = db - (before + after) / 2
     details = {"skew_s": skew, "uncertainty_s": (after - before) / 2}
@@ -298,7 +300,7 @@ def _listen(engine: sa.Engine, schema: str) -> Check:
             assert raw is not None
             raw.execute(f'LISTEN "{channel}"')
             started = time.monotonic()
-            sender.execute(queries(schema).send_probe, {"channel": channel, "payload": payload})
+            Store.of(sender, schema).send_probe(channel, payload)
             got = any(n.payload == payload
                       for n in raw.notifies(timeout=_LISTEN_TIMEOUT_S, stop_after=1))
             elapsed = time.monotonic() - started

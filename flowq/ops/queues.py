@@ -9,46 +9,24 @@ code (`app.queue(...)`) is `flowq.define.queues`.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
-
 import sqlalchemy as sa
 
-from flowq.db.sql import queries
-from flowq.names import DEFAULT_SCHEMA, validate_queue
+from flowq.db.store import Store
+from flowq.db.store.queues import QueueInfo
+from flowq.names import DEFAULT_SCHEMA, validate_queue, validate_schema_name
 from flowq.ops import binds
 from flowq.ops.binds import Bind
 
 __all__ = ["QueueInfo", "list_queues", "pause", "resume"]
 
 
-@dataclass(frozen=True)
-class QueueInfo:
-    """One line of `list_queues`: a queue's jobs by state, its limits and whether it is paused."""
-
-    name: str
-    pending: int  # due now
-    scheduled: int  # pending, due later
-    waiting: int
-    running: int
-    dead: int
-    oldest_due_s: float | None
-    concurrency: int | None
-    rate_limit: int | None
-    rate_period_s: float | None
-    paused: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 def _set_paused(target: Bind, name: str, paused: bool, schema: str) -> bool:
-    q = queries(schema)
-    params = {"name": validate_queue(name), "paused": paused}
+    validate_schema_name(schema)  # before a connection is taken, as it always was
+    name = validate_queue(name)
     if isinstance(target, sa.Engine):
         with target.begin() as conn:
-            return bool(conn.execute(q.set_queue_paused, params).scalar())
-    return bool(target.execute(q.set_queue_paused, params).scalar())
+            return Store.of(conn, schema).set_queue_paused(name, paused)
+    return Store.of(target, schema).set_queue_paused(name, paused)
 
 
 def pause(target: Bind, name: str, *, schema: str = DEFAULT_SCHEMA) -> bool:
@@ -64,9 +42,5 @@ def resume(target: Bind, name: str, *, schema: str = DEFAULT_SCHEMA) -> bool:
 
 def list_queues(bind: Bind, *, schema: str = DEFAULT_SCHEMA) -> list[QueueInfo]:
     """Every queue that has jobs or a declaration, by name."""
-    q = queries(schema)
-
-    def read(conn: sa.Connection) -> list[QueueInfo]:
-        return [QueueInfo(**r._mapping) for r in conn.execute(q.list_queues)]
-
-    return binds.read(bind, read)
+    validate_schema_name(schema)
+    return binds.read(bind, lambda conn: Store.of(conn, schema).list_queues())

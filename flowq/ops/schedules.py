@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import sqlalchemy as sa
 
-from flowq.db.sql import queries
+from flowq.db.store import Store
 from flowq.define.schedules import utc
 from flowq.errors import RunNotFoundError
-from flowq.names import DEFAULT_SCHEMA
+from flowq.names import DEFAULT_SCHEMA, validate_schema_name
 from flowq.ops import binds
 from flowq.ops.binds import Bind
 from flowq.ops.runs import get_run
@@ -56,13 +56,13 @@ def list_schedules(bind: Bind, app: FlowQ | None = None, *, schema: str | None =
     the app's, else "flowq"), by name. Without the app, the next ticks are unknown. `now`
     (default: the database's clock) is when the next tick is counted from."""
     schema = schema or (app.schema if app is not None else DEFAULT_SCHEMA)
-    q = queries(schema)
+    validate_schema_name(schema)
     defined = {s.name: s for s in app.schedules} if app is not None else {}
 
     def read(conn: sa.Connection) -> list[ScheduleInfo]:
-        result = conn.execute(q.list_schedules).all()
-        clock = result[0].now if now is None else now
-        rows = {r.name: r for r in result if r.name is not None}
+        recorded, db_now = Store.of(conn, schema).list_schedules()
+        clock = db_now if now is None else now
+        rows = {r.name: r for r in recorded}
         found = []
         for name in sorted(defined.keys() | rows.keys()):
             s, row = defined.get(name), rows.get(name)
@@ -82,7 +82,7 @@ def list_schedules(bind: Bind, app: FlowQ | None = None, *, schema: str | None =
                 name=name, task=task, spec=spec,
                 timezone=None if s is None else s.timezone,
                 catch_up=None if s is None else s.catch_up, next_tick=next_tick,
-                last_tick=None if row is None or last_run_id is None else utc(row.last_tick),
+                last_tick=None if row is None or last_run_id is None else utc(cast(datetime, row.last_tick)),
                 last_run_id=last_run_id, last_status=status, defined=s is not None))
         return found
 

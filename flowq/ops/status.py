@@ -26,7 +26,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from flowq.db.sql import queries
+from flowq.db.store import Store
 from flowq.names import DEFAULT_SCHEMA
 from flowq.ops.queues import QueueInfo, list_queues
 from flowq.ops.runs import UNSERVED_STALE_AFTER, UnservedJobs, unserved_jobs
@@ -121,9 +121,9 @@ def status(bind: Bind, *, schema: str = DEFAULT_SCHEMA,
 
 
 def _read(conn: sa.Connection, schema: str, stale_after: float, limit: int) -> Status:
-    q = queries(schema)
-    at = conn.execute(q.select_now).scalar_one()
-    done = {r.queue: r for r in conn.execute(q.select_completions)}
+    store = Store.of(conn, schema)
+    at = store.now()
+    done = {r.queue: r for r in store.recent_completions()}
     found = {i.name: i for i in list_queues(conn, schema=schema)}
     queue_list: list[QueueStatus] = []
     for name in sorted(found.keys() | done.keys()):
@@ -146,11 +146,10 @@ def _read(conn: sa.Connection, schema: str, stale_after: float, limit: int) -> S
     workers = [WorkerStatus(name=r.name, host=r.host, pid=r.pid, queues=list(r.queues),
                             concurrency=r.concurrency, version=r.version,
                             started_at=r.started_at, heartbeat_age_s=r.heartbeat_age_s)
-               for r in conn.execute(q.select_live_workers, {"stale": stale_after})]
-    dead = [DeadTask(r.task, r.jobs)
-            for r in conn.execute(q.select_dead_by_task, {"limit": limit})]
+               for r in store.live_workers(stale_after)]
+    dead = [DeadTask(r.task, r.jobs) for r in store.dead_by_task(limit)]
     unserved = unserved_jobs(conn, schema=schema, stale_after=stale_after, limit=limit)
     handed = [HandedOver(r.task, r.fingerprint, r.worker, r.n)
-              for r in conn.execute(q.select_handed_over_jobs, {"limit": limit})]
+              for r in store.handed_over_jobs(limit)]
     return Status(at=at, queues=queue_list, workers=workers, dead_by_task=dead,
                   unserved=unserved, handed_over=handed)

@@ -27,12 +27,13 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from flowq.db.store import Store
 from flowq.errors import ConfigurationError
 from flowq.storable import first_line
 
 if TYPE_CHECKING:
     from flowq.db.rows import ClaimedJob
-    from flowq.db.sql import Queries
+    from flowq.db.store.queues import QueueMetrics
     from flowq.worker.connection import DedicatedConnection
 
 __all__ = ["MISSING_EXTRA", "OUTCOMES", "OutcomeObserver", "WorkerMetrics", "check_ports_free"]
@@ -103,7 +104,7 @@ class WorkerMetrics:
     """The metrics of one worker, in a registry of its own; `serve` exposes them."""
 
     def __init__(self, *, worker: str, concurrency: int, queues: Sequence[str],
-                 in_flight: Callable[[], int], queries: Queries,
+                 in_flight: Callable[[], int], schema: str,
                  conn: DedicatedConnection | None) -> None:
         pc = _prometheus()
         self.registry = pc.CollectorRegistry(auto_describe=True)
@@ -124,7 +125,7 @@ class WorkerMetrics:
         in_flight_gauge.set_function(in_flight)
         pc.Gauge("flowq_worker_concurrency", "Handlers this worker runs at once at most.",
                  registry=self.registry).set(concurrency)
-        self.queues = _QueueCollector(pc, queries, conn, list(queues))
+        self.queues = _QueueCollector(pc, schema, conn, list(queues))
         self.registry.register(self.queues)
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -183,15 +184,16 @@ class WorkerMetrics:
 class _QueueCollector:
     """Queue depth and oldest due age, from whichever worker holds the collector lock."""
 
-    def __init__(self, pc: Any, queries: Queries, conn: DedicatedConnection | None,
+    def __init__(self, pc: Any, schema: str, conn: DedicatedConnection | None,
                  own_queues: list[str]) -> None:
         from prometheus_client.core import GaugeMetricFamily
 
         self._metric = GaugeMetricFamily
-        self.q = queries
         self.conn = conn
+        # Sends on the dedicated connection (which reopens itself after a failure).
+        self.store = Store(conn.execute, schema) if conn is not None else None
         self.own_queues = own_queues
-        self.lock_name = f"flowq metrics {queries.schema}"
+        self.lock_name = f"flowq metrics {schema}"
         self._pid = 0  # the backend that took the lock, while this worker collects
         self._lock = threading.Lock()  # scrapes may overlap: one query at a time
 
@@ -214,9 +216,11 @@ class _QueueCollector:
         oldest = self._metric("flowq_queue_oldest_due_seconds",
                               "Age of the oldest due job of a queue (0 when none is due).",
                               labels=["queue"])
-        seen = {r[0]: r for r in rows}
+        seen = {r.queue: r for r in rows}
         for name in sorted({*seen, *self.own_queues}):
-            _, due, scheduled, running, oldest_s = seen.get(name, (name, 0, 0, 0, 0.0))
+            r = seen.get(name)
+            due, scheduled, running, oldest_s = ((r.due, r.scheduled, r.running, r.oldest_s)
+                                                 if r is not None else (0, 0, 0, 0.0))
             depth.add_metric([name, "due"], float(due))
             depth.add_metric([name, "scheduled"], float(scheduled))
             depth.add_metric([name, "running"], float(running))
@@ -224,20 +228,19 @@ class _QueueCollector:
         yield depth
         yield oldest
 
-    def _query(self) -> list[tuple[Any, ...]] | None:
+    def _query(self) -> list[QueueMetrics] | None:
         """The queue rows if this worker collects (taking the lock if free), else None."""
         from flowq.worker.connection import DB_ERRORS
         from flowq.worker.logs import WARNING, log_event
 
-        if self.conn is None:
+        if self.conn is None or self.store is None:
             return None
         try:
-            [(leads, pid)] = self.conn.execute(self.q.lock_metrics_collector,
-                                               {"name": self.lock_name, "pid": self._pid})
-            self._pid = int(pid) if leads else 0
+            leads, pid = self.store.lead_metrics(self.lock_name, self._pid)
+            self._pid = pid if leads else 0
             if not leads:
                 return None
-            return self.conn.execute(self.q.select_queue_metrics, {})
+            return self.store.queue_metrics()
         except DB_ERRORS as exc:
             self._pid = 0
             self.conn.close()  # the lock goes with the session; taken again next scrape

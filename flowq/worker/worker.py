@@ -135,7 +135,7 @@ class Worker:
 
             self.metrics = WorkerMetrics(
                 worker=c.name, concurrency=c.concurrency, queues=self.queues,
-                in_flight=lambda: self.executor.active, queries=self.q,
+                in_flight=lambda: self.executor.active, schema=self.q.schema,
                 conn=self.connections.metrics())
         self.completer = Completer(self.complete_conn, self.q, job_log=c.job_log,
                                    on_written=self._wake.set, on_scheduled=self._wake_at,

@@ -153,6 +153,12 @@ class RunEndListener:
         """Whether notifications can arrive (the connection is open and its thread reads)."""
         return self._conn is not None and self._thread is not None and self._thread.is_alive()
 
+    @property
+    def watching(self) -> int:
+        """How many waiters are registered (`watch`ed and not yet `unwatch`ed)."""
+        with self._lock:
+            return sum(len(wakes) for wakes in self._waiters.values())
+
     def watch(self, channel: str, run_id: int, wake: Wake) -> bool:
         """Register `wake` for `run_id` on `channel`, LISTENing first if needed; returns
         whether the listener is up (False: poll)."""

@@ -575,7 +575,7 @@ def test_an_await_run_cancelled_while_it_registers_leaves_no_registration(
 
     asyncio.run(main())  # which waits for its threads (the registration's)
     assert registrations(engine) == []
-    assert not listener._waiters
+    assert listener.watching == 0
 
 
 def test_a_run_cancelled_while_its_step_runs_wakes_its_waiter_when_the_step_sleeps(

@@ -22,6 +22,7 @@ from typing import Any
 import psycopg
 import pytest
 import sqlalchemy as sa
+from support import enqueue_id as enqueue
 
 import flowq
 from flowq.context import Context
@@ -64,11 +65,6 @@ def nap(ctx: Context) -> None:
     started.set()
     go.wait(30)
     ctx.sleep(3600)  # its run was cancelled meanwhile: the job ends cancelled here
-
-
-def enqueue(engine: sa.Engine, task: Any, **args: Any) -> int:
-    with engine.begin() as conn:
-        return flowq.enqueue(conn, task, **args).id
 
 
 class Reads:

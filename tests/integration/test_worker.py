@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from support import enqueue_id as enqueue
+from support import scalar
 from tenacity import stop_after_attempt, wait_fixed
 
 import flowq
@@ -23,16 +25,6 @@ from flowq.testing import job_rows, run_until_idle, running_worker, wait_until
 from flowq.worker import Worker, WorkerConfig
 
 ONE_TRY = flowq.Retry(stop=stop_after_attempt(1))
-
-
-def enqueue(engine: sa.Engine, task: Any, **kwargs: Any) -> int:
-    with engine.begin() as conn:
-        return flowq.enqueue(conn, task, **kwargs).id
-
-
-def scalar(engine: sa.Engine, sql: str, **params: Any) -> Any:
-    with engine.connect() as conn:
-        return conn.execute(sa.text(sql), params).scalar()
 
 
 def only_row(engine: sa.Engine, where: str = "TRUE", **params: Any) -> Any:

@@ -30,7 +30,7 @@ imported (without importing opentelemetry), and enqueue and the worker test it b
 anything else; `trace_context` is then NULL. With the API installed but no SDK configured,
 the spans are OpenTelemetry's no-op spans and no context is stored (unless one came with the
 current context), at a few microseconds per enqueue and attempt; an enqueue then makes no
-span at all (`_unconfigured`). `FLOWQ_TRACING=0` in the
+span at all (`unconfigured()`). `FLOWQ_TRACING=0` in the
 environment (or `flowq.tracing.ENABLED = False`) turns tracing off in a process.
 """
 
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from flowq.worker.model import Outcome
 
 __all__ = ["ENABLED", "Publication", "awaited_in", "called_in", "end_attempt",
-           "follow_progress", "publish", "start_attempt"]
+           "follow_progress", "publish", "start_attempt", "tracer", "unconfigured"]
 
 T = TypeVar("T")
 
@@ -63,7 +63,9 @@ ENABLED: bool = (find_spec("opentelemetry") is not None
                  and os.environ.get("FLOWQ_TRACING", "").strip() != "0")
 
 _api: SimpleNamespace | None = None
-_tracer: Tracer | None = None  # flowq's tracer (tests may set their own provider's)
+# flowq's tracer: None until the first span fetches the global provider's (tests may set
+# their own provider's, or None to have it fetched again).
+tracer: Tracer | None = None
 
 
 def _load() -> SimpleNamespace | None:
@@ -84,13 +86,13 @@ def _load() -> SimpleNamespace | None:
 
 
 def _get_tracer(api: SimpleNamespace) -> Tracer:
-    global _tracer
-    if _tracer is None:
+    global tracer
+    if tracer is None:
         from flowq import __version__
 
         # A proxy until the application sets its tracer provider, then that provider's.
-        _tracer = api.trace.get_tracer("flowq", __version__)
-    return _tracer
+        tracer = api.trace.get_tracer("flowq", __version__)
+    return tracer
 
 
 def _unconfigured(api: SimpleNamespace) -> bool:
@@ -100,6 +102,13 @@ def _unconfigured(api: SimpleNamespace) -> bool:
     return (isinstance(_get_tracer(api), api.trace.ProxyTracer)
             and isinstance(api.trace.get_tracer_provider(), api.trace.ProxyTracerProvider)
             and not api.trace.get_current_span().get_span_context().is_valid)
+
+
+def unconfigured() -> bool:
+    """Whether an enqueue now would make no span and store no context (`publish` skips it):
+    no tracer provider set and no span current, or no OpenTelemetry API at all."""
+    api = _load()
+    return api is None or _unconfigured(api)
 
 
 # -- the producer: enqueue ---------------------------------------------------------------------

@@ -14,7 +14,6 @@ on `engine`), `ledger` (`engine` with every test app's ledger tables created), `
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import subprocess
@@ -40,7 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 # tests/support.py imports as `support`, the test apps (tests/apps/*.py) as top-level modules,
 # from every tier's directory; `spawn_worker` puts the apps on worker processes' PYTHONPATH.
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parent / "apps")]
-from support import APPS_DIR, WorkerProcess  # noqa: E402
+from support import APPS_DIR, WorkerProcess, end_workers  # noqa: E402
 
 TEMPLATE = "flowq_test_template"
 EMPTY_TEMPLATE = "flowq_test_empty"
@@ -211,10 +210,4 @@ def spawn_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
         return wp
 
     yield spawn
-    for wp in procs:
-        if wp.proc.poll() is None:
-            wp.proc.kill()
-            wp.proc.wait(timeout=10)
-    for wp in procs:
-        with contextlib.suppress(Exception):
-            print(f"--- {wp.log_path.name} (exit {wp.proc.returncode}) ---\n{wp.log()[-5000:]}")
+    end_workers(procs)

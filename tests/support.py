@@ -7,8 +7,14 @@ The fixtures live in tests/conftest.py (`db_url`, `engine`, `ledger`, `Session`,
 
 - `rows(engine, sql, **params)` and `scalar(engine, sql, **params)` (exactly one row, one
   column) read through a short connection of their own, so they see only committed data.
+- `enqueue(engine, target, **args)` (what `flowq.enqueue` returned) and `enqueue_id` (the
+  run id) enqueue in a transaction of their own, committed on return; `run_async(db_url,
+  fn)` runs `fn` on an AsyncEngine; `max_overlap(rows)`: how many ran at once.
+- `cli(*args, env=)`: `flowq ARGS` in-process, no database URL taken from the environment
+  (`NO_ENV`); `dashboard_client(engine)`: the dashboard app in a TestClient; `free_port()`.
 - `WorkerProcess` (what `spawn_worker` returns), `spawn_ready` (start workers and wait until
-  each listens), `stop_workers` (SIGTERM, exit 0, no crash line in the log).
+  each listens), `stop_workers` (SIGTERM, exit 0, no crash line in the log), `end_workers`
+  (a fixture's teardown: kill what still runs, print the logs).
 - `backends(engine, role, pid=, state=)`, `terminate(engine, pids)`: a worker's server
   connections, by the role in their `application_name` ("flowq claim <host>:<pid>:..."), as
   fault tests find and cut them; `held_by(engine, pid)`: the running jobs a worker claimed.
@@ -16,20 +22,31 @@ The fixtures live in tests/conftest.py (`db_url`, `engine`, `ledger`, `Session`,
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import signal
+import socket
 import subprocess
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import sqlalchemy as sa
 
+import flowq
 from flowq.testing import job_rows, wait_until
 
-__all__ = ["APPS_DIR", "CRASH_LINES", "Row", "Spawn", "WorkerProcess", "assert_no_crash_lines",
-           "backends", "held_by", "rows", "scalar", "spawn_ready", "stop_workers",
-           "terminate"]
+if TYPE_CHECKING:
+    from click.testing import Result
+    from sqlalchemy.ext.asyncio import AsyncEngine
+    from starlette.testclient import TestClient
+
+__all__ = ["APPS_DIR", "CRASH_LINES", "NO_ENV", "Row", "Spawn", "WorkerProcess",
+           "assert_no_crash_lines", "backends", "cli", "dashboard_client", "end_workers",
+           "enqueue", "enqueue_id", "free_port", "held_by", "max_overlap", "rows", "run_async",
+           "scalar", "spawn_ready",
+           "stop_workers", "terminate"]
 
 # The test apps (tests/apps/*.py) import as top-level modules, in the tests and in worker
 # processes (conftest puts this directory on sys.path, `spawn_worker` on the child's
@@ -37,8 +54,11 @@ __all__ = ["APPS_DIR", "CRASH_LINES", "Row", "Spawn", "WorkerProcess", "assert_n
 APPS_DIR: Final = Path(__file__).parent / "apps"
 # Log lines that only a flowq bug writes (a part of the worker crashed and carried on).
 CRASH_LINES: Final = ("crashed", "could not start a claimed job")
+# The environment of an in-process `flowq` command: no database URL but the one it is given.
+NO_ENV: Final[dict[str, str | None]] = {"FLOWQ_DATABASE_URL": None, "DATABASE_URL": None}
 
 Row = sa.Row[Any]
+T = TypeVar("T")
 
 
 # -- reading the database -----------------------------------------------------------------
@@ -54,6 +74,86 @@ def scalar(engine: sa.Engine, sql: str, **params: Any) -> Any:
     """The one value of `sql`: an error unless it returns exactly one row."""
     with engine.connect() as conn:
         return conn.execute(sa.text(sql), params).scalar_one()
+
+
+# -- enqueueing ----------------------------------------------------------------------------
+
+
+def enqueue(engine: sa.Engine, target: Any, **args: Any) -> flowq.Enqueued:
+    """`flowq.enqueue(target, **args)` in a transaction of its own, committed on return."""
+    with engine.begin() as conn:
+        return flowq.enqueue(conn, target, **args)
+
+
+def enqueue_id(engine: sa.Engine, target: Any, **args: Any) -> int:
+    """The run id of `enqueue`."""
+    return enqueue(engine, target, **args).id
+
+
+def run_async(db_url: str, fn: Callable[[AsyncEngine], Awaitable[T]]) -> T:
+    """`asyncio.run` of `fn` on an AsyncEngine of `db_url` made for it (disposed after)."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    async def main() -> T:
+        engine = create_async_engine(db_url)
+        try:
+            return await fn(engine)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(main())
+
+
+def max_overlap(rows: Iterable[Any]) -> int:
+    """The most of these rows (`started`, `ended`) that were running at once."""
+    rows = list(rows)
+    events = sorted([(r.started, 1) for r in rows] + [(r.ended, -1) for r in rows],
+                    key=lambda e: (e[0], e[1]))
+    now = peak = 0
+    for _, step in events:
+        now += step
+        peak = max(peak, now)
+    return peak
+
+
+# -- commands, servers, ports ---------------------------------------------------------------
+
+
+def cli(*args: str, env: dict[str, str | None] | None = None) -> Result:
+    """`flowq ARGS`, in-process; a database URL only from ARGS (or `env`)."""
+    from click.testing import CliRunner
+
+    from flowq.cli import main
+
+    return CliRunner().invoke(main, list(args), env={**NO_ENV, **(env or {})})
+
+
+def dashboard_client(engine: sa.Engine, **kwargs: Any) -> TestClient:
+    """The dashboard on `engine` (`create_app(engine, **kwargs)`) in a TestClient."""
+    from starlette.testclient import TestClient
+
+    from flowq.dashboard import create_app
+
+    return TestClient(create_app(engine, **kwargs), base_url="http://127.0.0.1:8080")
+
+
+def free_port(span: int = 1) -> int:
+    """A port P with P .. P+span-1 free on 127.0.0.1 now."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port + span > 65535:
+            continue
+        try:
+            with contextlib.ExitStack() as stack:
+                for p in range(port, port + span):
+                    t = stack.enter_context(socket.socket())
+                    t.bind(("127.0.0.1", p))
+            return port
+        except OSError:
+            continue
+    raise AssertionError("no free port")
 
 
 # -- worker processes ---------------------------------------------------------------------
@@ -125,6 +225,19 @@ def spawn_ready(spawn_worker: Spawn, engine: sa.Engine, app_spec: str, url: str,
         wait_until(partial(backends, engine, "listen", pid=w.pid), timeout=60,
                    message=f"worker {w.pid} listening")
     return workers
+
+
+def end_workers(workers: Iterable[WorkerProcess], tail: int = 5000) -> None:
+    """At a fixture's teardown: kill each worker still running, then print the end of each
+    log (pytest shows it for a failed test)."""
+    workers = list(workers)
+    for wp in workers:
+        if wp.proc.poll() is None:
+            wp.proc.kill()
+            wp.proc.wait(timeout=10)
+    for wp in workers:
+        with contextlib.suppress(Exception):
+            print(f"--- {wp.log_path.name} (exit {wp.proc.returncode}) ---\n{wp.log()[-tail:]}")
 
 
 def assert_no_crash_lines(*workers: WorkerProcess) -> None:

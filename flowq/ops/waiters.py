@@ -99,6 +99,12 @@ class RunEndListener:
         """Whether notifications can arrive (the connection is open and its thread reads)."""
         return bool(self._subscriptions) and self._listener().up
 
+    @property
+    def watching(self) -> int:
+        """How many waiters are registered (`watch`ed and not yet `unwatch`ed)."""
+        with self._lock:
+            return sum(len(wakes) for wakes in self._waiters.values())
+
     def watch(self, channel: str, run_id: int, wake: Wake) -> bool:
         """Register `wake` for `run_id` on `channel`, subscribing first if needed; returns
         whether the channel is LISTENed (False: poll)."""

@@ -61,7 +61,8 @@ from flowq.worker.writes import complete_in_session, write_outcome, write_succes
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-__all__ = ["MAX_JOBS", "WORKER_NAME", "DrainResult", "adrain", "drain", "run_coroutine"]
+__all__ = ["MAX_JOBS", "WORKER_NAME", "DrainResult", "adrain", "drain", "run_claimed",
+           "run_coroutine"]
 
 MAX_JOBS: Final = 1000
 WORKER_NAME: Final = "flowq.testing"  # `locked_by` of the rows a drain claims
@@ -98,7 +99,7 @@ def drain(target: Target, app: FlowQ, *, queues: Iterable[str] | None = None,
             job = _claim(conn, app.schema, names, run_ids)
             if job is None:
                 break
-            status, outcome = _run(conn, app, job, skip_waits)
+            status, outcome = run_claimed(conn, app, job, skip_waits)
             counts[status] += 1
             if status == "dead" and raise_on_dead:
                 dead = _dead_message(job, outcome)
@@ -153,9 +154,10 @@ def _runner(conn: sa.Connection) -> Runner:
     return runner(conn, direct=False)
 
 
-def _run(conn: sa.Connection, app: FlowQ, job: ClaimedJob,
-         skip_waits: bool) -> tuple[str, Outcome]:
-    """Run one claimed attempt and write its outcome; (the row's new status, the outcome)."""
+def run_claimed(conn: sa.Connection, app: FlowQ, job: ClaimedJob,
+                skip_waits: bool = True) -> tuple[str, Outcome]:
+    """Run one claimed attempt and write its outcome, as `drain` runs each (a test that
+    claims its jobs itself calls it); (the row's new status, the outcome)."""
     def session_factory() -> StepSession:
         # Joined to the test's transaction: its commit releases a SAVEPOINT, its rollback
         # returns to it, and only the test's own rollback or commit ends the transaction.

@@ -97,10 +97,11 @@ class Executor:
 
     def start(self) -> None:
         for _ in range(self.concurrency):
-            self._spawn()
+            self.spawn_thread()
         self.watchdog.start()
 
-    def _spawn(self) -> None:
+    def spawn_thread(self) -> None:
+        """Start one more handler thread (at start, and in place of a stuck one)."""
         t = threading.Thread(target=self._thread_main, name="flowq-handler", daemon=True)
         self._threads.append(t)
         t.start()
@@ -338,7 +339,7 @@ class Executor:
             rec.loop.call(self._cancel_task, rec)
         else:
             try:
-                self._spawn()  # the stuck thread keeps its OS thread; the slot gets a new one
+                self.spawn_thread()  # the stuck thread keeps its OS thread; the slot gets a new one
             except Exception as exc:  # e.g. "can't start new thread": fewer threads, not a leak
                 log_event(ERROR, "could not start a replacement handler thread",
                           error=first_line(describe(exc)))

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ import dashboard_app as da
 import httpx
 import pytest
 import sqlalchemy as sa
+from support import free_port
 
 import flowq
 from flowq.ops.runs import get_run
@@ -40,12 +40,6 @@ pytestmark = pytest.mark.skipif(
     not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
     reason="needs Debian's chromium and chromium-driver (`apt-get install chromium "
            "chromium-driver`; .ci/run installs them)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

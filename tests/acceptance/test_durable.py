@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable
-from typing import Any
 
 import durable_app
 import pytest
 import sqlalchemy as sa
-from support import WorkerProcess, held_when_killed, rows, scalar, stop_workers
+from support import WorkerProcess, enqueue_id, held_when_killed, rows, scalar, stop_workers
 
 import flowq
 from flowq.testing import wait_until
@@ -38,13 +37,6 @@ def durable(engine: sa.Engine, db_url: str, spawn_worker: Spawn) -> Callable[...
         return spawn_worker(APP, db_url, *args, env={"DURABLE_LEDGER_URL": db_url})
 
     return spawn
-
-
-def enqueue(engine: sa.Engine, **args: Any) -> int:
-    with sa.orm.Session(engine) as s:
-        run = flowq.enqueue(s, durable_app.five, **args)
-        s.commit()
-    return run.id
 
 
 def recorded(engine: sa.Engine, run_id: int) -> list[str]:
@@ -68,7 +60,7 @@ def test_a_step_killed_after_its_third_checkpoint_runs_only_the_fourth_and_fifth
     """SIGKILL while the first attempt holds after checkpoint 3: the retry replays 1-3
     without calling them and calls 4 and 5 once; every effect committed with its record."""
     first = durable(*FAST)
-    run_id = enqueue(engine, hold_after=3)
+    run_id = enqueue_id(engine, durable_app.five, hold_after=3)
     wait_until(lambda: len(recorded(engine, run_id)) == 3, timeout=60,
                message="three checkpoints recorded")
     first.signal(signal.SIGKILL)
@@ -92,7 +84,7 @@ def test_a_zombie_records_no_checkpoint_and_commits_none_of_its_writes(
     reaps the job and finishes it; A, thawed, calls checkpoint 3: its record is fenced out,
     and the effect it wrote in that checkpoint's session rolls back with it."""
     zombie = durable(*FAST)
-    run_id = enqueue(engine, hold_after=2)
+    run_id = enqueue_id(engine, durable_app.five, hold_after=2)
     wait_until(lambda: len(recorded(engine, run_id)) == 2, timeout=60,
                message="two checkpoints recorded")
     zombie.signal(signal.SIGSTOP)

@@ -21,7 +21,6 @@ import importlib.util
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,7 +34,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
-from support import APPS_DIR
+from support import APPS_DIR, free_port
 
 import flowq
 import flowq.db
@@ -102,12 +101,6 @@ def pgbouncer_binary() -> str | None:
     if found is None and os.access("/usr/sbin/pgbouncer", os.X_OK):
         found = "/usr/sbin/pgbouncer"
     return found
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import pipeline_app as pa
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
-from support import Spawn, rows, scalar
+from support import Spawn, enqueue, rows, scalar
 
 import flowq
 from flowq.cli import main
@@ -24,11 +24,6 @@ from flowq.testing import job_rows, wait_until
 
 FAST_POLL = ("--poll-interval", "0.1")
 FAST_REAP = ("--stale-after", "2", "--heartbeat-interval", "0.5", "--reap-interval", "0.5")
-
-def enqueue(engine: sa.Engine, pipeline: flowq.Pipeline, **kwargs: Any) -> flowq.Enqueued:
-    with engine.begin() as conn:
-        return flowq.enqueue(conn, pipeline, **kwargs)
-
 
 def runs_cli(db_url: str, *args: str) -> dict[str, Any]:
     """`flowq runs ARGS --json`, in-process; its parsed output."""

@@ -18,7 +18,6 @@ the new flowq first).
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import signal
@@ -37,6 +36,7 @@ from support import (
     WorkerProcess,
     assert_no_crash_lines,
     backends,
+    end_workers,
     held_by,
     rows,
     scalar,
@@ -172,13 +172,7 @@ def start(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
         return procs[-1]
 
     yield spawn
-    for wp in procs:
-        if wp.proc.poll() is None:
-            wp.proc.kill()
-            wp.proc.wait(timeout=10)
-    for wp in procs:
-        with contextlib.suppress(Exception):
-            print(f"--- {wp.log_path.name} (exit {wp.proc.returncode}) ---\n{wp.log()[-4000:]}")
+    end_workers(procs, tail=4000)
 
 
 def _listening(engine: sa.Engine, *workers: WorkerProcess) -> None:

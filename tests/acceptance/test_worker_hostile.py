@@ -13,7 +13,7 @@ from typing import Any
 
 import hostile_app as ha
 import sqlalchemy as sa
-from support import Spawn, scalar
+from support import Spawn, enqueue, scalar
 
 import flowq
 from flowq.db.sql import Queries
@@ -22,11 +22,6 @@ from flowq.worker.reaper import Reaper
 
 FAST = ["--heartbeat-interval", "0.3", "--stale-after", "2", "--reap-interval", "0.5",
         "--poll-interval", "0.3"]
-
-
-def enqueue(engine: sa.Engine, task: Any, **args: Any) -> int:
-    with engine.begin() as conn:
-        return flowq.enqueue(conn, task, **args).job_id
 
 
 def by_id(engine: sa.Engine) -> dict[int, Any]:
@@ -55,7 +50,7 @@ def test_a_reclaim_by_the_same_worker_is_another_attempt(ledger: sa.Engine, db_u
     # Heartbeats four to a --stale-after, so a busy machine's late one costs no attempt.
     worker = spawn_worker("hostile_app:app", db_url, "-c", "2", "--heartbeat-interval", "0.5",
                           "--stale-after", "2", "--reap-interval", "0.5")
-    job = enqueue(ledger, ha.slow_record, sleep=8)
+    job = enqueue(ledger, ha.slow_record, sleep=8).job_id
     wait_until(lambda: scalar(ledger, "SELECT count(*) FROM attempt_log") == 1, timeout=30,
                message="the first attempt to start")
     # The scenario, not a synchronisation: reap half-way through the first attempt, so that
@@ -81,10 +76,10 @@ def test_hostile_outcomes_never_wedge_the_worker(ledger: sa.Engine, db_url: str,
     """Texts PostgreSQL refuses, delays that name no time, a policy that raises, exceptions
     that cannot be printed, SystemExit: each ends in a documented state, and the jobs batched
     beside them are written (issue 9, #2, #3, #10)."""
-    hostile = {name: enqueue(ledger, getattr(ha, name)) for name in (
+    hostile = {name: enqueue(ledger, getattr(ha, name)).job_id for name in (
         "unprintable", "async_unprintable", "nul_error", "surrogate_error", "huge_error", "cancel_nul", "retry_inf",
         "retry_nan", "retry_huge", "policy_raises", "exits", "interrupts", "not_json")}
-    records = [enqueue(ledger, ha.record, n=i) for i in range(40)]
+    records = [enqueue(ledger, ha.record, n=i).job_id for i in range(40)]
     worker = spawn_worker("hostile_app:app", db_url, "-c", "4", *FAST)
     far_retries = ("retry_huge", "retry_inf")  # both clamped to 366 days (docs/pipelines.md)
     ends = [i for name, i in hostile.items() if name not in far_retries]
@@ -132,7 +127,7 @@ def test_hostile_outcomes_never_wedge_the_worker(ledger: sa.Engine, db_url: str,
         assert scalar(ledger, "SELECT run_at > now() + interval '300 days' FROM flowq.steps "
                           "WHERE id = :j", j=far.id), name
     # Still claiming: nothing is stuck in the completer or holding a slot.
-    more = [enqueue(ledger, ha.record, n=100 + i) for i in range(10)]
+    more = [enqueue(ledger, ha.record, n=100 + i).job_id for i in range(10)]
     wait_until(lambda: final(ledger, more), timeout=30, message="jobs enqueued afterwards")
     assert_ledger_exact(ledger, records + more)
     assert worker.proc.poll() is None
@@ -143,9 +138,9 @@ def test_async_timeouts_hold_when_the_coroutine_ignores_them(ledger: sa.Engine, 
     """A coroutine that swallows cancellation is abandoned at its deadline; one that blocks the
     loop gets the loop replaced, and the async jobs beside it still finish (issue 9, #4)."""
     worker = spawn_worker("hostile_app:app", db_url, "-c", "6", *FAST)
-    stubborn = enqueue(ledger, ha.ignores_cancel)
-    blocker = enqueue(ledger, ha.blocks_loop, seconds=3.0)
-    fine = [enqueue(ledger, ha.async_record, n=i, sleep=0.5) for i in range(4)]
+    stubborn = enqueue(ledger, ha.ignores_cancel).job_id
+    blocker = enqueue(ledger, ha.blocks_loop, seconds=3.0).job_id
+    fine = [enqueue(ledger, ha.async_record, n=i, sleep=0.5).job_id for i in range(4)]
     wait_until(lambda: final(ledger, [stubborn, blocker, *fine]), timeout=90,
                message="the async jobs to end")
     rows = by_id(ledger)
@@ -158,7 +153,7 @@ def test_async_timeouts_hold_when_the_coroutine_ignores_them(ledger: sa.Engine, 
         assert all(e.startswith(("StepTimeout:", "EventLoopBlocked:")) for e in errors), errors
         assert any(e.startswith("StepTimeout:") for e in errors), errors
     assert_ledger_exact(ledger, fine)
-    more = [enqueue(ledger, ha.async_record, n=10 + i) for i in range(5)]
+    more = [enqueue(ledger, ha.async_record, n=10 + i).job_id for i in range(5)]
     wait_until(lambda: final(ledger, more), timeout=30, message="async jobs enqueued afterwards")
     assert_ledger_exact(ledger, fine + more)
     assert worker.proc.poll() is None
@@ -168,7 +163,7 @@ def test_a_short_retry_runs_long_before_the_next_poll(ledger: sa.Engine, db_url:
                                                       spawn_worker: Spawn) -> None:
     """A retry due in 0.2 s runs about then, not at the next poll 60 s later (issue 9, #11)."""
     spawn_worker("hostile_app:app", db_url, "--poll-interval", "60")
-    job = enqueue(ledger, ha.retry_soon, after=0.2)
+    job = enqueue(ledger, ha.retry_soon, after=0.2).job_id
     wait_until(lambda: final(ledger, [job]), timeout=20, message="the retried job to succeed")
     assert (by_id(ledger)[job].status, by_id(ledger)[job].attempts) == ("succeeded", 2)
 

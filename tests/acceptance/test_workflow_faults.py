@@ -48,7 +48,7 @@ from flowq.db.schema import JOIN_SHARDS
 from flowq.db.store import Store
 from flowq.ops.runs import cancel_run, get_run, retry_run
 from flowq.testing import job_rows, wait_until
-from flowq.testing.draining import _run as run_claimed  # one attempt, as `drain` runs it
+from flowq.testing.draining import run_claimed
 
 APP = "workflow_fault_app:app"
 FAST = ["--poll-interval", "0.1", "--stale-after", "2", "--heartbeat-interval", "0.5",

@@ -5,29 +5,16 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta, timezone
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+from support import run_async as run
 
 import flowq
 from flowq.enqueueing.aio import AsyncSession, enqueue, enqueue_many
-
-T = TypeVar("T")
-
-
-def run(db_url: str, fn: Callable[[AsyncEngine], Awaitable[T]]) -> T:
-    async def main() -> T:
-        engine = create_async_engine(db_url)
-        try:
-            return await fn(engine)
-        finally:
-            await engine.dispose()
-
-    return asyncio.run(main())
 
 
 def _rows(engine: sa.Engine) -> list[sa.Row[Any]]:

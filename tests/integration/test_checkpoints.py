@@ -15,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 from sqlalchemy.orm import Session
+from support import enqueue_id as enqueue
 from tenacity import stop_after_attempt
 
 import flowq
@@ -54,13 +55,6 @@ def stored(engine: sa.Engine, run_id: int) -> list[tuple[str, int, Any]]:
         return [tuple(r) for r in conn.execute(sa.text(
             "SELECT name, position, result FROM flowq.checkpoints WHERE run_id = :r "
             "ORDER BY position, name"), {"r": run_id})]
-
-
-def enqueue(engine: sa.Engine, task: Any, **args: Any) -> int:
-    with Session(engine) as s:
-        run = flowq.enqueue(s, task, **args)
-        s.commit()
-    return run.id
 
 
 def the_job(engine: sa.Engine, run_id: int) -> Any:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
-from sqlalchemy.orm import Session
+from support import enqueue_id as enqueue
 from tenacity import stop_after_attempt
 
 import flowq
@@ -25,13 +25,6 @@ from flowq.worker.pruner import Pruner
 
 ONCE = flowq.Retry(stop=stop_after_attempt(1))
 TWICE = flowq.Retry(stop=stop_after_attempt(2))
-
-
-def enqueue(engine: sa.Engine, task: Any, **args: Any) -> int:
-    with Session(engine) as s:
-        run = flowq.enqueue(s, task, **args)
-        s.commit()
-    return run.id
 
 
 def run_of(engine: sa.Engine, run_id: int) -> flowq.runs.RunInfo:

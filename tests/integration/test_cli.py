@@ -12,18 +12,11 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from click.testing import CliRunner, Result
+from click.testing import Result
+from support import APPS_DIR, NO_ENV
+from support import cli as flowq
 
-from flowq.cli import main
 from flowq.testing import job_rows
-
-APPS_DIR = Path(__file__).parents[1] / "apps"
-
-NO_ENV = {"FLOWQ_DATABASE_URL": None, "DATABASE_URL": None}
-
-
-def flowq(*args: str, env: dict[str, str | None] | None = None) -> Result:
-    return CliRunner().invoke(main, list(args), env={**NO_ENV, **(env or {})})
 
 
 def assert_user_error(result: Result, *fragments: str) -> str:

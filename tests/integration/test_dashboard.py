@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import base64
 import re
-import socket
 import subprocess
 import sys
 import time
 import warnings
-from typing import Any
 
 import dashboard_app as da
 import httpx
@@ -21,6 +19,8 @@ import sqlalchemy as sa
 from dashboard_app import dead_run, reset_broken  # noqa: F401 (an autouse fixture)
 from starlette.applications import Starlette
 from starlette.routing import Mount
+from support import dashboard_client as client
+from support import free_port
 
 import flowq
 
@@ -34,10 +34,6 @@ from flowq.testing import drain, running_worker, wait_until
 
 TOKEN = "s3cret-token-for-tests"
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-
-
-def client(engine: sa.Engine, **kwargs: Any) -> TestClient:
-    return TestClient(create_app(engine, **kwargs), base_url="http://127.0.0.1:8080")
 
 
 def csrf_of(c: TestClient, path: str = "/dead") -> str:
@@ -247,12 +243,6 @@ def test_a_database_gone_away_is_a_503_page(engine: sa.Engine) -> None:
 
 
 # -- the command ------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_the_command_serves_binds_loopback_and_says_when_the_port_is_taken(

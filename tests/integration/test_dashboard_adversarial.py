@@ -11,7 +11,6 @@ import base64
 import hashlib
 import hmac
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ import sqlalchemy as sa
 from dashboard_app import dead_run, reset_broken  # noqa: F401 (an autouse fixture)
 from starlette.applications import Starlette
 from starlette.routing import Mount
+from support import free_port
 
 import flowq
 
@@ -382,12 +382,6 @@ def test_the_session_cookie_is_secure_over_https(engine: sa.Engine) -> None:
 
 
 # == DNS rebinding ===============================================================================
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # Fixed after review (medium): `flowq dashboard` binds 127.0.0.1 and, read-only, asks for no login; but it

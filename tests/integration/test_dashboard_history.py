@@ -16,9 +16,9 @@ import pytest
 import sqlalchemy as sa
 from dashboard_app import reset_broken  # noqa: F401 (an autouse fixture)
 from runs_cli import cli, cli_json
+from support import dashboard_client as client
+from support import enqueue_id as enqueue
 
-import flowq
-from flowq.dashboard import create_app
 from flowq.dashboard.reads import activity
 from flowq.db import normalize_url
 from flowq.db.runner import runner
@@ -29,19 +29,9 @@ from flowq.testing import drain, job_rows
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    from starlette.testclient import TestClient
 
 TOKEN = "s3cret-token-for-tests"
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-
-
-def client(engine: sa.Engine, **kwargs: Any) -> TestClient:
-    return TestClient(create_app(engine, **kwargs), base_url="http://127.0.0.1:8080")
-
-
-def enqueue(engine: sa.Engine, target: Any, **kwargs: Any) -> int:
-    with engine.begin() as conn:
-        return flowq.enqueue(conn, target, **kwargs).id
 
 
 # -- the attempt history ----------------------------------------------------------------------

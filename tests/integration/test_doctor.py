@@ -14,23 +14,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import sqlalchemy as sa
-from click.testing import CliRunner, Result
 from sqlalchemy.engine import make_url
+from support import cli
 
 import flowq
-from flowq.cli import main
 from flowq.db.migrations import HEAD_REVISION, downgrade
 from flowq.db.schema import JOBS_STORAGE_PARAMETERS
 from flowq.ops.doctor import Check, doctor
 from flowq.testing import wait_until
 
-NO_ENV = {"FLOWQ_DATABASE_URL": None, "DATABASE_URL": None}
 NAMES = ["schema", "table", "xmin", "autovacuum", "pooler", "clock", "primary", "listen",
          "deploy"]
-
-
-def cli(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args), env=NO_ENV)
 
 
 def by_name(checks: list[Check]) -> dict[str, Check]:

@@ -11,14 +11,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import psycopg
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 from sqlalchemy.orm import sessionmaker
+from support import run_async as arun
 
 import flowq
 from flowq.db.runner import raw_sql
@@ -26,7 +26,6 @@ from flowq.enqueueing.aio import AsyncSession
 from flowq.enqueueing.prepare import KEY_RACE_ATTEMPTS, prepare_enqueue
 from flowq.testing import job_rows, wait_until
 
-T = TypeVar("T")
 KEY = "order-1"
 
 
@@ -35,17 +34,6 @@ def existing(Session: sessionmaker[flowq.Session]) -> flowq.Enqueued:
     """A run committed under KEY before the test starts."""
     with Session.begin() as s:
         return s.enqueue("pay", queue="default", idempotency_key=KEY, who="first")
-
-
-def arun(db_url: str, fn: Callable[[AsyncEngine], Awaitable[T]]) -> T:
-    async def main() -> T:
-        aengine = create_async_engine(db_url)
-        try:
-            return await fn(aengine)
-        finally:
-            await aengine.dispose()
-
-    return asyncio.run(main())
 
 
 def heartbeat(engine: sa.Engine, job_id: int) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from support import scalar
 from tenacity import stop_after_attempt
 
 import flowq
@@ -25,11 +26,6 @@ from flowq.ops.runs import cancel_run, get_run, retry_run
 from flowq.testing import drain, wait_until
 
 Q = Queries("flowq")
-
-
-def scalar(engine: sa.Engine, sql: str, **params: Any) -> Any:
-    with engine.connect() as conn:
-        return conn.execute(sa.text(sql), params).scalar()
 
 
 def where(engine: sa.Engine, job_id: int) -> tuple[int, int]:

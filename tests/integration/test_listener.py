@@ -89,7 +89,7 @@ def test_a_worker_and_a_wait_run_share_one_listen_connection_and_its_reconnect(
     import threading
 
     import flowq
-    from flowq.context import Context
+    from flowq.durable.context import Context
     from flowq.ops import results
     from flowq.ops.waiters import RunEndListener
     from flowq.worker import Worker, WorkerConfig

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
+from support import enqueue_id as enqueue
+from support import free_port
 from tenacity import stop_after_attempt, wait_fixed
 
 import flowq
@@ -44,25 +46,6 @@ def names(samples: dict[tuple[str, frozenset[tuple[str, str]]], float]) -> set[s
     return {name for name, _ in samples}
 
 
-def free_port(span: int = 1) -> int:
-    """A port P with P .. P+span-1 free on 127.0.0.1 now."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port + span > 65535:
-            continue
-        try:
-            with contextlib.ExitStack() as stack:
-                for p in range(port, port + span):
-                    t = stack.enter_context(socket.socket())
-                    t.bind(("127.0.0.1", p))
-            return port
-        except OSError:
-            continue
-    raise AssertionError("no free port")
-
-
 @contextlib.contextmanager
 def running_worker(app: flowq.FlowQ, url: str, **config: Any) -> Iterator[Worker]:
     """`flowq.testing.running_worker`, serving metrics on a free port."""
@@ -75,11 +58,6 @@ def running_worker(app: flowq.FlowQ, url: str, **config: Any) -> Iterator[Worker
 def port_of(w: Worker) -> int:
     assert w.metrics is not None and w.metrics.port is not None
     return w.metrics.port
-
-
-def enqueue(engine: sa.Engine, task: Any, **kwargs: Any) -> int:
-    with engine.begin() as conn:
-        return flowq.enqueue(conn, task, **kwargs).id
 
 
 def test_outcomes_durations_pickup_delay_in_flight_and_queue_gauges(

@@ -52,7 +52,7 @@ class Traces:
 def traces(monkeypatch: pytest.MonkeyPatch) -> Iterator[Traces]:
     t = Traces()
     monkeypatch.setattr(flowq.tracing, "ENABLED", True)
-    monkeypatch.setattr(flowq.tracing, "_tracer", t.provider.get_tracer("flowq"))
+    monkeypatch.setattr(flowq.tracing, "tracer", t.provider.get_tracer("flowq"))
     yield t
     t.provider.shutdown()
 
@@ -245,7 +245,7 @@ def test_without_a_configured_tracer_nothing_breaks_and_nothing_is_stored(
     """The API without an SDK (the global provider is OpenTelemetry's no-op): spans are
     no-ops, no context is stored, the run completes."""
     monkeypatch.setattr(flowq.tracing, "ENABLED", True)
-    monkeypatch.setattr(flowq.tracing, "_tracer", None)
+    monkeypatch.setattr(flowq.tracing, "tracer", None)
     pipe = app.pipeline("plain")
 
     @pipe.step(retry=TWO_TRIES)

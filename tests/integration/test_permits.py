@@ -19,7 +19,7 @@ import psycopg
 import pytest
 import queues_app as qa
 import sqlalchemy as sa
-from support import scalar
+from support import max_overlap, scalar
 
 import flowq
 from flowq.db import normalize_url
@@ -302,12 +302,7 @@ def _ledger_peak(engine: sa.Engine) -> int:
     with engine.connect() as c:
         rows = list(c.execute(sa.text("SELECT started, ended FROM queue_ledger "
                                       "WHERE task = 'capped'")))
-    events = sorted([(r.started, 1) for r in rows] + [(r.ended, -1) for r in rows])
-    now = peak = 0
-    for _, step in events:
-        now += step
-        peak = max(peak, now)
-    return peak
+    return max_overlap(rows)
 
 
 def held_by_pid(engine: sa.Engine, pid: int) -> int:

@@ -177,7 +177,7 @@ def test_the_attempts_span_gets_the_latest_report(engine: sa.Engine, db_url: str
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     monkeypatch.setattr(flowq.tracing, "ENABLED", True)
-    monkeypatch.setattr(flowq.tracing, "_tracer", provider.get_tracer("flowq"))
+    monkeypatch.setattr(flowq.tracing, "tracer", provider.get_tracer("flowq"))
     release.set()
     with engine.begin() as conn:
         run_id = flowq.enqueue(conn, count_up, n=1000).id

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import queues_app as qa
 import sqlalchemy as sa
-from support import scalar
+from support import max_overlap, scalar
 
 import flowq
 from flowq.db import normalize_url
@@ -39,16 +39,6 @@ def intervals(engine: sa.Engine, task: str) -> list[Any]:
     with engine.connect() as conn:
         return list(conn.execute(sa.text(
             "SELECT key, started, ended FROM queue_ledger WHERE task = :t"), {"t": task}))
-
-
-def max_overlap(rows: list[Any]) -> int:
-    events = sorted([(r.started, 1) for r in rows] + [(r.ended, -1) for r in rows],
-                    key=lambda e: (e[0], e[1]))
-    now = peak = 0
-    for _, step in events:
-        now += step
-        peak = max(peak, now)
-    return peak
 
 
 def done(engine: sa.Engine, task: str) -> int:

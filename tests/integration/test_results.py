@@ -22,6 +22,7 @@ from typing import Any
 import psycopg
 import pytest
 import sqlalchemy as sa
+from support import enqueue_id as enqueue
 
 import flowq
 from flowq.db.schema import run_end_channel
@@ -64,11 +65,6 @@ def nap(ctx: Context) -> None:
     started.set()
     go.wait(30)
     ctx.sleep(3600)  # its run was cancelled meanwhile: the job ends cancelled here
-
-
-def enqueue(engine: sa.Engine, task: Any, **args: Any) -> int:
-    with engine.begin() as conn:
-        return flowq.enqueue(conn, task, **args).id
 
 
 class Reads:
@@ -575,7 +571,7 @@ def test_an_await_run_cancelled_while_it_registers_leaves_no_registration(
 
     asyncio.run(main())  # which waits for its threads (the registration's)
     assert registrations(engine) == []
-    assert not listener._waiters
+    assert listener.watching == 0
 
 
 def test_a_run_cancelled_while_its_step_runs_wakes_its_waiter_when_the_step_sleeps(

@@ -8,12 +8,12 @@ test_pipelines.py.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import pipeline_app as pa
 import pytest
 import sqlalchemy as sa
 from runs_cli import cli, cli_json
+from support import enqueue
 
 import flowq
 from flowq.db.sql import Queries
@@ -27,11 +27,6 @@ STEP_KEYS = {"job_id", "step", "index", "queue", "status", "attempts", "max_atte
              "cancel_requested", "run_at", "created_at", "locked_at", "heartbeat_at",
              "locked_by", "finished_at", "last_error", "args", "result", "map_index",
              "last_error_earlier", "started_at", "history", "progress"}
-
-
-def enqueue(engine: sa.Engine, pipeline: flowq.Pipeline, **kwargs: Any) -> flowq.Enqueued:
-    with engine.begin() as conn:
-        return flowq.enqueue(conn, pipeline, **kwargs)
 
 
 def work(db_url: str, queues: tuple[str, ...] = ("default",)) -> None:

@@ -11,32 +11,22 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from click.testing import CliRunner, Result
+from support import cli
+from support import enqueue_id as enqueue
 
 import flowq
-from flowq.cli import main
 from flowq.db.sql import queries
 from flowq.ops.status import status
 from flowq.testing import running_worker, wait_until
 
-NO_ENV = {"FLOWQ_DATABASE_URL": None, "DATABASE_URL": None}
+# `enqueue` by task names no other test defines: an enqueue by name checks the arguments
+# against a live definition of that name, and another module's app may still be alive.
 
 QUEUE_KEYS = {"name", "pending", "scheduled", "waiting", "running", "dead", "oldest_due_s",
               "succeeded_last_minute", "succeeded_last_hour", "dead_last_hour",
               "concurrency", "rate_limit", "rate_period_s", "paused"}
 WORKER_KEYS = {"name", "host", "pid", "queues", "concurrency", "version", "started_at",
                "heartbeat_age_s"}
-
-
-def cli(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args), env=NO_ENV)
-
-
-def enqueue(engine: sa.Engine, task: str, **kwargs: Any) -> int:
-    # Task names no other test defines: an enqueue by name checks the arguments against a
-    # live definition of that name, and another module's app may still be alive.
-    with engine.begin() as conn:
-        return flowq.enqueue(conn, task, **kwargs).id
 
 
 def execute(engine: sa.Engine, sql: str, **params: Any) -> None:

@@ -15,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 from sqlalchemy.orm import sessionmaker
+from support import enqueue
 
 import flowq
 from flowq.db.sql import Queries
@@ -55,11 +56,6 @@ def right(ctx: flowq.Context, n: int) -> dict[str, int]:
 def _clear() -> Iterator[None]:
     done.clear()
     yield
-
-
-def enqueue(engine: sa.Engine, task: Any, **kwargs: Any) -> flowq.Enqueued:
-    with engine.begin() as conn:
-        return flowq.enqueue(conn, task, **kwargs)
 
 
 def uniques(engine: sa.Engine) -> list[tuple[str, int]]:

@@ -14,24 +14,17 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from support import enqueue_id as enqueue
+from support import scalar
 from tenacity import stop_after_attempt, wait_fixed
 
 import flowq
+from flowq.db.runner import Rows
 from flowq.durable.context import Context
 from flowq.testing import job_rows, run_until_idle, running_worker, wait_until
 from flowq.worker import Worker, WorkerConfig
 
 ONE_TRY = flowq.Retry(stop=stop_after_attempt(1))
-
-
-def enqueue(engine: sa.Engine, task: Any, **kwargs: Any) -> int:
-    with engine.begin() as conn:
-        return flowq.enqueue(conn, task, **kwargs).id
-
-
-def scalar(engine: sa.Engine, sql: str, **params: Any) -> Any:
-    with engine.connect() as conn:
-        return conn.execute(sa.text(sql), params).scalar()
 
 
 def only_row(engine: sa.Engine, where: str = "TRUE", **params: Any) -> Any:
@@ -590,13 +583,13 @@ def test_a_stalled_completer_throttles_claiming(app: flowq.FlowQ, engine: sa.Eng
         flowq.enqueue_many(conn, quick, [{} for _ in range(200)])
     w = Worker(app, db_url, WorkerConfig(poll_interval=0.05, concurrency=4, shutdown_grace=5))
     gate = threading.Event()
-    write = w.completer._write
+    send = w.completer.store.run
 
-    def stalled(batch: Any) -> None:
+    def stalled(statement: Any, params: Any) -> Rows:
         gate.wait(30)
-        write(batch)
+        return send(statement, params)
 
-    w.completer._write = stalled  # type: ignore[method-assign]
+    w.completer.store.run = stalled
     t = threading.Thread(target=w.run, kwargs={"install_signals": False}, daemon=True)
     t.start()
     try:

@@ -296,7 +296,7 @@ def test_a_slot_is_not_lost_when_scheduling_or_spawning_fails(
     def no_thread() -> None:
         raise RuntimeError("can't start new thread")
 
-    monkeypatch.setattr(executor, "_spawn", no_thread)
+    monkeypatch.setattr(executor, "spawn_thread", no_thread)
     assert isinstance(run(stuck), Failed)  # abandoned; the replacement thread failed
     wait_until(lambda: executor.in_flight == 0, timeout=5, message="the slot back")
 

@@ -17,7 +17,7 @@ PARAMS = {"task": "t", "queue": "q", "args": {}}
 def test_nothing_current_stores_no_context() -> None:
     with tracing.publish(PARAMS) as publication:
         assert publication is not None
-        if tracing._unconfigured(tracing._load()):  # type: ignore[arg-type]
+        if tracing.unconfigured():
             assert publication.params["trace_context"] is None
         publication.done(object())  # a no-op span ignores it
 
@@ -42,10 +42,10 @@ def test_a_provider_configured_after_the_first_enqueue_is_used(
 
     monkeypatch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", Once())  # a fresh process's
     monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
-    monkeypatch.setattr(tracing, "_tracer", None)
+    monkeypatch.setattr(tracing, "tracer", None)
     with tracing.publish(PARAMS) as publication:
         assert publication is not None and publication.params["trace_context"] is None
-    assert isinstance(tracing._tracer, trace.ProxyTracer)
+    assert isinstance(tracing.tracer, trace.ProxyTracer)
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 import time
+from typing import Any
 
 import psycopg
 import pytest
@@ -14,6 +15,7 @@ import sqlalchemy as sa
 from click.testing import CliRunner
 
 import flowq
+import flowq.worker.worker as worker_module
 from flowq.cli import main
 from flowq.errors import DatabaseUnavailableError
 from flowq.worker import Worker, WorkerConfig
@@ -71,12 +73,12 @@ def test_a_briefly_unreachable_database_is_ridden_out(app: flowq.FlowQ, closed_u
                 psycopg.errors.AdminShutdown("terminating connection due to administrator")]
     calls: list[int] = []
 
-    def flaky() -> None:
+    def flaky(*args: Any, **kwargs: Any) -> None:
         calls.append(1)
         if failures:
             raise failures.pop(0)
 
-    monkeypatch.setattr(w, "_check_schema", flaky)
+    monkeypatch.setattr(worker_module, "ensure_schema", flaky)
     w.check_database()  # no error: the fifth try succeeded
     assert len(calls) == 5
     w.connections.close()
@@ -86,7 +88,8 @@ def test_a_refused_statement_is_not_tried_again(app: flowq.FlowQ, closed_url: st
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     w = Worker(app, closed_url, WorkerConfig(start_timeout=30.0))
     refused = sa.exc.IntegrityError("INSERT", {}, psycopg.errors.UniqueViolation("duplicate"))
-    monkeypatch.setattr(w, "_check_schema", lambda: (_ for _ in ()).throw(refused))
+    monkeypatch.setattr(worker_module, "ensure_schema",
+                        lambda *args, **kwargs: (_ for _ in ()).throw(refused))
     with pytest.raises(sa.exc.IntegrityError):
         w.check_database()
     w.connections.close()
@@ -97,12 +100,12 @@ def test_a_refusal_is_not_tried_again(app: flowq.FlowQ, closed_url: str,
     w = Worker(app, closed_url, WorkerConfig(start_timeout=30.0))
     calls: list[int] = []
 
-    def refused() -> None:
+    def refused(*args: Any, **kwargs: Any) -> None:
         calls.append(1)
         raise psycopg.OperationalError('connection failed: FATAL:  password authentication '
                                        'failed for user "bob"')
 
-    monkeypatch.setattr(w, "_check_schema", refused)
+    monkeypatch.setattr(worker_module, "ensure_schema", refused)
     with pytest.raises(DatabaseUnavailableError, match="refused the connection"):
         w.check_database()
     assert len(calls) == 1

@@ -41,7 +41,7 @@ from flowq.db import describe_url, mask_secrets, normalize_url
 from flowq.db.checks import ensure_schema
 from flowq.db.rows import Claim, ClaimedJob
 from flowq.db.schema import notify_channel, schema_map
-from flowq.db.sql import Queries
+from flowq.db.store import Store
 from flowq.db.transient import is_transient
 from flowq.define.app import FlowQ
 from flowq.errors import ConfigurationError, DatabaseUnavailableError, FlowqError
@@ -109,7 +109,7 @@ class Worker:
         if not self.queues:
             raise ConfigurationError("the app defines no tasks, so there is no queue to serve: "
                                      "register tasks or pass --queues")
-        self.q = Queries(app.schema)
+        schema = app.schema
         self.channel = notify_channel(app.schema)
         c = self.config
         self.connections = WorkerConnections(
@@ -125,6 +125,9 @@ class Worker:
         pgb = c.pgbouncer
         self.claim_conn = self.connections.claim
         self.complete_conn = self.connections.complete
+        # The schema's statements, for the parts that still take them (the producer, the
+        # metrics; their own conversion gives them the schema): reached through a store.
+        statements = Store(self.claim_conn.execute, schema).q
         # The producer's doorbell: every part that frees capacity or learns of a due job
         # rings it. The parts are built before the producer (it reads them), so their
         # callbacks reach it through the methods below.
@@ -135,9 +138,9 @@ class Worker:
 
             self.metrics = WorkerMetrics(
                 worker=c.name, concurrency=c.concurrency, queues=self.queues,
-                in_flight=lambda: self.executor.active, queries=self.q,
+                in_flight=lambda: self.executor.active, queries=statements,
                 conn=self.connections.metrics())
-        self.completer = Completer(self.complete_conn, self.q, job_log=c.job_log,
+        self.completer = Completer(self.complete_conn, schema, job_log=c.job_log,
                                    on_written=self._wake.set, on_scheduled=self._wake_at,
                                    metrics=self.metrics, outage=self.connections.outage)
         # Set when the worker starts stopping: ends the claim loop and the maintenance
@@ -155,9 +158,9 @@ class Worker:
             # handler does.
             end_backend=None if pgb else self._end_backend,
             elsewhere=lambda: self.registry.elsewhere)
-        self.claimer = Claimer(self.claim_conn, self.q, self.queues, c.name,
+        self.claimer = Claimer(self.claim_conn, schema, self.queues, c.name,
                                self.executor.submit, held=self._held_claims)
-        self.producer = Producer(c, self.claimer, self.executor, self.completer, self.q,
+        self.producer = Producer(c, self.claimer, self.executor, self.completer, statements,
                                  wake=self._wake,
                                  stopping=self._stopping, interrupted=self._interrupted,
                                  outage=self.connections.outage)
@@ -170,25 +173,25 @@ class Worker:
                                      wake_in=self.producer.wake_at,
                                      outage=self.connections.outage)
         self.heartbeat = Heartbeat(
-            self.connections.heartbeat, self.q, self._held_claims,
+            self.connections.heartbeat, schema, self._held_claims,
             unsettled=self.executor.unsettled_claims, worker=c.name,
             interval=c.heartbeat_interval,
             on_cancelled=self.executor.cancel)
-        self.registry = Registry(maintain, self.q, worker=c.name, queues=self.queues,
+        self.registry = Registry(maintain, schema, worker=c.name, queues=self.queues,
                                  tasks=[p.name for p in app], concurrency=c.concurrency,
                                  interval=c.heartbeat_interval,
                                  definitions=app.definitions, stale=c.stale_after)
         stopping = self._stopping
-        self.reaper = Reaper(maintain, self.q, stale_after=c.stale_after,
+        self.reaper = Reaper(maintain, schema, stale_after=c.stale_after,
                              interval=c.reap_interval, first_delay=FIRST_REAP,
                              stopping=stopping)
-        self.waits = WaitExpirer(maintain, self.q, interval=c.reap_interval,
+        self.waits = WaitExpirer(maintain, schema, interval=c.reap_interval,
                                  first_delay=FIRST_WAITS, stopping=stopping)
         # The reaper's limit: a running job is alive while its worker's entry beats.
-        self.expirer = WorkerExpirer(maintain, self.q, stale=c.stale_after,
+        self.expirer = WorkerExpirer(maintain, schema, stale=c.stale_after,
                                      interval=c.reap_interval, first_delay=FIRST_EXPIRY,
                                      stopping=stopping)
-        self.pruner = Pruner(maintain, self.q, retention=c.retention,
+        self.pruner = Pruner(maintain, schema, retention=c.retention,
                              dead_retention=c.dead_retention, interval=c.prune_interval,
                              first_delay=FIRST_PRUNE, stopping=stopping)
         # Periodic schedules: a thread and a connection of their own (see its module).
@@ -276,7 +279,7 @@ class Worker:
     def warn_stranded(self) -> int:
         """Log due jobs of this app's tasks waiting on queues no step of the app uses (a
         producer's `queue=` that no worker serves by default); returns how many groups."""
-        return warn_stranded(self.engines["maintain"], self.q, [p.name for p in self.app],
+        return warn_stranded(self.engines["maintain"], self.app.schema, [p.name for p in self.app],
                              self.app.queues)
 
     # -- what the parts report (they are built before the producer) ----------------------------
@@ -292,7 +295,7 @@ class Worker:
 
     def _end_backend(self, pid: int) -> None:
         with self.engines["maintain"].connect() as conn:
-            conn.execute(self.q.end_backend, {"pid": pid})
+            Store.of(conn, self.app.schema).end_backend(pid)
 
     def _orphaned(self) -> None:
         self._signalled = signal.SIGTERM  # the claim loop starts a clean shutdown

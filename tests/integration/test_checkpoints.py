@@ -21,7 +21,6 @@ import flowq
 from flowq.cli import main
 from flowq.context import StepSession
 from flowq.db.runner import runner
-from flowq.db.sql import queries
 from flowq.db.store import Store
 from flowq.durable import MAX_SNOOZES, ClaimLost, Ledger
 from flowq.testing import drain, job_rows, run_step
@@ -399,7 +398,7 @@ def test_prune_deletes_a_runs_checkpoints(engine: sa.Engine, app: flowq.FlowQ) -
     run_id = enqueue(engine, kept)
     drain(engine, app)
     assert len(stored(engine, run_id)) == 1
-    Pruner(engine, queries("flowq"), retention=0.0, dead_retention=0.0).run_once()
+    Pruner(engine, "flowq", retention=0.0, dead_retention=0.0).run_once()
     assert stored(engine, run_id) == [] and job_rows(engine) == []
 
 

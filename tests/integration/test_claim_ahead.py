@@ -281,7 +281,7 @@ def idle_producer(**config: Any) -> tuple[Any, threading.Event]:
     from flowq.worker.producer import Producer
 
     conn = DedicatedConnection(normalize_url("postgresql://unused/none"), "unused")
-    claimer = Claimer(conn, Queries("flowq"), ["default"], "w", lambda job: None)
+    claimer = Claimer(conn, "flowq", ["default"], "w", lambda job: None)
     wake = threading.Event()
     producer = Producer(WorkerConfig(**config), claimer, _Idle(), _Idle(), Queries("flowq"),
                         wake=wake, stopping=threading.Event())

@@ -18,7 +18,6 @@ import flowq
 from flowq.context import Context, StepSession
 from flowq.db import normalize_url
 from flowq.db.rows import ClaimedJob
-from flowq.db.sql import Queries
 from flowq.testing import wait_until
 from flowq.worker.completer import Completer
 from flowq.worker.connection import DedicatedConnection
@@ -33,7 +32,7 @@ class Recorder(Completer):
 
     def __init__(self) -> None:
         super().__init__(DedicatedConnection(normalize_url("postgresql://unused/none"),
-                                             "unused"), Queries("flowq"))
+                                             "unused"), "flowq")
         self.outcomes: dict[int, Outcome] = {}
 
     def submit(self, job: ClaimedJob, outcome: Outcome, duration: float = 0.0,

@@ -9,3 +9,7 @@ __all__ = ["DurableVerbs"]
 
 class DurableVerbs(Verbs):
     """Checkpoints, children, batches and waiters."""
+
+    def prune_waiters(self, limit: int) -> int:
+        """Delete up to `limit` run waiters whose LISTEN connection is gone; how many."""
+        return int(self.run(self.q.prune_waiters, {"limit": limit})[0][0])

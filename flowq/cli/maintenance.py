@@ -27,17 +27,16 @@ PRUNE_MAX_BATCHES: Final = 1_000_000
                    "registry entry is as old) is requeued, and the entry removed.")
 def reap(database_url: str | None, schema: str, stale_after: float) -> None:
     """Requeue (or bury) running jobs whose worker stopped heartbeating; one pass."""
-    from flowq.db.sql import Queries
     from flowq.worker.reaper import Reaper
     from flowq.worker.registry import WorkerExpirer
     from flowq.worker.waits import WaitExpirer
 
     engine = open_engine(database_url, schema)
     try:
-        n = Reaper(engine, Queries(schema), stale_after=stale_after).run_once()
+        n = Reaper(engine, schema, stale_after=stale_after).run_once()
         # The reaper's pass used to expire dead workers' entries and timed-out waits too.
-        WorkerExpirer(engine, Queries(schema), stale=stale_after).run_once()
-        WaitExpirer(engine, Queries(schema)).run_once()
+        WorkerExpirer(engine, schema, stale=stale_after).run_once()
+        WaitExpirer(engine, schema).run_once()
     finally:
         engine.dispose()
     click.echo(f"reaped {n} job(s).")
@@ -53,13 +52,12 @@ def reap(database_url: str | None, schema: str, stale_after: float) -> None:
 def prune(database_url: str | None, schema: str, retention: float, dead_retention: float
           ) -> None:
     """Delete runs that finished longer ago than the retention; one pass."""
-    from flowq.db.sql import Queries
     from flowq.worker.pruner import Pruner
 
     engine = open_engine(database_url, schema)
     phase = Phase(f"deleting runs finished more than {retention:,.0f}s ago "
                   f"({dead_retention:,.0f}s with a dead step), a batch per transaction")
-    pruner = Pruner(engine, Queries(schema), retention=retention,
+    pruner = Pruner(engine, schema, retention=retention,
                     dead_retention=dead_retention, max_batches=1)
     n = 0
     try:

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import Final
 
 from flowq.db.rows import Claim, ClaimedJob, ClaimKey
-from flowq.db.sql import Queries
 from flowq.db.store import QueueControl, Store
 from flowq.storable import describe, first_line
 from flowq.worker.connection import DB_ERRORS, DedicatedConnection
@@ -63,13 +62,13 @@ class Permits:
 class Claimer:
     """Claims up to the free slots, across `queues` in rotation, for worker `name`."""
 
-    def __init__(self, conn: DedicatedConnection, queries: Queries, queues: Sequence[str],
+    def __init__(self, conn: DedicatedConnection, schema: str, queues: Sequence[str],
                  name: str, submit: Callable[[ClaimedJob], None], *,
                  held: Callable[[], Collection[Claim]] | None = None,
                  head_scan_every: float = HEAD_SCAN_EVERY,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.conn = conn
-        self.store = Store(conn.execute, queries.schema)
+        self.store = Store(conn.execute, schema)
         self.queues = list(queues)
         self.name = name
         self.submit = submit

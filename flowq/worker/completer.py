@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from flowq.db.rows import Claim, ClaimedJob
-from flowq.db.sql import Queries
 from flowq.db.store import Store
 from flowq.db.transient import is_transient
 from flowq.storable import describe, first_line, storable_text
@@ -66,15 +65,15 @@ class _Item:
 class Completer:
     """Writes outcomes; one background thread, started with `start()`."""
 
-    def __init__(self, conn: DedicatedConnection, queries: Queries, *, job_log: bool = True,
+    def __init__(self, conn: DedicatedConnection, schema: str, *, job_log: bool = True,
                  on_written: Callable[[], None] | None = None,
                  on_scheduled: Callable[[float], None] | None = None,
                  metrics: OutcomeObserver | None = None, outage: Outage | None = None) -> None:
         self.conn = conn
         self.outage = outage or Outage()
-        self.q = queries
+        self.schema = schema
         # The connection's `execute` is its runner: the store's verbs send through it.
-        self.store = Store(conn.execute, queries.schema)
+        self.store = Store(conn.execute, schema)
         self.job_log = job_log
         self.on_written = on_written
         self.on_scheduled = on_scheduled
@@ -103,7 +102,7 @@ class Completer:
         if session is not None:
             if not isinstance(outcome, Succeeded):
                 raise TypeError("only a success is written in the handler's session")
-            if complete_in_session(session, self.q.schema, job, outcome):
+            if complete_in_session(session, self.schema, job, outcome):
                 self._log_success(job, duration)
             else:
                 self._log_lost(job, "completion")

@@ -10,9 +10,10 @@ attempt still runs is simply another attempt.
 
 Timeouts (found by `flowq.worker.watchdog`): a sync handler cannot be killed, so it is
 abandoned: a new thread takes its slot, whatever it returns later is discarded, and its open
-`ctx.session` transaction is ended on the server at once (`end_backend`). An async handler is
-cancelled, and abandoned the same way if it ignores that. A blocked event loop is replaced by
-a fresh one; the other attempts left on it are retried at once (counting against the cap).
+`ctx.session` transaction is ended on the server at once (`end_backend`, see
+`flowq.worker.sessions`). An async handler is cancelled, and abandoned the same way if it
+ignores that. A blocked event loop is replaced by a fresh one; the other attempts left on it
+are retried at once (counting against the cap).
 
 Callbacks, given at construction: `on_slot_free(in_flight)` after each attempt settles,
 `on_start(job, waited)` as each starts (the seconds it waited claimed ahead: the metrics'
@@ -36,12 +37,13 @@ from flowq import tracing
 from flowq.db.rows import Claim, ClaimedJob
 from flowq.define.app import FlowQ
 from flowq.durable.session import StepSession
-from flowq.storable import describe, first_line, safe_str
+from flowq.storable import describe, first_line
 from flowq.worker.attempt import SUMMARY_CHARS, Attempt, arun_attempt, run_attempt
 from flowq.worker.completer import Completer
 from flowq.worker.logs import ERROR, INFO, WARNING, log_event
 from flowq.worker.model import Failed, Outcome, Succeeded
 from flowq.worker.resolution import Elsewhere
+from flowq.worker.sessions import close_quietly, end_transaction
 from flowq.worker.watchdog import EventLoop, Watchdog
 
 __all__ = ["Executor"]
@@ -294,7 +296,7 @@ class Executor:
         session = attempt.ctx.opened_session if attempt.ctx is not None else None
         try:
             if abandoned:
-                _quietly(session, "rollback")
+                close_quietly(session, "rollback")
                 log_event(WARNING, "late result of an abandoned attempt discarded",
                           job_id=rec.job.id, task=rec.job.task, step=rec.job.step,
                           duration_ms=round(duration * 1000, 2))
@@ -306,10 +308,10 @@ class Executor:
                     outcome = attempt.failure(exc, duration)
                     self.completer.submit(rec.job, outcome, duration)
             else:
-                _quietly(session, "rollback")
+                close_quietly(session, "rollback")
                 self.completer.submit(rec.job, outcome, duration)
         finally:
-            _quietly(session, "close")
+            close_quietly(session, "close")
             if not abandoned:
                 if rec.span is not None:
                     tracing.end_attempt(rec.span, outcome, attempt.error)
@@ -330,7 +332,7 @@ class Executor:
             rec.done = True
             # Under the lock: the handler's thread cannot settle (and hand its connection back
             # to the pool, where another attempt could take it) before this is done.
-            self._end_transaction(rec)
+            end_transaction(rec.attempt, self.end_backend)
         self.completer.submit(rec.job, outcome, rec.attempt.elapsed())
         if rec.span is not None:
             tracing.end_attempt(rec.span, outcome, rec.attempt.error)
@@ -344,17 +346,6 @@ class Executor:
                 log_event(ERROR, "could not start a replacement handler thread",
                           error=first_line(describe(exc)))
         return True
-
-    def _end_transaction(self, rec: _Running) -> None:
-        ctx = rec.attempt.ctx
-        pid = getattr(ctx.opened_session if ctx is not None else None, "backend_pid", None)
-        if not isinstance(pid, int) or self.end_backend is None:
-            return
-        try:
-            self.end_backend(pid)
-        except Exception as exc:
-            log_event(WARNING, "could not end an abandoned attempt's transaction",
-                      job_id=rec.job.id, error=first_line(describe(exc)))
 
     def _replace_loop(self, stuck: EventLoop, now: float) -> None:
         with self._lock:
@@ -391,14 +382,4 @@ class Executor:
             self.on_slot_free(in_flight)
         except Exception as exc:
             log_event(ERROR, "slot callback crashed", error=repr(exc))
-
-
-def _quietly(session: StepSession | None, method: str) -> None:
-    """Roll back or close a handler's session; a dead connection must not cost the slot."""
-    if session is None:
-        return
-    try:
-        getattr(session, method)()
-    except Exception as exc:
-        log_event(WARNING, f"ctx.session {method} failed", error=first_line(safe_str(exc)))
 

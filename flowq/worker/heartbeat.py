@@ -31,7 +31,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from flowq.db.rows import Claim
-from flowq.db.sql import Queries
 from flowq.db.store import Store
 from flowq.durable.context import progress_of
 from flowq.worker.config import DEFAULT_HEARTBEAT_INTERVAL
@@ -48,14 +47,14 @@ class Heartbeat(Service):
 
     name = "heartbeat"
 
-    def __init__(self, conn: DedicatedConnection, queries: Queries,
+    def __init__(self, conn: DedicatedConnection, schema: str,
                  claims: Callable[[], list[Claim]],
                  unsettled: Callable[[], list[Claim]] | None = None, *, worker: str,
                  interval: float = DEFAULT_HEARTBEAT_INTERVAL,
                  on_cancelled: Callable[[list[Claim]], None] | None = None) -> None:
         super().__init__(interval=interval)
         self.conn = conn
-        self.store = Store(conn.execute, queries.schema)
+        self.store = Store(conn.execute, schema)
         self.worker = worker
         self.claims = claims
         # The claims whose handler is still running (default: `claims`). Only those can be

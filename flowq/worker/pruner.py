@@ -31,7 +31,7 @@ from typing import Final
 import sqlalchemy as sa
 
 from flowq.db import history
-from flowq.db.sql import Queries
+from flowq.db.store import Store
 from flowq.worker.config import DEFAULT_DEAD_RETENTION, DEFAULT_PRUNE_INTERVAL, DEFAULT_RETENTION
 from flowq.worker.logs import INFO, WARNING, log_event
 from flowq.worker.services import Service
@@ -57,7 +57,7 @@ class Pruner(Service):
 
     name = "pruner"
 
-    def __init__(self, engine: sa.Engine, queries: Queries, *,
+    def __init__(self, engine: sa.Engine, schema: str, *,
                  retention: float = DEFAULT_RETENTION,
                  dead_retention: float = DEFAULT_DEAD_RETENTION, limit: int = PRUNE_LIMIT,
                  max_batches: int = PRUNE_MAX_BATCHES, interval: float = DEFAULT_PRUNE_INTERVAL,
@@ -65,7 +65,7 @@ class Pruner(Service):
                  stopping: threading.Event | None = None) -> None:
         super().__init__(interval=interval, first_delay=first_delay, stopping=stopping)
         self.engine = engine
-        self.queries = queries
+        self.schema = schema
         self.retention = retention
         self.dead_retention = dead_retention
         self.limit = limit
@@ -79,7 +79,7 @@ class Pruner(Service):
     def ensure_partitions(self) -> history.Partitioned:
         """Create the missing day partitions (step 1 of a pass; the worker's start too)."""
         with self.engine.connect() as conn:
-            done = history.ensure_partitions(conn, self.queries.schema, self.days_ahead)
+            done = history.ensure_partitions(conn, self.schema, self.days_ahead)
         if done.created:
             log_event(INFO, "created history partitions",
                       days=",".join(f"{d:%Y-%m-%d}" for d in done.created))
@@ -101,14 +101,14 @@ class Pruner(Service):
                     return total
                 total += done
         with self.engine.begin() as conn:
-            conn.execute(self.queries.prune_waiters, {"limit": self.limit})
+            Store.of(conn, self.schema).prune_waiters(self.limit)
         if total:
             log_event(INFO, "pruned finished runs", rows=total)
         return total
 
     def _retire_days(self, conn: sa.Connection) -> int | None:
         """Step 2: sweep and drop the days older than the retention; rows deleted."""
-        schema = self.queries.schema
+        schema = self.schema
         deleted = 0
         batches = 0
         expired = history.expired_days(conn, schema, self.retention)
@@ -143,7 +143,7 @@ class Pruner(Service):
         """Step 3: the rule row by row, for what no day partition took; rows deleted."""
         deleted = 0
         for _ in range(self.max_batches):
-            batch = history.prune_runs(conn, self.queries.schema, retention=self.retention,
+            batch = history.prune_runs(conn, self.schema, retention=self.retention,
                                        dead_retention=self.dead_retention, limit=self.limit)
             if batch is None:
                 return None
@@ -157,7 +157,7 @@ class Pruner(Service):
         """Step 4: move an earlier release's finished rows out of `jobs` (not counted: no row
         is deleted)."""
         for _ in range(self.max_batches):
-            moved = history.move_finished(conn, self.queries.schema, self.limit)
+            moved = history.move_finished(conn, self.schema, self.limit)
             if moved is None:
                 return None
             if moved < self.limit:

@@ -32,8 +32,6 @@ from typing import Final
 
 import sqlalchemy as sa
 
-from flowq.db.runner import runner
-from flowq.db.sql import Queries
 from flowq.db.store import Store
 from flowq.errors import DeadlineExceeded
 from flowq.worker.config import DEFAULT_REAP_INTERVAL, DEFAULT_STALE_AFTER
@@ -52,25 +50,24 @@ class Reaper(Service):
 
     name = "reaper"
 
-    def __init__(self, engine: sa.Engine, queries: Queries, *,
+    def __init__(self, engine: sa.Engine, schema: str, *,
                  stale_after: float = DEFAULT_STALE_AFTER, limit: int = REAP_LIMIT,
                  interval: float = DEFAULT_REAP_INTERVAL, first_delay: float | None = None,
                  stopping: threading.Event | None = None) -> None:
         super().__init__(interval=interval, first_delay=first_delay, stopping=stopping)
         self.engine = engine
-        self.queries = queries
+        self.schema = schema
         self.stale_after = stale_after
         self.limit = limit
 
     def run_once(self) -> int:
         """One pass; returns how many jobs were reaped or cancelled by their run's deadline,
         plus the batch callbacks enqueued (0 if another worker holds the lock)."""
-        q = self.queries
         with self.engine.begin() as conn:
-            if not conn.execute(q.try_maintenance_lock, {"name": f"{q.schema}.reaper"}).scalar():
+            # Through SQLAlchemy, in the lock's transaction.
+            store = Store.of(conn, self.schema)
+            if not store.try_maintenance_lock("reaper"):
                 return 0
-            # Through SQLAlchemy, in the lock's transaction, as the lock itself.
-            store = Store(runner(conn, direct=False), q.schema)
             rows = store.reap(self.stale_after, self.limit)
             expired = store.expire_deadlines(DEADLINE_ERROR, self.limit)
             store.advance_batches(self.limit)

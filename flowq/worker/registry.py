@@ -21,7 +21,6 @@ worker serves by default, they would wait forever).
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import os
 import socket
 import threading
@@ -30,7 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from flowq.db.sql import Queries
+from flowq.db.store import Store
+from flowq.db.store.queues import QueueLimits
+from flowq.db.store.workers import Definition
 from flowq.storable import first_line
 from flowq.worker.config import (
     DEFAULT_HEARTBEAT_INTERVAL,
@@ -62,14 +63,14 @@ class Registry(Service):
 
     name = "registry"
 
-    def __init__(self, engine: sa.Engine, queries: Queries, *, worker: str,
+    def __init__(self, engine: sa.Engine, schema: str, *, worker: str,
                  queues: Sequence[str], tasks: Sequence[str], concurrency: int,
                  interval: float = DEFAULT_HEARTBEAT_INTERVAL,
                  definitions: Sequence[Pipeline] = (),
                  stale: float = DEFAULT_STALE_AFTER) -> None:
         super().__init__(interval=interval)
         self.engine = engine
-        self.queries = queries
+        self.schema = schema
         self.worker = worker
         self.queues = list(queues)
         self.tasks = list(tasks)
@@ -87,16 +88,14 @@ class Registry(Service):
             served.setdefault(p.name, []).append({"version": p.version,
                                                   "fingerprint": p.fingerprint})
         with self.engine.begin() as conn:
+            store = Store.of(conn, self.schema)
             if self.definitions:
-                conn.execute(self.queries.record_definitions, {
-                    "fingerprints": [p.fingerprint for p in self.definitions],
-                    "pipelines": [p.name for p in self.definitions],
-                    "versions": [p.version for p in self.definitions],
-                    "shapes": [json.dumps(p.shape) for p in self.definitions]})
-            conn.execute(self.queries.register_worker, {
-                "name": self.worker, "host": socket.gethostname(), "pid": os.getpid(),
-                "queues": self.queues, "tasks": self.tasks, "concurrency": self.concurrency,
-                "version": flowq_version(), "definitions": json.dumps(served)})
+                store.record_definitions([Definition(p.fingerprint, p.name, p.version, p.shape)
+                                          for p in self.definitions])
+            store.register_worker(
+                self.worker, host=socket.gethostname(), pid=os.getpid(), queues=self.queues,
+                tasks=self.tasks, concurrency=self.concurrency, version=flowq_version(),
+                definitions=served)
         self.refresh()
 
     def refresh(self) -> None:
@@ -107,10 +106,9 @@ class Registry(Service):
         names = sorted({p.name for p in self.definitions})
         try:
             with self.engine.connect() as conn:
-                known = conn.execute(self.queries.select_definitions,
-                                     {"pipelines": names}).all()
-                workers = conn.execute(self.queries.select_served_definitions,
-                                       {"name": self.worker, "stale": self.stale}).all()
+                store = Store.of(conn, self.schema)
+                known = store.recorded_definitions(names)
+                workers = store.served_definitions(self.stale, other_than=self.worker)
         except DB_ERRORS as exc:
             log_event(WARNING, "could not read the definitions other workers serve",
                       error=first_line(exc))
@@ -128,24 +126,21 @@ class Registry(Service):
         tasks' own queues before their first enqueue, and the served queues holding keyed
         jobs that an older flowq enqueued without marking them.)"""
         with self.engine.begin() as conn:
+            store = Store.of(conn, self.schema)
             if declared:
-                conn.execute(self.queries.declare_queues, {
-                    "names": [d.name for d in declared],
-                    "concurrencies": [d.concurrency for d in declared],
-                    "rate_limits": [d.rate_limit.limit if d.rate_limit else None
-                                    for d in declared],
-                    "rate_periods": [d.rate_limit.seconds if d.rate_limit else None
-                                     for d in declared],
-                    "worker": self.worker})
+                store.declare_queues([
+                    QueueLimits(d.name, d.concurrency,
+                                d.rate_limit.limit if d.rate_limit else None,
+                                d.rate_limit.seconds if d.rate_limit else None)
+                    for d in declared], self.worker)
             if keyed:
-                conn.execute(self.queries.mark_keyed_queues, {"names": list(keyed),
-                                                              "served": self.queues})
+                store.mark_keyed_queues(keyed, self.queues)
 
     def run_once(self) -> int:
         """Look; returns 1 when the entry had expired and was entered again, else 0."""
         with self.engine.begin() as conn:
-            found = conn.execute(self.queries.find_worker, {"name": self.worker}).first()
-        if found is not None:
+            found = Store.of(conn, self.schema).is_registered(self.worker)
+        if found:
             self.refresh()
             return 0
         self.register()  # expired while this worker was stalled: enter it again
@@ -155,7 +150,7 @@ class Registry(Service):
         """Remove the entry (a clean stop); if the database says no, it expires on its own."""
         try:
             with self.engine.begin() as conn:
-                conn.execute(self.queries.unregister_worker, {"name": self.worker})
+                Store.of(conn, self.schema).unregister_worker(self.worker)
         except DB_ERRORS as exc:
             log_event(WARNING, "could not leave the workers registry", error=first_line(exc))
 
@@ -165,23 +160,22 @@ class WorkerExpirer(Service):
 
     name = "registry-expiry"
 
-    def __init__(self, engine: sa.Engine, queries: Queries, *,
+    def __init__(self, engine: sa.Engine, schema: str, *,
                  stale: float = DEFAULT_STALE_AFTER, interval: float = DEFAULT_REAP_INTERVAL,
                  first_delay: float | None = None,
                  stopping: threading.Event | None = None) -> None:
         super().__init__(interval=interval, first_delay=first_delay, stopping=stopping)
         self.engine = engine
-        self.queries = queries
+        self.schema = schema
         self.stale = stale
 
     def run_once(self) -> int:
         """One pass; returns how many entries expired (0 if another worker holds the lock)."""
-        q = self.queries
         with self.engine.begin() as conn:
-            if not conn.execute(q.try_maintenance_lock,
-                                {"name": f"{q.schema}.registry"}).scalar():
+            store = Store.of(conn, self.schema)
+            if not store.try_maintenance_lock("registry"):
                 return 0
-            expired = list(conn.execute(q.expire_workers, {"stale": self.stale}).scalars())
+            expired = store.expire_workers(self.stale)
         if expired:
             log_event(WARNING, "removed workers that stopped heartbeating from the registry",
                       workers=",".join(expired))
@@ -203,13 +197,12 @@ def _served(definitions: Any) -> dict[str, tuple[tuple[int, str], ...]]:
     return served
 
 
-def warn_stranded(engine: sa.Engine, queries: Queries, tasks: Sequence[str],
+def warn_stranded(engine: sa.Engine, schema: str, tasks: Sequence[str],
                   queues: Sequence[str]) -> int:
     """Log due jobs of `tasks` waiting on queues outside `queues` (those their app's steps
     use, which its workers serve by default); returns how many (queue, task) groups."""
     with engine.connect() as conn:
-        rows = conn.execute(queries.find_stranded_jobs, {"tasks": list(tasks),
-                                                         "queues": list(queues)}).all()
+        rows = Store.of(conn, schema).stranded_jobs(tasks, queues)
     for r in rows:
         log_event(WARNING, "due jobs wait on a queue no worker of this app serves by default: "
                   "start one with --queues including it, or enqueue with the task's own queue",

@@ -29,7 +29,7 @@ from typing import Final
 
 import sqlalchemy as sa
 
-from flowq.db.sql import Queries
+from flowq.db.store import Store
 from flowq.define.app import FlowQ
 from flowq.define.schedules import Schedule
 from flowq.enqueueing.prepare import prepare_enqueue
@@ -61,7 +61,7 @@ class Scheduler(Service):
         self.engine = engine
         self.app = app
         self.schedules: list[Schedule] = app.schedules
-        self.q = Queries(app.schema)
+        self.schema = app.schema
         self.max_sleep = max_sleep
         self._next_tick: datetime | None = None
         self._clock_offset = 0.0  # the database's clock minus this host's, in seconds
@@ -74,18 +74,15 @@ class Scheduler(Service):
             return 0
         with self.engine.connect() as conn:
             before = time.time()
-            rows = conn.execute(self.q.select_schedules,
-                                {"names": [s.name for s in self.schedules]}).all()
-            clock: datetime = rows[0].now
+            found = Store.of(conn, self.schema).schedule_cursors([s.name for s in self.schedules])
+            clock = found.now
             self._clock_offset = clock.timestamp() - (before + time.time()) / 2
         now = clock if now is None else now
-        cursors = {r.name: r.last_tick for r in rows}
+        cursors = found.last_ticks
         new = [s for s in self.schedules if cursors.get(s.name) is None]
         if new:
             with self.engine.begin() as conn:
-                conn.execute(self.q.start_schedules, {
-                    "names": [s.name for s in new], "tasks": [s.task for s in new],
-                    "specs": [s.spec for s in new], "now": now})
+                Store.of(conn, self.schema).start_schedules(new, now)
         created = 0
         for s in self.schedules:
             after = cursors.get(s.name)
@@ -110,18 +107,17 @@ class Scheduler(Service):
         created: list[tuple[datetime, int]] = []
         last: tuple[datetime, int] | None = None
         with self.engine.begin() as conn:
+            store = Store.of(conn, self.schema)
             for tick in ticks:
                 run = execute(conn, prepare_enqueue(s.definition, s.args,
                                                     idempotency_key=s.key(tick), run_at=tick))
                 if run.created:
-                    conn.execute(self.q.stamp_scheduled_run, {"tick": tick, "run_id": run.id})
+                    store.stamp_scheduled_run(run.id, tick)
                     created.append((tick, run.id))
                 last = (tick, run.id)
             # Nothing created: whoever created them committed the cursor with them.
             if created and last is not None:
-                conn.execute(self.q.advance_schedule, {
-                    "name": s.name, "task": s.task, "spec": s.spec, "tick": last[0],
-                    "run_id": last[1]})
+                store.advance_schedule(s, tick=last[0], run_id=last[1])
         for tick, run_id in created:
             log_event(INFO, "scheduled", schedule=s.name, task=s.task, tick=tick.isoformat(),
                       run_id=run_id)

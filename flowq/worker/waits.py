@@ -16,8 +16,7 @@ from typing import Final
 
 import sqlalchemy as sa
 
-from flowq.db.schema import notify_channel
-from flowq.db.sql import Queries
+from flowq.db.store import Store
 from flowq.worker.config import DEFAULT_REAP_INTERVAL
 from flowq.worker.logs import WARNING, log_event
 from flowq.worker.services import Service
@@ -32,23 +31,22 @@ class WaitExpirer(Service):
 
     name = "waits"
 
-    def __init__(self, engine: sa.Engine, queries: Queries, *, limit: int = EXPIRE_LIMIT,
+    def __init__(self, engine: sa.Engine, schema: str, *, limit: int = EXPIRE_LIMIT,
                  interval: float = DEFAULT_REAP_INTERVAL, first_delay: float | None = None,
                  stopping: threading.Event | None = None) -> None:
         super().__init__(interval=interval, first_delay=first_delay, stopping=stopping)
         self.engine = engine
-        self.queries = queries
+        self.schema = schema
         self.limit = limit
 
     def run_once(self) -> int:
         """One pass; returns how many waits timed out (0 if another worker holds the lock)."""
-        q = self.queries
         with self.engine.begin() as conn:
-            if not conn.execute(q.try_maintenance_lock, {"name": f"{q.schema}.waits"}).scalar():
+            store = Store.of(conn, self.schema)
+            if not store.try_maintenance_lock("waits"):
                 return 0
-            rows = conn.execute(q.expire_waits, {"limit": self.limit,
-                                                 "channel": notify_channel(q.schema)}).all()
-        if rows:
+            ids = store.expire_waits(self.limit)
+        if ids:
             log_event(WARNING, "steps stopped waiting for their signal (timeout)",
-                      job_ids=",".join(str(r.id) for r in rows))
-        return len(rows)
+                      job_ids=",".join(str(i) for i in ids))
+        return len(ids)

@@ -8,8 +8,10 @@ event loop, a timeout watchdog; decides each outcome), a `Completer` (fenced, ba
 writes), and the services of `flowq.worker.services`, each on its own thread: the
 `Heartbeat` (its own thread and connection too: it beats the worker's registry entry, which
 keeps its running jobs alive), the `Registry`'s look at its entry, and with
-`maintenance` the `Reaper`, the `WaitExpirer`, the `WorkerExpirer` and the `Pruner`, with
-`schedules` the `Scheduler`. Options and defaults: `flowq.worker.config`.
+`maintenance` the `Reaper`, the `WaitExpirer`, the `WorkerExpirer` and the `Pruner`
+(`flowq.worker.maintenance`), with `schedules` the `Scheduler`. At start it rides out a
+database briefly unreachable (`flowq.worker.startup`). Options and defaults:
+`flowq.worker.config`.
 
 Each role has its own connection (or small pool) named in `application_name` (`flowq
 claim`, `flowq complete`, `flowq heartbeat`, `flowq maintain`, `flowq session`, `flowq
@@ -36,63 +38,38 @@ from typing import TYPE_CHECKING, Final
 
 from sqlalchemy.engine import URL
 
-from flowq.db import describe_url, mask_secrets, normalize_url
+from flowq.db import describe_url, normalize_url
 from flowq.db.checks import ensure_schema
 from flowq.db.rows import Claim, ClaimedJob
 from flowq.db.schema import notify_channel, schema_map
-from flowq.db.sql import Queries
-from flowq.db.transient import is_transient
+from flowq.db.store import Store
 from flowq.define.app import FlowQ
 from flowq.durable.session import StepSession
-from flowq.errors import ConfigurationError, DatabaseUnavailableError, FlowqError
+from flowq.errors import ConfigurationError, FlowqError
 from flowq.storable import first_line
 from flowq.worker.claimer import Claimer
 from flowq.worker.completer import Completer
 from flowq.worker.config import WorkerConfig
-from flowq.worker.connection import DB_BACKOFF_MAX, DB_ERRORS, WorkerConnections
+from flowq.worker.connection import WorkerConnections
 from flowq.worker.executor import Executor
 from flowq.worker.heartbeat import Heartbeat
 from flowq.worker.listener import Listener
 from flowq.worker.logs import INFO, WARNING, log_event
+from flowq.worker.maintenance import maintenance_loops
 from flowq.worker.producer import Producer
-from flowq.worker.pruner import Pruner
-from flowq.worker.reaper import Reaper
-from flowq.worker.registry import Registry, WorkerExpirer, warn_stranded
+from flowq.worker.registry import Registry, warn_stranded
 from flowq.worker.scheduler import Scheduler
 from flowq.worker.services import Service
+from flowq.worker.startup import ride_out
 from flowq.worker.supervisor import SUPERVISOR_ENV, SupervisorWatch
-from flowq.worker.waits import WaitExpirer
 
 if TYPE_CHECKING:
     from flowq.worker.metrics import WorkerMetrics
 
 __all__ = ["Worker", "WorkerConfig"]
 
-# When the maintenance passes first run after a start: soon (a worker that restarts after a
-# crash reaps its predecessor's jobs), the prune a little later. Staggered, so that passes
-# of the same interval take turns on one pooled connection rather than open one each.
-FIRST_REAP: Final = 1.0
-FIRST_WAITS: Final = 1.2
-FIRST_EXPIRY: Final = 1.4
-FIRST_PRUNE: Final = 5.0
 # `running()`: how long after the grace period the thread may take before it is an error.
 STOP_SLACK: Final = 30.0
-# The first wait before a starting worker tries an unreachable database again (doubling, up
-# to DB_BACKOFF_MAX, for WorkerConfig.start_timeout seconds in all).
-START_RETRY_FIRST: Final = 0.1
-# libpq's words for a server that answered and said no (not worth trying again), unlike "the
-# database system is starting up" or a refused TCP connection.
-REFUSALS: Final = ("password authentication failed", "no pg_hba.conf entry", "does not exist",
-                   "authentication failed", "SSL is not enabled", "permission denied")
-
-
-def _reason(exc: BaseException) -> str:
-    """The driver's first line for a failed connection (ensure_schema's error wraps it)."""
-    if isinstance(exc, DatabaseUnavailableError) and exc.__context__ is not None:
-        exc = exc.__context__
-    orig = getattr(exc, "orig", None)
-    return first_line(orig if isinstance(orig, BaseException) else exc)
-
 
 class Worker:
     """Runs the jobs of `app` from the database at `url` until `stop()` or a signal."""
@@ -109,7 +86,7 @@ class Worker:
         if not self.queues:
             raise ConfigurationError("the app defines no tasks, so there is no queue to serve: "
                                      "register tasks or pass --queues")
-        self.q = Queries(app.schema)
+        schema = app.schema
         self.channel = notify_channel(app.schema)
         c = self.config
         self.connections = WorkerConnections(
@@ -135,9 +112,9 @@ class Worker:
 
             self.metrics = WorkerMetrics(
                 worker=c.name, concurrency=c.concurrency, queues=self.queues,
-                in_flight=lambda: self.executor.active, schema=self.q.schema,
+                in_flight=lambda: self.executor.active, schema=schema,
                 conn=self.connections.metrics())
-        self.completer = Completer(self.complete_conn, self.q, job_log=c.job_log,
+        self.completer = Completer(self.complete_conn, schema, job_log=c.job_log,
                                    on_written=self._wake.set, on_scheduled=self._wake_at,
                                    metrics=self.metrics, outage=self.connections.outage)
         # Set when the worker starts stopping: ends the claim loop and the maintenance
@@ -155,7 +132,7 @@ class Worker:
             # handler does.
             end_backend=None if pgb else self._end_backend,
             elsewhere=lambda: self.registry.elsewhere)
-        self.claimer = Claimer(self.claim_conn, self.q, self.queues, c.name,
+        self.claimer = Claimer(self.claim_conn, schema, self.queues, c.name,
                                self.executor.submit, held=self._held_claims)
         self.producer = Producer(c, self.claimer, self.executor, self.completer,
                                  wake=self._wake,
@@ -170,27 +147,18 @@ class Worker:
                                      wake_in=self.producer.wake_at,
                                      outage=self.connections.outage)
         self.heartbeat = Heartbeat(
-            self.connections.heartbeat, self.q, self._held_claims,
+            self.connections.heartbeat, schema, self._held_claims,
             unsettled=self.executor.unsettled_claims, worker=c.name,
             interval=c.heartbeat_interval,
             on_cancelled=self.executor.cancel)
-        self.registry = Registry(maintain, self.q, worker=c.name, queues=self.queues,
+        self.registry = Registry(maintain, schema, worker=c.name, queues=self.queues,
                                  tasks=[p.name for p in app], concurrency=c.concurrency,
                                  interval=c.heartbeat_interval,
                                  definitions=app.definitions, stale=c.stale_after)
         stopping = self._stopping
-        self.reaper = Reaper(maintain, self.q, stale_after=c.stale_after,
-                             interval=c.reap_interval, first_delay=FIRST_REAP,
-                             stopping=stopping)
-        self.waits = WaitExpirer(maintain, self.q, interval=c.reap_interval,
-                                 first_delay=FIRST_WAITS, stopping=stopping)
-        # The reaper's limit: a running job is alive while its worker's entry beats.
-        self.expirer = WorkerExpirer(maintain, self.q, stale=c.stale_after,
-                                     interval=c.reap_interval, first_delay=FIRST_EXPIRY,
-                                     stopping=stopping)
-        self.pruner = Pruner(maintain, self.q, retention=c.retention,
-                             dead_retention=c.dead_retention, interval=c.prune_interval,
-                             first_delay=FIRST_PRUNE, stopping=stopping)
+        loops = maintenance_loops(maintain, schema, c, stopping)
+        self.reaper, self.waits = loops.reaper, loops.waits
+        self.expirer, self.pruner = loops.expirer, loops.pruner
         # Periodic schedules: a thread and a connection of their own (see its module).
         self.scheduler: Scheduler | None = None
         if "schedule" in self.engines:
@@ -240,43 +208,13 @@ class Worker:
         self.registry.register()
 
     def _ride_out(self, start: Callable[[], None]) -> None:
-        """Run `start`, again with backoff while the database cannot be reached (a restart,
-        a failover, a pooler dropping backends), for `config.start_timeout` seconds; then
-        one sentence (`DatabaseUnavailableError`). One log line says it is waiting."""
-        timeout = self.config.start_timeout
-        deadline = time.monotonic() + timeout
-        delay = START_RETRY_FIRST
-        while True:
-            try:
-                start()
-                return
-            except (DatabaseUnavailableError, *DB_ERRORS) as exc:
-                if not isinstance(exc, DatabaseUnavailableError) and not is_transient(exc):
-                    raise  # a statement refused: trying again would not change that
-                reason = _reason(exc)
-                if any(fragment in reason for fragment in REFUSALS):
-                    # The server answered: trying again would not change its mind.
-                    raise DatabaseUnavailableError(mask_secrets(
-                        f"the database at {describe_url(self.url)} refused the connection "
-                        f"({reason}): check the user, password and database name in the URL"
-                    )) from None
-                left = deadline - time.monotonic()
-                if left <= 0 or self._stopping.is_set():
-                    within = f" within {timeout:g} s of starting" if timeout else ""
-                    raise DatabaseUnavailableError(mask_secrets(
-                        f"cannot reach the database at {describe_url(self.url)}{within} "
-                        f"({reason}): check the URL (--database-url or FLOWQ_DATABASE_URL) "
-                        "and that PostgreSQL is running")) from None
-                if delay == START_RETRY_FIRST:
-                    log_event(WARNING, "database unreachable at start; trying again",
-                              error=mask_secrets(reason), for_s=timeout)
-                self._stopping.wait(min(delay, left))
-                delay = min(delay * 2, DB_BACKOFF_MAX)
+        """Run `start`, riding out an unreachable database (`flowq.worker.startup`)."""
+        ride_out(start, self.url, self.config.start_timeout, self._stopping)
 
     def warn_stranded(self) -> int:
         """Log due jobs of this app's tasks waiting on queues no step of the app uses (a
         producer's `queue=` that no worker serves by default); returns how many groups."""
-        return warn_stranded(self.engines["maintain"], self.q, [p.name for p in self.app],
+        return warn_stranded(self.engines["maintain"], self.app.schema, [p.name for p in self.app],
                              self.app.queues)
 
     # -- what the parts report (they are built before the producer) ----------------------------
@@ -292,7 +230,7 @@ class Worker:
 
     def _end_backend(self, pid: int) -> None:
         with self.engines["maintain"].connect() as conn:
-            conn.execute(self.q.end_backend, {"pid": pid})
+            Store.of(conn, self.app.schema).end_backend(pid)
 
     def _orphaned(self) -> None:
         self._signalled = signal.SIGTERM  # the claim loop starts a clean shutdown

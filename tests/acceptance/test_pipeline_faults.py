@@ -41,7 +41,6 @@ from support import rows as query
 from support import spawn_ready as spawn_workers
 
 import flowq
-from flowq.db.sql import Queries
 from flowq.local.postgres import LocalPostgres
 from flowq.names import DEFAULT_SCHEMA
 from flowq.testing import job_rows, wait_until
@@ -305,7 +304,7 @@ def test_zombie_past_stale_after_changes_nothing_when_it_wakes(
     zombie.signal(signal.SIGSTOP)
     rescuer = spawn_worker(APP, db_url, *quiet)
     try:
-        reaper = Reaper(ledger, Queries(DEFAULT_SCHEMA), stale_after=1.0)
+        reaper = Reaper(ledger, DEFAULT_SCHEMA, stale_after=1.0)
         reaped = 0
 
         def reaped_all() -> bool:

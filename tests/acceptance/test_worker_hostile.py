@@ -16,7 +16,6 @@ import sqlalchemy as sa
 from support import Spawn, enqueue, scalar
 
 import flowq
-from flowq.db.sql import Queries
 from flowq.testing import job_rows, wait_until
 from flowq.worker.reaper import Reaper
 
@@ -58,7 +57,7 @@ def test_a_reclaim_by_the_same_worker_is_another_attempt(ledger: sa.Engine, db_u
     time.sleep(4)
     # `flowq reap --stale-after 0`, until a pass reaps it: a pass finds nothing while the
     # worker's own reaper holds the reap lock, or when a beat committed after the pass began.
-    reaper = Reaper(ledger, Queries("flowq"), stale_after=0)
+    reaper = Reaper(ledger, "flowq", stale_after=0)
     wait_until(lambda: reaper.run_once() == 1, timeout=10, interval=0.1,
                message="a reaper pass to reap the first attempt")
     wait_until(lambda: final(ledger, [job]), timeout=90, message="the job to end")

@@ -17,14 +17,11 @@ from tenacity import stop_after_attempt
 
 import flowq
 from flowq.db.runner import runner
-from flowq.db.sql import Queries
 from flowq.db.store import Store
 from flowq.ops.runs import cancel_run, get_run
 from flowq.testing import drain, job_rows, wait_until
 from flowq.worker.pruner import Pruner
 from flowq.worker.reaper import Reaper
-
-Q = Queries("flowq")
 
 
 def make_app() -> tuple[flowq.FlowQ, list[dict[str, Any]]]:
@@ -55,7 +52,7 @@ def make_app() -> tuple[flowq.FlowQ, list[dict[str, Any]]]:
 
 
 def reap(engine: sa.Engine) -> int:
-    return Reaper(engine, Q, stale_after=30).run_once()
+    return Reaper(engine, "flowq", stale_after=30).run_once()
 
 
 def callbacks(engine: sa.Engine) -> list[Any]:
@@ -160,7 +157,7 @@ def test_the_pruner_deletes_fired_batches_after_the_retention_and_no_open_one(
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE flowq.batches SET fired_at = now() - interval '2 days' "
                              "WHERE id = :id"), {"id": old.id})
-    Pruner(engine, Q, retention=86400.0).run_once()
+    Pruner(engine, "flowq", retention=86400.0).run_once()
     with engine.connect() as conn:
         left = conn.execute(sa.text("SELECT id FROM flowq.batches ORDER BY id")).scalars().all()
     assert left == [still_open.id]

@@ -21,7 +21,6 @@ from tenacity import stop_after_attempt
 import flowq
 from flowq.cli import main
 from flowq.db.runner import runner
-from flowq.db.sql import queries
 from flowq.db.store import Store
 from flowq.durable.checkpoints import MAX_SNOOZES, ClaimLost, Ledger
 from flowq.durable.session import StepSession
@@ -393,7 +392,7 @@ def test_prune_deletes_a_runs_checkpoints(engine: sa.Engine, app: flowq.FlowQ) -
     run_id = enqueue(engine, kept)
     drain(engine, app)
     assert len(stored(engine, run_id)) == 1
-    Pruner(engine, queries("flowq"), retention=0.0, dead_retention=0.0).run_once()
+    Pruner(engine, "flowq", retention=0.0, dead_retention=0.0).run_once()
     assert stored(engine, run_id) == [] and job_rows(engine) == []
 
 

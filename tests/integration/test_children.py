@@ -19,7 +19,6 @@ from tenacity import stop_after_attempt
 
 import flowq
 from flowq.cli import main
-from flowq.db.sql import queries
 from flowq.testing import drain, job_rows
 from flowq.worker.pruner import Pruner
 
@@ -235,7 +234,7 @@ def test_a_child_gets_its_parents_deadline_and_is_cancelled_with_it(engine: sa.E
         conn.execute(sa.text("UPDATE flowq.jobs SET deadline = now() - interval '1 second' "
                              "WHERE run_id IN (:a, :b, :c)"), {"a": run_id, "b": child,
                                                               "c": grandchild})
-    Reaper(engine, queries("flowq"), stale_after=30).run_once()
+    Reaper(engine, "flowq", stale_after=30).run_once()
     for rid in (run_id, child, grandchild):
         assert run_of(engine, rid).status == "cancelled", rid
     # A parent without a deadline gives none.
@@ -333,5 +332,5 @@ def test_the_pruner_deletes_a_parents_links_with_it(engine: sa.Engine,
                                                     app: flowq.FlowQ) -> None:
     run_id = enqueue(engine, app.get("parent"), count=2)
     drain(engine, app)
-    Pruner(engine, queries("flowq"), retention=0.0, dead_retention=0.0).run_once()
+    Pruner(engine, "flowq", retention=0.0, dead_retention=0.0).run_once()
     assert links(engine, run_id) == []

@@ -276,13 +276,12 @@ class _Idle:
 
 def idle_producer(**config: Any) -> tuple[Any, threading.Event]:
     from flowq.db import normalize_url
-    from flowq.db.sql import Queries
     from flowq.worker.claimer import Claimer
     from flowq.worker.connection import DedicatedConnection
     from flowq.worker.producer import Producer
 
     conn = DedicatedConnection(normalize_url("postgresql://unused/none"), "unused")
-    claimer = Claimer(conn, Queries("flowq"), ["default"], "w", lambda job: None)
+    claimer = Claimer(conn, "flowq", ["default"], "w", lambda job: None)
     wake = threading.Event()
     producer = Producer(WorkerConfig(**config), claimer, _Idle(), _Idle(),
                         wake=wake, stopping=threading.Event())

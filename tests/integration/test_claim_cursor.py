@@ -13,11 +13,8 @@ import sqlalchemy as sa
 
 from flowq.db import normalize_url
 from flowq.db.rows import ClaimedJob
-from flowq.db.sql import Queries
 from flowq.worker.claimer import HEAD_SCAN_EVERY, Claimer
 from flowq.worker.connection import DedicatedConnection
-
-Q = Queries("flowq")
 
 
 def insert(conn: sa.Connection, n: int, *, priority: int = 5, run_at: str = "now()") -> list[int]:
@@ -34,7 +31,7 @@ class Clocked:
         self.now = 1000.0
         self.got: list[ClaimedJob] = []
         self.conn = DedicatedConnection(normalize_url(db_url), "test cursor")
-        self.claimer = Claimer(self.conn, Q, ["q"], name, self.got.append,
+        self.claimer = Claimer(self.conn, "flowq", ["q"], name, self.got.append,
                                clock=lambda: self.now)
 
     def claim(self, n: int) -> list[int]:

@@ -8,12 +8,9 @@ import sqlalchemy as sa
 
 from flowq.db import normalize_url
 from flowq.db.rows import ClaimedJob
-from flowq.db.sql import Queries
 from flowq.testing import job_rows
 from flowq.worker.claimer import Claimer
 from flowq.worker.connection import DedicatedConnection
-
-Q = Queries("flowq")
 
 
 def test_rows_claimed_before_a_failing_queue_are_handed_on(engine: sa.Engine,
@@ -33,7 +30,7 @@ def test_rows_claimed_before_a_failing_queue_are_handed_on(engine: sa.Engine,
                 admin.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                                       "WHERE application_name = 'test claim'"))
 
-    claimer = Claimer(conn, Q, ["a", "b"], "w", submit)
+    claimer = Claimer(conn, "flowq", ["a", "b"], "w", submit)
     with pytest.raises(psycopg.OperationalError):
         claimer.run_once(10)
     assert sorted(j.queue for j in got) == ["a", "a", "a"]
@@ -51,7 +48,7 @@ def test_claims_rotate_over_queues_and_stop_at_the_free_slots(engine: sa.Engine,
                              "FROM unnest(ARRAY['a', 'a', 'b', 'b']) AS q"))
     conn = DedicatedConnection(normalize_url(db_url), "test claim")
     got: list[ClaimedJob] = []
-    claimer = Claimer(conn, Q, ["a", "b"], "w", got.append)
+    claimer = Claimer(conn, "flowq", ["a", "b"], "w", got.append)
     assert claimer.run_once(1) == 1 and got[-1].queue == "a"
     assert claimer.run_once(1) == 1 and got[-1].queue == "b"
     assert claimer.run_once(5) == 2
@@ -72,7 +69,7 @@ def test_a_limited_queue_is_never_claimed_ahead(engine: sa.Engine, db_url: str) 
                              "VALUES ('lim', 100, 1)"))
     conn = DedicatedConnection(normalize_url(db_url), "test claim")
     got: list[ClaimedJob] = []
-    claimer = Claimer(conn, Q, ["lim", "free"], "w", got.append)
+    claimer = Claimer(conn, "flowq", ["lim", "free"], "w", got.append)
     claimer.refresh()
     assert claimer.run_once(8, free_handlers=2) == 8
     assert sorted(j.queue for j in got) == ["free"] * 6 + ["lim"] * 2

@@ -33,7 +33,7 @@ def claim(engine: sa.Engine, n: int) -> list[ClaimedJob]:
 
 @pytest.fixture
 def completer(db_url: str) -> Iterator[Completer]:
-    c = Completer(DedicatedConnection(normalize_url(db_url), APP_NAME), Q)
+    c = Completer(DedicatedConnection(normalize_url(db_url), APP_NAME), "flowq")
     c.start()
     yield c
     c.stop(timeout=5.0)
@@ -116,7 +116,7 @@ def test_two_claims_of_one_step_in_a_batch_create_one_successor(
         conn.execute(sa.text("UPDATE flowq.jobs SET status = 'pending'"))
         [new] = Store(runner(conn, direct=False)).claim("default", 1, "w")
     nxt = (Spawn(two, "chain", '{"n": 1}'),)
-    batched = Completer(DedicatedConnection(normalize_url(db_url), APP_NAME), Q)
+    batched = Completer(DedicatedConnection(normalize_url(db_url), APP_NAME), "flowq")
     # Submitted before its thread starts: both outcomes are in its first batch.
     batched.submit(old, Succeeded('{"n": 1}', nxt), 0.1)
     batched.submit(new, Succeeded('{"n": 1}', nxt), 0.1)
@@ -151,7 +151,7 @@ def test_completions_and_heartbeats_lock_rows_in_id_order() -> None:
             sent.append(params)
             return []
 
-    Heartbeat(Conn(), Queries("flowq"),  # type: ignore[arg-type]
+    Heartbeat(Conn(), "flowq",  # type: ignore[arg-type]
               lambda: [(7, 70), (3, 30), (9, 90)], worker="w").run_once()
     assert sent[-1] == {"worker": "w", "ids": [3, 7, 9], "leases": [30, 70, 90],
                         "progress": [None, None, None]}
@@ -165,7 +165,7 @@ def test_a_completion_cancelled_by_its_statement_timeout_is_sent_again(
     options = HOT_PATH_OPTIONS.replace(f"statement_timeout={HOT_PATH_TIMEOUT}",
                                        "statement_timeout=1s")
     assert options != HOT_PATH_OPTIONS
-    c = Completer(DedicatedConnection(normalize_url(db_url), APP_NAME, options=options), Q)
+    c = Completer(DedicatedConnection(normalize_url(db_url), APP_NAME, options=options), "flowq")
     c.start()
     try:
         [job] = claim(engine, 1)

@@ -85,7 +85,7 @@ def expire(engine: sa.Engine, run_id: int) -> None:
 
 
 def reap(engine: sa.Engine) -> int:
-    return Reaper(engine, Q, stale_after=30).run_once()
+    return Reaper(engine, "flowq", stale_after=30).run_once()
 
 
 # -- stored ----------------------------------------------------------------------------------
@@ -223,8 +223,8 @@ def test_the_deadline_pass_is_bounded_and_leaves_locked_rows_to_the_next(
     with engine.connect() as holder:  # a write in flight holds one row
         holder.execute(sa.text("SELECT 1 FROM flowq.jobs WHERE run_id = :r FOR UPDATE"),
                        {"r": runs[0]})
-        assert Reaper(engine, Q, stale_after=30, limit=2).run_once() == 2
-        assert Reaper(engine, Q, stale_after=30, limit=10).run_once() == 2  # skipped, not waited
+        assert Reaper(engine, "flowq", stale_after=30, limit=2).run_once() == 2
+        assert Reaper(engine, "flowq", stale_after=30, limit=10).run_once() == 2  # skipped, not waited
         holder.rollback()
     assert reap(engine) == 1
     assert {get_run(engine, r).status for r in runs} == {"cancelled"}

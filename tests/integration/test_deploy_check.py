@@ -43,7 +43,7 @@ def staged(engine: sa.Engine) -> dict[str, list[int]]:
         drain(conn, deploy_a.app)
         conn.commit()
     # A's worker registered what it serves (its shapes are what B is compared with).
-    Registry(engine, queries("flowq"), worker="worker-a", queues=["default"],
+    Registry(engine, "flowq", worker="worker-a", queues=["default"],
              tasks=[p.name for p in deploy_a.app], concurrency=1,
              definitions=deploy_a.app.definitions).register()
     return runs
@@ -147,7 +147,7 @@ def test_status_says_what_was_left_to_another_worker_and_doctor_what_none_can_ru
     assert check.level == "OK"  # worker-a (A) is live and can continue them all
     with engine.begin() as conn:
         conn.execute(sa.text("DELETE FROM flowq.workers"))
-    Registry(engine, queries("flowq"), worker="worker-b", queues=["default"],
+    Registry(engine, "flowq", worker="worker-b", queues=["default"],
              tasks=[p.name for p in deploy_b.app], concurrency=1,
              definitions=deploy_b.app.definitions).register()
     [check] = [c for c in doctor(engine) if c.name == "deploy"]
@@ -161,7 +161,7 @@ def test_runs_list_filters_by_the_version_a_run_started_on(
         engine: sa.Engine, db_url: str, staged: dict[str, list[int]]) -> None:
     with engine.begin() as conn:
         newest = [deploy_b.versioned.enqueue(conn, n=i).id for i in range(2)]
-    Registry(engine, queries("flowq"), worker="worker-b", queues=["default"],
+    Registry(engine, "flowq", worker="worker-b", queues=["default"],
              tasks=[p.name for p in deploy_b.app], concurrency=1,
              definitions=deploy_b.app.definitions).register()
     v1 = {r.run_id for r in list_runs(engine, task="versioned", version=1)}
@@ -190,7 +190,7 @@ def test_a_run_shows_the_version_it_started_on_in_runs_show_and_the_dashboard(
         by_name = conn.execute(sa.text(
             "INSERT INTO flowq.jobs (task, step, queue) VALUES ('versioned', '', 'default') "
             "RETURNING run_id")).scalar_one()  # enqueued without the definition
-    Registry(engine, queries("flowq"), worker="worker-b", queues=["default"],
+    Registry(engine, "flowq", worker="worker-b", queues=["default"],
              tasks=[p.name for p in deploy_b.app], concurrency=1,
              definitions=deploy_b.app.definitions).register()
     old = staged["versioned"][0]
@@ -228,7 +228,7 @@ def test_another_process_s_odd_registry_entry_is_read_without_trusting_it(
             "CAST(:d AS jsonb))"), {"d": json.dumps(
                 {"chain": [{"version": "1", "fingerprint": 7}, "junk"], "rename": "junk",
                  "{runs}": [{"version": 1, "fingerprint": "sha256:{runs}"}]})})
-    registry = Registry(engine, queries("flowq"), worker="worker-b", queues=["default"],
+    registry = Registry(engine, "flowq", worker="worker-b", queues=["default"],
                         tasks=[p.name for p in deploy_b.app], concurrency=1,
                         definitions=deploy_b.app.definitions)
     registry.register()

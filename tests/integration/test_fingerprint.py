@@ -17,7 +17,6 @@ import sqlalchemy as sa
 from support import APPS_DIR, rows, scalar
 
 import flowq
-from flowq.db.sql import queries
 from flowq.define.shape import Shape, fingerprint_of, pick_version
 from flowq.durable.context import Context
 from flowq.testing import drain
@@ -111,8 +110,7 @@ def test_a_run_records_its_fingerprint_and_its_later_steps_copy_it(
 
 
 def test_a_worker_registers_the_definitions_it_serves(engine: sa.Engine) -> None:
-    q = queries("flowq")
-    registry = Registry(engine, q, worker="w-b", queues=["default"], tasks=["versioned"],
+    registry = Registry(engine, "flowq", worker="w-b", queues=["default"], tasks=["versioned"],
                         concurrency=1, definitions=deploy_b.app.definitions)
     registry.register()
     registry.register()  # once per fingerprint
@@ -125,7 +123,7 @@ def test_a_worker_registers_the_definitions_it_serves(engine: sa.Engine) -> None
     assert len(recorded) == len(deploy_b.app.definitions)
     for r in recorded:
         assert fingerprint_of(r.shape) == r.fingerprint
-    other = Registry(engine, q, worker="w-a", queues=["default"], tasks=["versioned"],
+    other = Registry(engine, "flowq", worker="w-a", queues=["default"], tasks=["versioned"],
                      concurrency=1, definitions=deploy_a.app.definitions)
     other.register()
     [b] = other.elsewhere.workers

@@ -121,7 +121,7 @@ def test_partitions_are_created_ahead_and_idempotently(engine: sa.Engine) -> Non
             "VALUES ('t', 't', 'succeeded', now()) RETURNING run_id")).scalar_one()
     assert homes(engine, run_id) == [f"flowq.{days[0]}"]
     # The pruner's pass makes them too (the worker's start calls the same).
-    Pruner(engine, Q, days_ahead=3).run_once()
+    Pruner(engine, "flowq", days_ahead=3).run_once()
     assert partitions(engine)[:4] == [*days, partition_name(day + timedelta(days=3))]
 
 
@@ -134,7 +134,7 @@ def test_a_day_with_rows_in_default_or_a_busy_lock_is_skipped_not_an_error(
         done = ensure_partitions(conn, "flowq", days_ahead=1)
     assert done.skipped == {day: IN_DEFAULT}
     assert done.created == (day + timedelta(days=1),) and not done.refused
-    assert Pruner(engine, Q).run_once() == 0  # the pass goes on without the day
+    assert Pruner(engine, "flowq").run_once() == 0  # the pass goes on without the day
     with engine.begin() as conn:
         conn.execute(sa.text("DELETE FROM flowq.job_history WHERE run_id = :r"), {"r": run_id})
     with engine.connect() as reader:  # a reader of the DEFAULT partition, in a transaction
@@ -170,7 +170,7 @@ def test_a_day_older_than_retention_is_dropped_and_kept_runs_are_rehomed(
         add_finished(conn, spread, finished=9 * DAY, retired=noon + timedelta(days=1))
         add_dependents(conn, spread)
     assert homes(engine, spread) == [f"flowq.{name}", "flowq.job_history_default"]
-    pruner = Pruner(engine, Q, retention=3 * DAY, dead_retention=14 * DAY)
+    pruner = Pruner(engine, "flowq", retention=3 * DAY, dead_retention=14 * DAY)
     assert pruner.run_once() == 4  # `pruned`'s two rows, `spread`'s two
     assert name not in partitions(engine)
     assert homes(engine, pruned) == [] and homes(engine, spread) == []
@@ -197,7 +197,7 @@ def test_a_days_sweep_goes_on_across_passes_and_a_busy_drop_waits_for_the_next(
         runs = [add_finished(conn, finished=noon, retired=noon) for _ in range(5)]
         for run_id in runs:
             add_dependents(conn, run_id)
-    pruner = Pruner(engine, Q, retention=DAY, limit=2, max_batches=1)
+    pruner = Pruner(engine, "flowq", retention=DAY, limit=2, max_batches=1)
     for _ in range(3):  # five runs, two per batch, one batch per pass
         assert pruner.run_once() == 0 and pruner.behind
         assert name in partitions(engine)
@@ -225,7 +225,7 @@ def test_a_pruned_dead_run_goes_whole_with_its_sweep_so_no_retry_finds_it_before
         add_finished(conn, dead, status="dead", finished=noon, retired=noon)
         add_dependents(conn, dead)
         done = add_finished(conn, finished=noon, retired=noon)
-    pruner = Pruner(engine, Q, retention=3 * DAY, dead_retention=14 * DAY)
+    pruner = Pruner(engine, "flowq", retention=3 * DAY, dead_retention=14 * DAY)
     with engine.connect() as reader:  # a reader holds the parent: the DETACH gives up
         reader.execute(sa.text("SELECT count(*) FROM flowq.job_history"))
         assert pruner.run_once() == 2  # the dead run's two rows, one by one
@@ -315,7 +315,7 @@ def test_the_keys_of_pruned_runs_are_deleted_so_the_key_starts_a_new_run(
                              "WHERE run_id = :r"), {"r": kept.id})
     with engine.begin() as conn:
         assert not flowq.enqueue(conn, "t", queue="q", idempotency_key="k").created
-    assert Pruner(engine, Q, retention=3 * DAY).run_once() == 1
+    assert Pruner(engine, "flowq", retention=3 * DAY).run_once() == 1
     with engine.connect() as conn:
         keys = dict(conn.execute(sa.text("SELECT key, run_id FROM flowq.run_keys")).all())
     assert keys == {"kept": kept.id}
@@ -348,7 +348,7 @@ def test_finished_rows_left_in_jobs_are_moved_or_pruned(engine: sa.Engine) -> No
         with engine.connect() as conn:
             return list(conn.execute(sa.text("SELECT id FROM flowq.jobs ORDER BY id")).scalars())
 
-    pruner = Pruner(engine, Q, retention=3 * DAY, limit=2)
+    pruner = Pruner(engine, "flowq", retention=3 * DAY, limit=2)
     assert pruner.run_once() == 1  # the row that ended 10 days ago
     assert live() == ids[1:]  # the old worker reads `jobs` only: nothing moves
     with engine.begin() as conn:

@@ -401,7 +401,7 @@ def test_a_key_pruned_by_a_previous_release_pruner_after_the_migration_is_not_we
         conn.execute(sa.text(PREVIOUS_RELEASE_PRUNE), {"retention": 3 * 86400.0})
         conn.execute(sa.text("DELETE FROM flowq.workers WHERE name = 'old'"))  # it stops
     from flowq.worker.pruner import Pruner
-    Pruner(engine, Q).run_once()  # this release's pass leaves the entry: the enqueue frees it
+    Pruner(engine, "flowq").run_once()  # this release's pass leaves the entry: the enqueue frees it
     with engine.begin() as conn:
         again = flowq.enqueue(conn, defined(hist_app, "ok"), n=2, idempotency_key="order-9")
     assert again.created and again.id != run_id

@@ -487,7 +487,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     def reap(self) -> None:
         self.settled = False
         stale = [j for j in self.jobs.values() if j.status == "running" and j.stale]
-        assert Reaper(self.engine, Q, stale_after=STALE_AFTER).run_once() == len(stale)
+        assert Reaper(self.engine, "flowq", stale_after=STALE_AFTER).run_once() == len(stale)
         for job in stale:
             job.status = ("cancelled" if job.cancel_requested
                           else "dead" if job.attempts >= job.max_attempts else "pending")
@@ -759,7 +759,7 @@ def test_a_batch_with_two_claims_of_one_step_inserts_one_successor(engine: sa.En
         flowq.enqueue(conn, PIPE2, n=1)
         [old] = conn.execute(Q.claim_jobs, {"queue": "lc_b", "limit": 1, "worker": "w1"}).all()
         conn.execute(sa.text("UPDATE flowq.jobs SET heartbeat_at = now() - interval '1 hour'"))
-    assert Reaper(engine, Q, stale_after=STALE_AFTER).run_once() == 1
+    assert Reaper(engine, "flowq", stale_after=STALE_AFTER).run_once() == 1
     with engine.begin() as conn:
         [new] = conn.execute(Q.claim_jobs, {"queue": "lc_b", "limit": 1, "worker": "w1"}).all()
     claims = [Claim("w1", n, r.id, r.lease, r.attempts, r.max_attempts, r.task, r.step_index)

@@ -80,7 +80,6 @@ from flowq import FlowQ, Pipeline, Rate, Retry, RunStateError
 from flowq.db.rows import ClaimedJob
 from flowq.db.runner import runner
 from flowq.db.schema import ACTIVE_STATUSES, TERMINAL_STATUSES
-from flowq.db.sql import Queries
 from flowq.db.store import Store
 from flowq.errors import SignalError
 from flowq.ops.queues import pause, resume
@@ -92,7 +91,6 @@ from flowq.worker.registry import Registry
 from flowq.worker.waits import WaitExpirer
 from flowq.worker.writes import write_outcome, write_successes
 
-Q = Queries("flowq")
 WORKERS: Final = ("w1", "w2", "w3")
 DRAINER: Final = "drainer"
 DRAIN_ROUNDS: Final = 40  # a key limit of 1 drains one job of a key per round
@@ -296,10 +294,10 @@ class LimitsMachine(RuleBasedStateMachine):
         # w1 and w2 are in the registry; w3 is not (as a worker whose entry expired): every
         # lease of a queue takes its permits back, while its running jobs still count.
         for worker in WORKERS[:2]:
-            Registry(self.engine, Q, worker=worker, queues=APP.queues, tasks=[],
+            Registry(self.engine, "flowq", worker=worker, queues=APP.queues, tasks=[],
                      concurrency=1).register()
         # What a worker of APP writes when it starts: the limits, and the keyed tasks' queue.
-        Registry(self.engine, Q, worker="lm", queues=APP.queues, tasks=[], concurrency=1
+        Registry(self.engine, "flowq", worker="lm", queues=APP.queues, tasks=[], concurrency=1
                  ).declare_queues(APP.declared_queues, APP.keyed_queues)
 
     def enqueue(self, task: str, *, n: int, queue: str | None = None,
@@ -437,7 +435,7 @@ class LimitsMachine(RuleBasedStateMachine):
                                  "'1 hour' WHERE id = ANY(:ids)"), {"ids": ids})
         stale = len(self.read("SELECT id FROM flowq.steps WHERE status = 'running' AND "
                               "heartbeat_at < now() - make_interval(secs => :s)", s=STALE_AFTER))
-        assert Reaper(self.engine, Q, stale_after=STALE_AFTER).run_once() == stale
+        assert Reaper(self.engine, "flowq", stale_after=STALE_AFTER).run_once() == stale
 
     def let_time_pass(self) -> None:
         """Retries scheduled later become due; waits reach their timeout, and the expiry pass
@@ -447,7 +445,7 @@ class LimitsMachine(RuleBasedStateMachine):
             conn.execute(sa.text("UPDATE flowq.jobs SET run_at = now() - interval '1 second' "
                                  "WHERE status IN ('pending', 'waiting') AND run_at > now()"))
         waiting = len(self.read("SELECT id FROM flowq.steps WHERE status = 'waiting'"))
-        assert WaitExpirer(self.engine, Q).run_once() == waiting
+        assert WaitExpirer(self.engine, "flowq").run_once() == waiting
 
     def signal(self, run_id: int, payload: Any) -> None:
         """Send signal 'go' to `run_id`: what comes back is decided by the run's rows and the

@@ -9,7 +9,6 @@ from typing import Any
 import sqlalchemy as sa
 
 from flowq.db.runner import runner
-from flowq.db.sql import Queries
 from flowq.db.store import Store
 from flowq.testing import job_rows
 from flowq.worker.connection import DedicatedConnection
@@ -19,7 +18,6 @@ from flowq.worker.reaper import Reaper
 from flowq.worker.registry import Registry, WorkerExpirer
 from flowq.worker.waits import WaitExpirer
 
-Q = Queries("flowq")
 DAY = 86400.0
 
 
@@ -45,7 +43,7 @@ def add_job(conn: sa.Connection, *, run_id: int | None = None, status: str = "pe
 def heartbeat(engine: sa.Engine, held: list[tuple[int, int]], worker: str = "old-worker",
               on_cancelled: Callable[[list[tuple[int, int]]], None] | None = None
               ) -> Heartbeat:
-    return Heartbeat(DedicatedConnection(engine.url, "test heartbeat"), Q, lambda: held,
+    return Heartbeat(DedicatedConnection(engine.url, "test heartbeat"), "flowq", lambda: held,
                      worker=worker, on_cancelled=on_cancelled)
 
 
@@ -61,7 +59,7 @@ def test_reaper_requeues_stale_running_jobs_and_counts_the_attempt(engine: sa.En
         stale = add_job(conn, status="running", attempts=2, heartbeat_ago=120)
         fresh = add_job(conn, status="running", attempts=1, heartbeat_ago=1)
         pending = add_job(conn)
-    assert Reaper(engine, Q, stale_after=30).run_once() == 1
+    assert Reaper(engine, "flowq", stale_after=30).run_once() == 1
     rows = rows_by_id(engine)
     r = rows[stale]
     assert (r.status, r.attempts, r.locked_by, r.heartbeat_at) == ("pending", 2, None, None)
@@ -73,13 +71,13 @@ def test_reaper_requeues_stale_running_jobs_and_counts_the_attempt(engine: sa.En
     with engine.connect() as conn:  # due at once
         assert conn.execute(sa.text("SELECT run_at <= now() FROM flowq.steps WHERE id = :i"),
                             {"i": stale}).scalar()
-    assert Reaper(engine, Q, stale_after=30).run_once() == 0  # nothing left to reap
+    assert Reaper(engine, "flowq", stale_after=30).run_once() == 0  # nothing left to reap
 
 
 def test_reaper_buries_jobs_that_spent_their_attempts(engine: sa.Engine) -> None:
     with engine.begin() as conn:
         poisoned = add_job(conn, status="running", attempts=3, max_attempts=3, heartbeat_ago=99)
-    assert Reaper(engine, Q, stale_after=30).run_once() == 1
+    assert Reaper(engine, "flowq", stale_after=30).run_once() == 1
     r = rows_by_id(engine)[poisoned]
     assert (r.status, r.attempts) == ("dead", 3)
     assert r.finished_at is not None
@@ -90,7 +88,7 @@ def test_reaper_honours_cancel_requested(engine: sa.Engine) -> None:
     with engine.begin() as conn:
         job = add_job(conn, status="running", attempts=1, heartbeat_ago=99,
                       cancel_requested=True)
-    assert Reaper(engine, Q, stale_after=30).run_once() == 1
+    assert Reaper(engine, "flowq", stale_after=30).run_once() == 1
     r = rows_by_id(engine)[job]
     assert r.status == "cancelled" and r.finished_at is not None
 
@@ -99,7 +97,7 @@ def test_reaper_respects_its_limit(engine: sa.Engine) -> None:
     with engine.begin() as conn:
         for _ in range(5):
             add_job(conn, status="running", attempts=1, heartbeat_ago=99)
-    reaper = Reaper(engine, Q, stale_after=30, limit=2)
+    reaper = Reaper(engine, "flowq", stale_after=30, limit=2)
     assert [reaper.run_once() for _ in range(4)] == [2, 2, 1, 0]
 
 
@@ -108,9 +106,9 @@ def test_only_one_reaper_runs_at_a_time(engine: sa.Engine) -> None:
         add_job(conn, status="running", attempts=1, heartbeat_ago=99)
     with engine.connect() as other:
         other.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext('flowq.reaper'))"))
-        assert Reaper(engine, Q, stale_after=30).run_once() == 0  # another pass holds it
+        assert Reaper(engine, "flowq", stale_after=30).run_once() == 0  # another pass holds it
         other.rollback()
-    assert Reaper(engine, Q, stale_after=30).run_once() == 1
+    assert Reaper(engine, "flowq", stale_after=30).run_once() == 1
 
 
 def test_the_reaper_leaves_waits_and_registry_entries_to_their_own_services(
@@ -120,7 +118,7 @@ def test_the_reaper_leaves_waits_and_registry_entries_to_their_own_services(
         conn.execute(sa.text("UPDATE flowq.jobs SET run_at = now() - interval '1 second' "
                              "WHERE id = :i"), {"i": waiting})
         add_worker(conn, "gone", beat_ago=3600)
-    assert Reaper(engine, Q, stale_after=30).run_once() == 0
+    assert Reaper(engine, "flowq", stale_after=30).run_once() == 0
     assert rows_by_id(engine)[waiting].status == "waiting"
     assert worker_names(engine) == ["gone"]
 
@@ -136,10 +134,10 @@ def test_waits_past_their_timeout_become_runnable(engine: sa.Engine) -> None:
                              "WHERE id = :i"), {"i": late})
         conn.execute(sa.text("UPDATE flowq.jobs SET run_at = now() + interval '1 hour' "
                              "WHERE id = :i"), {"i": early})
-    assert WaitExpirer(engine, Q).run_once() == 1
+    assert WaitExpirer(engine, "flowq").run_once() == 1
     rows = rows_by_id(engine)
     assert (rows[late].status, rows[early].status) == ("pending", "waiting")
-    assert WaitExpirer(engine, Q).run_once() == 0
+    assert WaitExpirer(engine, "flowq").run_once() == 0
 
 
 def test_waits_expire_in_bounded_passes_one_at_a_time(engine: sa.Engine) -> None:
@@ -150,9 +148,9 @@ def test_waits_expire_in_bounded_passes_one_at_a_time(engine: sa.Engine) -> None
                                  "WHERE id = :i"), {"i": job})
     with engine.connect() as other:
         other.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext('flowq.waits'))"))
-        assert WaitExpirer(engine, Q).run_once() == 0  # another pass holds it
+        assert WaitExpirer(engine, "flowq").run_once() == 0  # another pass holds it
         other.rollback()
-    expirer = WaitExpirer(engine, Q, limit=2)
+    expirer = WaitExpirer(engine, "flowq", limit=2)
     assert [expirer.run_once() for _ in range(3)] == [2, 1, 0]
 
 
@@ -178,14 +176,14 @@ def test_workers_that_stopped_beating_expire_from_the_registry(engine: sa.Engine
         add_worker(conn, "alive", beat_ago=1)
     with engine.connect() as other:
         other.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext('flowq.registry'))"))
-        assert WorkerExpirer(engine, Q, stale=60).run_once() == 0  # another pass holds it
+        assert WorkerExpirer(engine, "flowq", stale=60).run_once() == 0  # another pass holds it
         other.rollback()
-    assert WorkerExpirer(engine, Q, stale=60).run_once() == 1
+    assert WorkerExpirer(engine, "flowq", stale=60).run_once() == 1
     assert worker_names(engine) == ["alive"]
 
 
 def test_a_registry_entry_beats_enters_again_when_expired_and_leaves(engine: sa.Engine) -> None:
-    registry = Registry(engine, Q, worker="w1", queues=["a", "b"], tasks=["t"], concurrency=3)
+    registry = Registry(engine, "flowq", worker="w1", queues=["a", "b"], tasks=["t"], concurrency=3)
     registry.register()
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE flowq.workers SET heartbeat_at = now() - interval '1 hour'"))
@@ -241,7 +239,7 @@ def test_heartbeat_with_nothing_held_beats_the_entry_alone(engine: sa.Engine) ->
 
 def register(engine: sa.Engine, name: str = "old-worker") -> None:
     """Enter worker `name` in the registry with this release's capabilities."""
-    Registry(engine, Q, worker=name, queues=["q"], tasks=["t"], concurrency=1).register()
+    Registry(engine, "flowq", worker=name, queues=["q"], tasks=["t"], concurrency=1).register()
 
 
 def age_entry(engine: sa.Engine, seconds: float, name: str = "old-worker") -> None:
@@ -264,9 +262,9 @@ def test_a_job_of_a_live_worker_is_not_reaped_however_old_its_own_heartbeat(
     with engine.begin() as conn:
         job = add_job(conn, status="running", attempts=1, heartbeat_ago=3600, lease=11)
     heartbeat(engine, [(job, 11)]).run_once()  # the entry lists the lease
-    assert Reaper(engine, Q, stale_after=30).run_once() == 0
+    assert Reaper(engine, "flowq", stale_after=30).run_once() == 0
     age_entry(engine, 120)  # the worker stopped beating its entry: dead
-    assert Reaper(engine, Q, stale_after=30).run_once() == 1
+    assert Reaper(engine, "flowq", stale_after=30).run_once() == 1
     r = rows_by_id(engine)[job]
     assert r.status == "pending"
     assert r.last_error.startswith("WorkerLost: worker old-worker")
@@ -280,7 +278,7 @@ def test_a_claim_its_live_worker_does_not_list_is_reaped(engine: sa.Engine) -> N
         orphan = add_job(conn, status="running", attempts=1, heartbeat_ago=120, lease=11)
         held = add_job(conn, status="running", attempts=1, heartbeat_ago=120, lease=12)
     heartbeat(engine, [(held, 12)]).run_once()
-    assert Reaper(engine, Q, stale_after=30).run_once() == 1
+    assert Reaper(engine, "flowq", stale_after=30).run_once() == 1
     assert (rows_by_id(engine)[orphan].status, rows_by_id(engine)[held].status) == (
         "pending", "running")
 
@@ -288,7 +286,7 @@ def test_a_claim_its_live_worker_does_not_list_is_reaped(engine: sa.Engine) -> N
 def test_a_job_whose_worker_entry_is_gone_is_reaped(engine: sa.Engine) -> None:
     with engine.begin() as conn:  # locked_by names a worker that is in no registry entry
         job = add_job(conn, status="running", attempts=1, heartbeat_ago=120)
-    assert Reaper(engine, Q, stale_after=30).run_once() == 1
+    assert Reaper(engine, "flowq", stale_after=30).run_once() == 1
     assert rows_by_id(engine)[job].status == "pending"
 
 
@@ -299,10 +297,10 @@ def test_the_registry_expires_entries_at_the_reapers_limit(engine: sa.Engine) ->
     heartbeat(engine, [(job, 11)]).run_once()
     age_entry(engine, 40)
     # Both at one limit: the entry goes exactly when its jobs are reaped, never before.
-    assert WorkerExpirer(engine, Q, stale=50).run_once() == 0
-    assert Reaper(engine, Q, stale_after=50).run_once() == 0
-    assert WorkerExpirer(engine, Q, stale=30).run_once() == 1
-    assert Reaper(engine, Q, stale_after=30).run_once() == 1
+    assert WorkerExpirer(engine, "flowq", stale=50).run_once() == 0
+    assert Reaper(engine, "flowq", stale_after=50).run_once() == 0
+    assert WorkerExpirer(engine, "flowq", stale=30).run_once() == 1
+    assert Reaper(engine, "flowq", stale_after=30).run_once() == 1
     assert rows_by_id(engine)[job].status == "pending"
 
 
@@ -333,7 +331,7 @@ def test_a_missing_entry_makes_the_beat_refresh_each_job(engine: sa.Engine) -> N
     beat = heartbeat(engine, [(job, 11)])  # "old-worker" has no entry
     assert beat.run_once() == 1
     assert beat_ages(engine)[job] < 5
-    assert Reaper(engine, Q, stale_after=20).run_once() == 0
+    assert Reaper(engine, "flowq", stale_after=20).run_once() == 0
 
 
 def test_a_registered_worker_of_an_earlier_release_makes_every_beat_per_job(
@@ -399,7 +397,7 @@ def test_pruner_deletes_whole_old_runs_and_keeps_the_rest(engine: sa.Engine) -> 
         rr = conn.execute(sa.text("SELECT run_id FROM flowq.steps WHERE id = :i"),
                           {"i": running_run}).scalar_one()
         add_job(conn, run_id=rr, status="running", attempts=1, heartbeat_ago=1)
-    assert Pruner(engine, Q, retention=3 * DAY).run_once() == 3
+    assert Pruner(engine, "flowq", retention=3 * DAY).run_once() == 3
     left = rows_by_id(engine)
     assert old not in left and cancelled_old not in left
     assert {recent, half, mixed, running_run} <= set(left)
@@ -410,7 +408,7 @@ def test_pruner_keeps_dead_runs_for_dead_retention(engine: sa.Engine) -> None:
     with engine.begin() as conn:
         dead_recent = add_job(conn, status="dead", finished_ago=5 * DAY)
         add_job(conn, status="dead", finished_ago=20 * DAY)
-    assert Pruner(engine, Q, retention=3 * DAY, dead_retention=14 * DAY).run_once() == 1
+    assert Pruner(engine, "flowq", retention=3 * DAY, dead_retention=14 * DAY).run_once() == 1
     assert set(rows_by_id(engine)) == {dead_recent}
 
 
@@ -421,7 +419,7 @@ def test_pruner_works_in_bounded_batches(engine: sa.Engine) -> None:
     statements: list[str] = []
     sa.event.listen(engine, "before_cursor_execute",
                     lambda conn, cur, stmt, *a: statements.append(stmt))
-    pruner = Pruner(engine, Q, retention=DAY, limit=3, max_batches=2)
+    pruner = Pruner(engine, "flowq", retention=DAY, limit=3, max_batches=2)
     assert pruner.run_once() == 6  # two batches of at most 3 runs each
     assert sum("DELETE FROM flowq.jobs" in s for s in statements) == 2  # batches of runs
     assert pruner.run_once() == 1
@@ -434,6 +432,6 @@ def test_only_one_pruner_runs_at_a_time(engine: sa.Engine) -> None:
         add_job(conn, status="succeeded", finished_ago=5 * DAY)
     with engine.connect() as other:
         other.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext('flowq.pruner'))"))
-        assert Pruner(engine, Q, retention=DAY).run_once() == 0
+        assert Pruner(engine, "flowq", retention=DAY).run_once() == 0
         other.rollback()
-    assert Pruner(engine, Q, retention=DAY).run_once() == 1
+    assert Pruner(engine, "flowq", retention=DAY).run_once() == 1

@@ -25,12 +25,10 @@ import flowq
 from flowq.db import normalize_url
 from flowq.db.rows import ClaimedJob
 from flowq.db.schema import CAPABILITIES
-from flowq.db.sql import Queries
 from flowq.testing import wait_until
 from flowq.worker.claimer import Claimer
 from flowq.worker.connection import DedicatedConnection
 
-Q = Queries("flowq")
 FAST = ("--poll-interval", "0.2", "--heartbeat-interval", "0.5", "--stale-after", "3",
         "--reap-interval", "0.5")
 
@@ -74,7 +72,7 @@ def claimers(engine: sa.Engine, db_url: str) -> Iterator[dict[str, tuple[Claimer
         conn = DedicatedConnection(normalize_url(db_url), f"test claim {name}")
         conns.append(conn)
         got: list[ClaimedJob] = []
-        claimer = Claimer(conn, Q, ["lim"], name, got.append)
+        claimer = Claimer(conn, "flowq", ["lim"], name, got.append)
         claimer.refresh()
         out[name] = (claimer, got)
     yield out

@@ -305,7 +305,7 @@ def test_a_key_limit_holds_in_whatever_queue_the_job_is_enqueued_into(
     claimed: list[ClaimedJob] = []
     connections = [DedicatedConnection(normalize_url(db_url), f"test claim {i}")
                    for i in range(3)]
-    claimers = [Claimer(c, Q, ["other"], f"w{i}", claimed.append)
+    claimers = [Claimer(c, "flowq", ["other"], f"w{i}", claimed.append)
                 for i, c in enumerate(connections)]
     try:
         # A claimer that has not re-read flowq.queues since the queue was marked takes its
@@ -358,7 +358,7 @@ def test_a_worker_start_marks_served_queues_holding_unmarked_keyed_jobs(
             "INSERT INTO flowq.jobs (task, step, queue, concurrency_key, key_limit) "
             "VALUES ('t', 't', 'legacy', '\"a\"', 1), ('t', 't', 'legacy', '\"a\"', 1), "
             "('t', 't', 'plainq', NULL, NULL)"))
-    registry = Registry(engine, Q, worker="w", queues=["legacy", "plainq", "own"],
+    registry = Registry(engine, "flowq", worker="w", queues=["legacy", "plainq", "own"],
                         tasks=["t"], concurrency=3)
     registry.declare_queues([], ["own"])
     with engine.connect() as conn:

@@ -402,7 +402,6 @@ def test_a_run_ended_by_a_statement_begun_before_the_registration_is_read_again(
 
 def test_the_pruner_deletes_registrations_whose_connection_is_gone(
         engine: sa.Engine) -> None:
-    from flowq.db.sql import queries
     from flowq.worker.pruner import Pruner
 
     with engine.connect() as conn:
@@ -410,7 +409,7 @@ def test_the_pruner_deletes_registrations_whose_connection_is_gone(
                              "(1, 'gone', 2147483647), (2, 'here', pg_backend_pid())"))
         conn.commit()
         # ours is alive while this connection is: the pruner runs on another one
-        Pruner(engine, queries("flowq")).run_once()
+        Pruner(engine, "flowq").run_once()
         assert conn.execute(sa.text(
             "SELECT token FROM flowq.run_waiters ORDER BY token")).scalars().all() == ["here"]
 
@@ -459,7 +458,6 @@ def test_a_waiter_killed_mid_wait_is_pruned_and_the_others_still_hear_the_end(
         listener: RunEndListener) -> None:
     """SIGKILL leaves the killed process's registration; once its LISTEN connection's backend
     is gone the pruner deletes it, and a waiter of another process still hears the end."""
-    from flowq.db.sql import queries
     from flowq.worker.pruner import Pruner
 
     run_id = enqueue(engine, double, n=7)
@@ -485,7 +483,7 @@ def test_a_waiter_killed_mid_wait_is_pruned_and_the_others_still_hear_the_end(
                 {"mine": listener.backend_pid}).all())
 
     wait_until(lambda: not others(), message="its backend gone")
-    Pruner(engine, queries("flowq")).run_once()
+    Pruner(engine, "flowq").run_once()
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT pid FROM flowq.run_waiters")).scalars().all() == [
             listener.backend_pid]

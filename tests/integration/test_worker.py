@@ -493,7 +493,6 @@ def test_timed_out_handler_session_writes_roll_back(app: flowq.FlowQ, ledger: sa
 
 def test_reaped_handler_cannot_complete_and_its_writes_roll_back(
         app: flowq.FlowQ, ledger: sa.Engine, db_url: str) -> None:
-    from flowq.db.sql import Queries
     from flowq.worker.reaper import Reaper
 
     release = threading.Event()
@@ -518,7 +517,7 @@ def test_reaped_handler_cannot_complete_and_its_writes_roll_back(
             # and its worker's entry: the worker looks dead (its beat keeps either alive)
             conn.execute(sa.text("UPDATE flowq.workers SET heartbeat_at = now() - "
                                  "interval '1 h'"))
-        assert Reaper(ledger, Queries("flowq"), stale_after=30).run_once() == 1
+        assert Reaper(ledger, "flowq", stale_after=30).run_once() == 1
         wait_until(lambda: job_rows(ledger, where="status = 'succeeded'"), 10,
                    message="attempt 2 to succeed in the other slot")
         release.set()
@@ -639,7 +638,6 @@ def test_a_prune_waiting_on_a_lock_does_not_delay_heartbeats(app: flowq.FlowQ,
     not reaped meanwhile (issue 9, #12)."""
     import time
 
-    from flowq.db.sql import Queries
     from flowq.worker.reaper import Reaper
 
     @app.task()
@@ -650,7 +648,7 @@ def test_a_prune_waiting_on_a_lock_does_not_delay_heartbeats(app: flowq.FlowQ,
         conn.execute(sa.text("INSERT INTO flowq.jobs (task, step, status, finished_at) "
                              "VALUES ('old', 'old', 'succeeded', now() - interval '10 days')"))
     job = enqueue(engine, hold, seconds=10)
-    reaper = Reaper(engine, Queries("flowq"), stale_after=2.0)
+    reaper = Reaper(engine, "flowq", stale_after=2.0)
     with engine.connect() as blocker, running_worker(
             app, db_url, heartbeat_interval=0.5, stale_after=2.0, prune_interval=0.5,
             retention=60.0, reap_interval=60.0):
@@ -719,7 +717,6 @@ def test_a_worker_registers_beats_and_leaves_the_registry(app: flowq.FlowQ, engi
                                                           db_url: str) -> None:
     """`flowq.workers` says who serves what; a crashed worker's entry expires, and a worker
     whose entry expired while it stalled enters again (issue 10: unserved jobs)."""
-    from flowq.db.sql import Queries
     from flowq.worker.registry import WorkerExpirer
 
     @app.task(queue="reg")
@@ -739,7 +736,7 @@ def test_a_worker_registers_beats_and_leaves_the_registry(app: flowq.FlowQ, engi
         mine = wait_until(lambda: [e for e in entries() if e.name == w.config.name],
                           timeout=10, message="the worker's entry")
         assert (mine[0].queues, mine[0].tasks, mine[0].concurrency) == (["reg"], ["noop"], 10)
-        WorkerExpirer(engine, Queries("flowq"), stale=2.0).run_once()  # or the worker's own
+        WorkerExpirer(engine, "flowq", stale=2.0).run_once()  # or the worker's own
         assert [e.name for e in entries()] == [w.config.name]  # the dead one expired
         with engine.begin() as conn:  # as if it stalled past the expiry
             conn.execute(sa.text("DELETE FROM flowq.workers"))
@@ -810,7 +807,6 @@ def test_a_beat_that_writes_no_job_still_tells_the_handler_it_was_cancelled(
     """With only this release's workers registered, a beat writes the worker's entry and only
     reads the jobs: the handler still learns of the cancellation at the next beat, and the
     reaper leaves the job alone however old its own heartbeat."""
-    from flowq.db.sql import Queries
     from flowq.ops.runs import cancel_run
     from flowq.worker.reaper import Reaper
 
@@ -833,7 +829,7 @@ def test_a_beat_that_writes_no_job_still_tells_the_handler_it_was_cancelled(
                                   "heartbeat_at > :t", t=since), timeout=10,
                    message="a beat since")  # the beats go on: none writes the job
         assert only_row(engine).heartbeat_at < datetime.now(UTC) - timedelta(minutes=30)
-        assert Reaper(engine, Queries("flowq"), stale_after=1.0).run_once() == 0
+        assert Reaper(engine, "flowq", stale_after=1.0).run_once() == 0
         cancel_run(engine, run_id)
         assert saw.wait(10)
         wait_until(lambda: job_rows(engine, where="status <> 'running'"), timeout=10,

@@ -402,18 +402,17 @@ def test_a_delayed_step_starts_that_long_after_its_parent(engine: sa.Engine) -> 
 
 
 def test_a_signal_that_never_comes_times_out_dead(wf: Any) -> None:
-    from flowq.db.sql import Queries
     from flowq.worker.waits import WaitExpirer
 
     app, _, engine = wf
     with engine.begin() as conn:
         run = flowq.enqueue(conn, app.get("approval"), doc="a")
     drain(engine, app)
-    assert WaitExpirer(engine, Queries("flowq")).run_once() == 0  # not yet due
+    assert WaitExpirer(engine, "flowq").run_once() == 0  # not yet due
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE flowq.jobs SET run_at = now() - interval '1 second' "
                              "WHERE status = 'waiting'"))
-    WaitExpirer(engine, Queries("flowq")).run_once()
+    WaitExpirer(engine, "flowq").run_once()
     drain(engine, app, raise_on_dead=False)
     info = get_run(engine, run.id)
     assert info.status == "dead"

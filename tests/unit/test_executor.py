@@ -17,7 +17,6 @@ from tenacity import retry_if_exception, stop_after_attempt, wait_fixed
 import flowq
 from flowq.db import normalize_url
 from flowq.db.rows import ClaimedJob
-from flowq.db.sql import Queries
 from flowq.durable.context import Context
 from flowq.durable.session import StepSession
 from flowq.testing import wait_until
@@ -34,7 +33,7 @@ class Recorder(Completer):
 
     def __init__(self) -> None:
         super().__init__(DedicatedConnection(normalize_url("postgresql://unused/none"),
-                                             "unused"), Queries("flowq"))
+                                             "unused"), "flowq")
         self.outcomes: dict[int, Outcome] = {}
 
     def submit(self, job: ClaimedJob, outcome: Outcome, duration: float = 0.0,

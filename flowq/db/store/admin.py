@@ -1,16 +1,4 @@
-"""The verbs of the database itself and of maintenance: schema checks, locks, clocks, health.
-
-- the schema check (`schema_exists`) and the clocks (`now`: the transaction's, `clock`: the
-  wall clock, as epoch seconds);
-- the advisory locks: a maintenance service's transaction-scoped lock, tried
-  (`try_maintenance_lock`) or waited for in shared mode (`lock_maintenance_shared`), both
-  named `<schema>.<service>`; the metrics collector's session lock (`lead_metrics`);
-- health, for `flowq doctor` and `flowq status`: the jobs table's statistics, long
-  transactions holding the xmin horizon, this session's backend, a NOTIFY probe, dead jobs
-  by task;
-- control of a session: `end_backend` (an abandoned attempt's connection), and
-  `set_statement_timeout` (for the rest of the transaction).
-"""
+"""The verbs of the database itself and of maintenance: schema checks, locks, clocks, health."""
 
 from __future__ import annotations
 
@@ -74,8 +62,16 @@ class DeadTaskCount:
 
 class AdminVerbs(Verbs):
     """The database and maintenance."""
+    def try_maintenance_lock(self, service: str) -> bool:
+        """Take the transaction-scoped advisory lock `<schema>.<service>` of a maintenance
+        service, or not (another pass holds it): one pass at a time across all workers."""
+        return bool(self.run(self.q.try_maintenance_lock,
+                             {"name": f"{self.schema}.{service}"})[0][0])
 
-    # -- the schema and the clocks -------------------------------------------------------------
+    def end_backend(self, pid: int) -> None:
+        """Terminate server process `pid` (an abandoned attempt's connection, whose open
+        transaction would hold its row locks until its stuck handler returns)."""
+        self.run(self.q.end_backend, {"pid": pid})
 
     def schema_exists(self) -> bool:
         """Whether the schema's jobs table exists: a query that cannot fail, so a missing
@@ -91,14 +87,6 @@ class AdminVerbs(Verbs):
         """The database's wall clock (`clock_timestamp()`), as seconds since the epoch."""
         return float(self.run(self.q.select_clock, {})[0][0])
 
-    # -- locks -------------------------------------------------------------------------------
-
-    def try_maintenance_lock(self, service: str) -> bool:
-        """Take maintenance service `service`'s advisory lock for the transaction, or not
-        (another holds it): one pass of a service at a time across workers."""
-        return bool(self.run(self.q.try_maintenance_lock,
-                             {"name": f"{self.schema}.{service}"})[0][0])
-
     def lock_maintenance_shared(self, service: str) -> None:
         """Wait for `service`'s lock in shared mode until the transaction ends: a pass under
         way is waited for, and one that tries the lock meanwhile does nothing."""
@@ -110,18 +98,9 @@ class AdminVerbs(Verbs):
         [(leads, backend)] = self.run(self.q.lock_metrics_collector, {"name": name, "pid": pid})
         return bool(leads), int(backend)
 
-    # -- sessions ------------------------------------------------------------------------------
-
-    def end_backend(self, pid: int) -> bool:
-        """End server process `pid` (an attempt abandoned at its timeout, whose transaction
-        would otherwise hold its row locks); whether it was signalled."""
-        return bool(self.run(self.q.end_backend, {"pid": pid})[0][0])
-
     def set_statement_timeout(self, ms: int) -> None:
         """Bound every statement of the current transaction to `ms` milliseconds."""
         self.run(self.q.set_statement_timeout, {"ms": ms})
-
-    # -- health --------------------------------------------------------------------------------
 
     def table_health(self) -> TableHealth | None:
         """`flowq.jobs`' statistics and its pending index (None: no such table)."""
@@ -145,4 +124,3 @@ class AdminVerbs(Verbs):
     def dead_by_task(self, limit: int) -> list[DeadTaskCount]:
         """Dead jobs by task, most first, up to `limit` tasks."""
         return read(DeadTaskCount, self.run(self.q.select_dead_by_task, {"limit": limit}))
-

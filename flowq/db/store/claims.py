@@ -324,6 +324,12 @@ class ClaimVerbs(Verbs):
         return read(Fired, self.run(self.q.start_batch_callbacks, {
             "batch_id": None, "limit": limit, "channel": self.channel}))
 
+    def expire_waits(self, limit: int) -> list[int]:
+        """Make up to `limit` steps whose signal did not come by their timeout runnable
+        (oldest deadline first), waking their queues; their ids."""
+        return [int(i) for i in column(self.run(self.q.expire_waits, {
+            "limit": limit, "channel": self.channel}), "id")]
+
 
 @dataclass(frozen=True)
 class _Key:

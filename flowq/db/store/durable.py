@@ -1,15 +1,4 @@
-"""The verbs of a step's durable state outside its claim: child runs and a run's checkpoints.
-
-- A step's child runs (`flowq.durable.children`): `link_child` records a run the step
-  started (after locking the step's job row, so a cancel in flight is seen), `children_status`
-  reads the status of the children it waits on with the database's clock, and
-  `wait_on_children` points their links at the step that waits, so their end wakes it.
-- Inspection (`flowq.ops.runinfo`, `flowq.ops.runs`): `run_checkpoints` (what a run's steps
-  recorded), `run_family` (its parent and first children), `descendants` (the runs below it).
-
-The checkpoints a claim reads and records are the worker's (`ClaimVerbs.checkpoints`,
-`record_checkpoint`), fenced on the claim.
-"""
+"""The verbs of a step's durable state: checkpoints, child runs, batches, run waiters."""
 
 from __future__ import annotations
 
@@ -75,10 +64,23 @@ class RunCheckpoint:
     created_at: datetime
 
 
-class DurableVerbs(Verbs):
-    """Child runs and a run's checkpoints (see the module)."""
+@dataclass(frozen=True)
+class _StoredResult:
+    """A row of `select_run_checkpoints`, its result still JSON text."""
 
-    # -- child runs (flowq.durable.children) --------------------------------------------------
+    step: str
+    map_index: int | None
+    name: str
+    position: int
+    result: str
+    created_at: datetime
+
+
+class DurableVerbs(Verbs):
+    """Checkpoints, children, batches and waiters."""
+    def prune_waiters(self, limit: int) -> int:
+        """Delete up to `limit` run waiters whose LISTEN connection is gone; how many."""
+        return int(self.run(self.q.prune_waiters, {"limit": limit})[0][0])
 
     def link_child(self, job_id: int, child_run_id: int, run_id: int, step: str,
                    map_index: int | None, name: str) -> ChildLink:
@@ -109,8 +111,6 @@ class DurableVerbs(Verbs):
         self.run(self.q.set_children_waiter, {"job_id": job_id, "run_id": run_id,
                                               "run_ids": list(run_ids)})
 
-    # -- inspection ----------------------------------------------------------------------------
-
     def run_checkpoints(self, run_id: int, limit: int) -> list[RunCheckpoint]:
         """The first `limit` checkpoints of run `run_id`, by step, map instance and position."""
         rows = self.run(self.q.select_run_checkpoints, {"run_id": run_id, "limit": limit})
@@ -128,15 +128,3 @@ class DurableVerbs(Verbs):
         levels, in run id order."""
         rows = self.run(self.q.select_descendants, {"run_id": run_id, "max_depth": max_depth})
         return [int(i) for i in column(rows, "run_id")]
-
-
-@dataclass(frozen=True)
-class _StoredResult:
-    """A row of `select_run_checkpoints`, its result still JSON text."""
-
-    step: str
-    map_index: int | None
-    name: str
-    position: int
-    result: str
-    created_at: datetime

@@ -1,11 +1,4 @@
-"""The verbs of `flowq.queues` outside a claim: declarations, pauses, listings, metrics.
-
-- configuration: `declare_queues` (a worker's declared limits), `mark_keyed_queues` (queues
-  claimed the limited way because their jobs carry a concurrency key), `set_queue_paused`;
-- counts: `list_queues` (every queue, `flowq queues`), `recent_completions` (`flowq
-  status`), `queue_metrics` (the worker's Prometheus gauges) and `queue_activity` (the
-  dashboard's charts).
-"""
+"""The verbs of `flowq.queues` outside a claim: declarations, pauses, listings, metrics."""
 
 from __future__ import annotations
 
@@ -17,10 +10,22 @@ from typing import TYPE_CHECKING, Any
 from flowq.db.rows import read
 from flowq.db.store.base import Verbs
 
-if TYPE_CHECKING:
-    from flowq.define.queues import QueueConfig
+__all__ = ["ActivityCount", "QueueCompletions", "QueueInfo", "QueueLimits", "QueueMetrics", "QueueVerbs"]
 
-__all__ = ["ActivityCount", "QueueCompletions", "QueueInfo", "QueueMetrics", "QueueVerbs"]
+
+@dataclass(frozen=True)
+class QueueLimits:
+    """The limits an app declares for one queue (None: no such limit): at most
+    `concurrency` running, at most `rate_limit` claims per `rate_period` seconds."""
+
+    name: str
+    concurrency: int | None
+    rate_limit: int | None
+    rate_period: float | None
+
+
+if TYPE_CHECKING:
+    pass
 
 
 @dataclass(frozen=True)
@@ -81,30 +86,23 @@ class ActivityCount:
 
 class QueueVerbs(Verbs):
     """Queues as configuration and as counts."""
-
-    # -- configuration -------------------------------------------------------------------------
-
-    def declare_queues(self, declared: Sequence[QueueConfig], worker: str) -> None:
-        """Write the limits `declared` (by `worker`), keeping each queue's paused state; a
-        changed rate starts with a full bucket."""
+    def declare_queues(self, limits: Sequence[QueueLimits], worker: str) -> None:
+        """Write the `limits` `worker` declares for its queues, keeping each queue's paused
+        state (a changed rate starts with a full bucket)."""
         self.run(self.q.declare_queues, {
-            "names": [d.name for d in declared],
-            "concurrencies": [d.concurrency for d in declared],
-            "rate_limits": [d.rate_limit.limit if d.rate_limit else None for d in declared],
-            "rate_periods": [d.rate_limit.seconds if d.rate_limit else None
-                             for d in declared],
-            "worker": worker})
+            "names": [d.name for d in limits],
+            "concurrencies": [d.concurrency for d in limits],
+            "rate_limits": [d.rate_limit for d in limits],
+            "rate_periods": [d.rate_period for d in limits], "worker": worker})
 
-    def mark_keyed_queues(self, keyed: Sequence[str], served: Sequence[str]) -> None:
-        """Mark `keyed` queues (those of tasks with per-key limits), and those of `served`
-        holding pending keyed jobs, as claimed the limited way."""
-        self.run(self.q.mark_keyed_queues, {"names": list(keyed), "served": list(served)})
+    def mark_keyed_queues(self, names: Sequence[str], served: Sequence[str]) -> None:
+        """Mark `names` as running tasks with per-key limits, and those of `served` holding
+        pending keyed jobs (enqueued by a flowq that did not mark them)."""
+        self.run(self.q.mark_keyed_queues, {"names": list(names), "served": list(served)})
 
     def set_queue_paused(self, name: str, paused: bool) -> bool:
         """Pause or resume queue `name`; whether that changed anything."""
         return bool(self.run(self.q.set_queue_paused, {"name": name, "paused": paused})[0][0])
-
-    # -- counts --------------------------------------------------------------------------------
 
     def list_queues(self) -> list[QueueInfo]:
         """Every queue with unfinished or dead jobs or a declaration, by name."""

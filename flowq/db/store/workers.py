@@ -1,8 +1,15 @@
-"""The verbs of `flowq.workers` and the definitions they serve: registry, deploys, stranded jobs."""
+"""The verbs of the workers registry (`flowq.workers`) and of the definitions workers record
+and serve (`flowq.definitions`), with the reads of due jobs by who serves them (stranded,
+unserved, handed over): `WorkerVerbs`.
+
+Registering, beating (the heartbeat's, `ClaimVerbs.heartbeat`) and expiring are by worker
+name; a definition is recorded once per fingerprint (a fingerprint names one shape).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -10,68 +17,22 @@ from typing import Any
 from flowq.db.rows import column, read
 from flowq.db.store.base import Verbs
 
-__all__ = ["Definition", "HandedOverJobs", "LiveWorker", "RunsInFlight", "ServedDefinitions", "UnservedGroup", "WorkerVerbs"]
-
-
-@dataclass(frozen=True)
-class UnservedGroup:
-    """Due jobs of one task on one queue that no live worker serves: how many, and how long
-    the oldest has been due (seconds)."""
-
-    queue: str
-    task: str
-    n: int
-    oldest_s: float
-
-
-class WorkerVerbs(Verbs):
-    """Workers, their registry and what they serve."""
-
-    # -- read by `flowq.ops.runs` (appended by the runs slice) -------------------------------
-
-    def unserved_jobs(self, stale_after: float, limit: int) -> list[UnservedGroup]:
-        """Due jobs no worker heartbeating within `stale_after` seconds serves, by (queue,
-        task), the `limit` largest groups first."""
-        return read(UnservedGroup, self.run(self.q.select_unserved_jobs,
-                                            {"stale": stale_after, "limit": limit}))
-
-    def version_fingerprints(self, version: int, task: str | None) -> list[str]:
-        """The fingerprints `flowq.definitions` records for pipeline version `version` (of
-        `task` only, unless None): what runs of that version started under."""
-        rows = self.run(self.q.select_version_fingerprints, {"version": version, "task": task})
-        return [str(f) for f in column(rows, "fingerprint")]
-
-    # -- operations' reads (flowq status, the deploy check) ------------------------------------
-
-    def definitions(self, pipelines: Sequence[str]) -> list[Definition]:
-        """The recorded definitions of `pipelines`, by pipeline, version and first sight."""
-        return read(Definition, self.run(self.q.select_definitions,
-                                         {"pipelines": list(pipelines)}))
-
-    def served_definitions(self, stale: float, *, other_than: str = "") -> list[ServedDefinitions]:
-        """What the live workers (heartbeat within `stale` seconds) but `other_than` serve,
-        those that registered their definitions, by name."""
-        return read(ServedDefinitions, self.run(self.q.select_served_definitions,
-                                                {"name": other_than, "stale": stale}))
-
-    def runs_in_flight(self, limit: int) -> list[RunsInFlight]:
-        """The active jobs grouped by task, fingerprint, step, join and argument names, up
-        to `limit` groups (the deploy check's read)."""
-        return read(RunsInFlight, self.run(self.q.select_runs_in_flight, {"limit": limit}))
-
-    def live_workers(self, stale: float) -> list[LiveWorker]:
-        """The registered workers whose heartbeat is younger than `stale` seconds, by name."""
-        return read(LiveWorker, self.run(self.q.select_live_workers, {"stale": stale}))
-
-    def handed_over_jobs(self, limit: int) -> list[HandedOverJobs]:
-        """Pending jobs a worker left to another's definition, by task, fingerprint and the
-        worker they were left to; up to `limit` groups, largest first."""
-        return read(HandedOverJobs, self.run(self.q.select_handed_over_jobs, {"limit": limit}))
+__all__ = ["Definition", "HandedOver", "LiveWorker", "RecordedDefinition", "RunsInFlight", "ServedDefinitions", "Stranded", "WorkerVerbs"]
 
 
 @dataclass(frozen=True)
 class Definition:
-    """A definition a worker served once: its shape by fingerprint."""
+    """A definition a worker serves, as it records it: `shape` is any JSON value."""
+
+    fingerprint: str
+    pipeline: str
+    version: int
+    shape: Any
+
+
+@dataclass(frozen=True)
+class RecordedDefinition:
+    """A definition as `flowq.definitions` recorded it, first seen at `first_seen`."""
 
     fingerprint: str
     pipeline: str
@@ -82,8 +43,8 @@ class Definition:
 
 @dataclass(frozen=True)
 class ServedDefinitions:
-    """A live worker's queues and the definitions it registered (JSON as stored: another
-    process's word, checked by the reader)."""
+    """What one live worker serves: its queues, and its `definitions` as it registered them
+    (`{pipeline: [{version, fingerprint}]}`, another process's word: not trusted)."""
 
     name: str
     queues: list[str]
@@ -91,18 +52,13 @@ class ServedDefinitions:
 
 
 @dataclass(frozen=True)
-class RunsInFlight:
-    """A group of active jobs: task, fingerprint their run started under, step, whether a
-    join created them, their arguments' names; how many runs, the oldest, an example run."""
+class Stranded:
+    """Due jobs of one (queue, task) that no worker serves: how many, the oldest's wait."""
 
+    queue: str
     task: str
-    fingerprint: str | None
-    step: str
-    joined: bool
-    names: list[str]
-    runs: int
-    oldest: datetime | None
-    example: int
+    n: int
+    oldest_s: float
 
 
 @dataclass(frozen=True)
@@ -120,10 +76,111 @@ class LiveWorker:
 
 
 @dataclass(frozen=True)
-class HandedOverJobs:
-    """Pending jobs of `task` (started under `fingerprint`) left to worker `worker`."""
+class HandedOver:
+    """Pending jobs of one task and fingerprint that a worker left to worker `worker`."""
 
     task: str
     fingerprint: str | None
-    worker: str | None
+    worker: str
     n: int
+
+
+@dataclass(frozen=True)
+class RunsInFlight:
+    """A group of active jobs: task, fingerprint their run started under, step, whether a
+    join created them, their arguments' names; how many runs, the oldest, an example run."""
+
+    task: str
+    fingerprint: str | None
+    step: str
+    joined: bool
+    names: list[str]
+    runs: int
+    oldest: datetime | None
+    example: int
+
+
+class WorkerVerbs(Verbs):
+    """The workers registry and the definitions its workers serve."""
+
+    # -- the registry ------------------------------------------------------------------------
+    def register_worker(self, name: str, *, host: str, pid: int, queues: Sequence[str],
+                        tasks: Sequence[str], concurrency: int, version: str,
+                        definitions: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
+        """Enter worker `name` (or refresh its entry: a restart under the same name) with
+        what it serves (`definitions`: `{pipeline: [{version, fingerprint}]}`); it holds no
+        lease yet."""
+        self.run(self.q.register_worker, {
+            "name": name, "host": host, "pid": pid, "queues": list(queues),
+            "tasks": list(tasks), "concurrency": concurrency, "version": version,
+            "definitions": json.dumps(definitions)})
+
+    def is_registered(self, name: str) -> bool:
+        """Whether worker `name` has an entry (False: it expired, register again)."""
+        return bool(self.run(self.q.find_worker, {"name": name}))
+
+    def unregister_worker(self, name: str) -> None:
+        """Remove worker `name`'s entry (a clean stop)."""
+        self.run(self.q.unregister_worker, {"name": name})
+
+    def expire_workers(self, stale: float) -> list[str]:
+        """Remove the entries of workers that stopped beating `stale` seconds ago; their
+        names."""
+        return [str(n) for n in column(self.run(self.q.expire_workers, {"stale": stale}),
+                                       "name")]
+
+    def live_workers(self, stale: float) -> list[LiveWorker]:
+        """The workers that beat within `stale` seconds, by name."""
+        return read(LiveWorker, self.run(self.q.select_live_workers, {"stale": stale}))
+
+    def record_definitions(self, definitions: Sequence[Definition]) -> None:
+        """Record each of `definitions` unless its fingerprint is recorded already."""
+        self.run(self.q.record_definitions, {
+            "fingerprints": [d.fingerprint for d in definitions],
+            "pipelines": [d.pipeline for d in definitions],
+            "versions": [d.version for d in definitions],
+            "shapes": [json.dumps(d.shape) for d in definitions]})
+
+    def recorded_definitions(self, pipelines: Sequence[str]) -> list[RecordedDefinition]:
+        """The recorded definitions of `pipelines`, by pipeline, version and first sight."""
+        return read(RecordedDefinition, self.run(self.q.select_definitions,
+                                                 {"pipelines": list(pipelines)}))
+
+    def served_definitions(self, stale: float, other_than: str = "") -> list[ServedDefinitions]:
+        """What the live workers (beat within `stale` seconds) other than `other_than` that
+        registered their definitions serve, by name."""
+        return read(ServedDefinitions, self.run(self.q.select_served_definitions,
+                                                {"name": other_than, "stale": stale}))
+
+    def stranded_jobs(self, tasks: Sequence[str], queues: Sequence[str]) -> list[Stranded]:
+        """Due jobs of `tasks` on queues outside `queues` (those their app's steps use): up
+        to 20 (queue, task) groups, largest first."""
+        return read(Stranded, self.run(self.q.find_stranded_jobs,
+                                       {"tasks": list(tasks), "queues": list(queues)}))
+
+    def unserved_jobs(self, stale: float, limit: int) -> list[Stranded]:
+        """Due jobs no live worker (beat within `stale` seconds) serves: up to `limit`
+        (queue, task) groups, largest first."""
+        return read(Stranded, self.run(self.q.select_unserved_jobs,
+                                       {"stale": stale, "limit": limit}))
+
+    def handed_over_jobs(self, limit: int) -> list[HandedOver]:
+        """Pending jobs a worker left to another's definition: up to `limit` groups by task,
+        fingerprint and the worker they were left to, largest first."""
+        return read(HandedOver, self.run(self.q.select_handed_over_jobs, {"limit": limit}))
+
+    def version_fingerprints(self, version: int, task: str | None) -> list[str]:
+        """The fingerprints `flowq.definitions` records for pipeline version `version` (of
+        `task` only, unless None): what runs of that version started under."""
+        rows = self.run(self.q.select_version_fingerprints, {"version": version, "task": task})
+        return [str(f) for f in column(rows, "fingerprint")]
+
+    def definitions(self, pipelines: Sequence[str]) -> list[Definition]:
+        """The recorded definitions of `pipelines`, by pipeline, version and first sight."""
+        return read(Definition, self.run(self.q.select_definitions,
+                                         {"pipelines": list(pipelines)}))
+
+    def runs_in_flight(self, limit: int) -> list[RunsInFlight]:
+        """The active jobs grouped by task, fingerprint, step, join and argument names, up
+        to `limit` groups (the deploy check's read)."""
+        return read(RunsInFlight, self.run(self.q.select_runs_in_flight, {"limit": limit}))

@@ -38,7 +38,7 @@ from flowq.db.rows import Claim, StoredCheckpoint
 from flowq.db.runner import runner
 from flowq.db.store import Store
 from flowq.durable.session import StepSession, commit_step_session
-from flowq.errors import CheckpointError, FlowqError
+from flowq.errors import CheckpointError, ContextError
 from flowq.jsonargs import JSONError, dumps_checked
 from flowq.names import DEFAULT_SCHEMA
 
@@ -254,7 +254,7 @@ class Ledger:
         owns."""
         if takes_session:
             if self.session_factory is None:
-                raise FlowqError(f"checkpoint {name!r} takes a session, and this context has "
+                raise ContextError(f"checkpoint {name!r} takes a session, and this context has "
                                  "no database session (pass session= to run_step)")
             kwargs = {**kwargs, "session": self.session_factory()}
         text = self._checked(name, fn(*args, **kwargs))

@@ -52,7 +52,7 @@ from flowq.enqueueing.sync import enqueue
 from flowq.errors import (
     CancelRun,
     ChildFailed,
-    FlowqError,
+    ContextError,
     InvalidArgumentsError,
     RunNotFoundError,
     WorkflowError,
@@ -106,7 +106,7 @@ class Children:
 
         def make(session: Any) -> int:
             if session is None:
-                raise FlowqError("ctx.start_child needs a database: this context has none "
+                raise ContextError("ctx.start_child needs a database: this context has none "
                                  "(pass session= to make_context or run_step)")
             child = enqueue(session, task, schema=ledger.schema, **args)
             linked = Store.of(session, ledger.schema).link_child(
@@ -131,7 +131,7 @@ class Children:
                                 f"got {len(distinct)}: wait on them in parts")
         ledger = self.ledger
         if ledger.session_factory is None:
-            raise FlowqError("ctx.wait needs a database: this context has none")
+            raise ContextError("ctx.wait needs a database: this context has none")
         with ledger.session_factory() as session:
             store = Store.of(session, ledger.schema)
             now, rows = store.children_status(ledger.run_id, distinct)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Final
 from flowq import tracing
 from flowq.durable import sleeps
 from flowq.durable.children import Children
-from flowq.errors import CancelRun, FlowqError, InvalidArgumentsError
+from flowq.errors import CancelRun, ContextError, InvalidArgumentsError
 
 if TYPE_CHECKING:
     from flowq.define.pipeline import Pipeline
@@ -159,7 +159,7 @@ class Context:
         """A Session whose writes commit atomically with this step's success (opened lazily)."""
         if self._session is None:
             if self._session_factory is None:
-                raise FlowqError("this context has no database session (not run by a worker)")
+                raise ContextError("this context has no database session (not run by a worker)")
             self._session = self._session_factory()
         return self._session
 
@@ -181,7 +181,7 @@ class Context:
         reads and records them fenced on the claim; the test kit's (`make_context`) keeps
         them in memory."""
         if self._ledger is None:
-            raise FlowqError("this context has no checkpoint ledger (not run by a worker: "
+            raise ContextError("this context has no checkpoint ledger (not run by a worker: "
                              "build it with flowq.testing.make_context)")
         return self._ledger
 

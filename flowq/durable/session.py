@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Connection, event
 
 from flowq.enqueueing.sync import Session
-from flowq.errors import FlowqError
+from flowq.errors import ContextError
 
 __all__ = ["StepSession", "commit_step_session"]
 
@@ -29,7 +29,7 @@ class StepSession(Session):
 
     def commit(self) -> None:
         if not self._flowq_may_commit:
-            raise FlowqError(
+            raise ContextError(
                 "ctx.session is committed by flowq together with the step's completion: "
                 "do not call commit() in a handler (use flush() to get generated ids)."
             )

@@ -45,7 +45,7 @@ from flowq.db.schema import notify_channel, schema_map
 from flowq.db.store import Store
 from flowq.define.app import FlowQ
 from flowq.durable.session import StepSession
-from flowq.errors import ConfigurationError, FlowqError
+from flowq.errors import ConfigurationError, WorkerStopError
 from flowq.storable import first_line
 from flowq.worker.claimer import Claimer
 from flowq.worker.completer import Completer
@@ -336,7 +336,7 @@ class Worker:
             self.stop()
             thread.join(self.config.shutdown_grace + STOP_SLACK)
         if thread.is_alive():
-            raise FlowqError("the worker did not stop within its grace period and 30 s")
+            raise WorkerStopError("the worker did not stop within its grace period and 30 s")
         if errors:
             raise errors[0]
 

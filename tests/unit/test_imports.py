@@ -12,6 +12,8 @@ ancestor is always imported first, whatever the module does.
   psycopg; at run time the one exception is `ALLOWED_UPWARD` (a definition enqueueing itself).
 - No module imports another flowq module's `_private` name (`ALLOWED_PRIVATE` lists what is
   left).
+- No module outside `flowq/db` imports `flowq.db.sql`, not even for types: the statements are
+  private to the database layer, and everything else calls the verbs of `flowq.db.store`.
 """
 
 from __future__ import annotations
@@ -233,3 +235,25 @@ def test_no_private_name_crosses_a_module_boundary() -> None:
     assert crossing <= ALLOWED_PRIVATE, "\n".join(
         f"{importer} imports {name} from {module}"
         for importer, module, name in sorted(crossing - ALLOWED_PRIVATE))
+
+
+def _all_imports_of(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, module) of every import in `path`, `if TYPE_CHECKING:` ones included."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            yield node.lineno, node.module
+            yield from ((node.lineno, f"{node.module}.{alias.name}") for alias in node.names)
+
+
+def test_only_the_database_layer_imports_its_statements() -> None:
+    """`flowq.db.sql` is private to `flowq/db`: everything else calls the store's verbs
+    (`flowq.db.store`), which build every statement's parameters in one place. Type-only
+    imports count: a `Queries` passed around is a statement picked by name elsewhere."""
+    wrong = sorted(
+        f"{module}:{line} imports {name}"
+        for module, (path, _) in MODULES.items() if not module.startswith("flowq.db")
+        for line, name in _all_imports_of(path)
+        if name == "flowq.db.sql" or name.startswith("flowq.db.sql."))
+    assert not wrong, "\n".join(wrong)

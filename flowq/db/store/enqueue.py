@@ -27,7 +27,7 @@ from sqlalchemy.sql.elements import TextClause
 
 from flowq.db.runner import Rows
 from flowq.db.store.base import Verbs
-from flowq.errors import FlowqError, RunNotFoundError, RunStateError, SignalError
+from flowq.errors import EnqueueConflictError, RunNotFoundError, RunStateError, SignalError
 
 __all__ = ["KEY_RACE_ATTEMPTS", "UNIQUE_RACE_ATTEMPTS", "EnqueueVerbs", "Enqueued", "NewRun",
            "PreparedCall", "PreparedSignal", "Root", "Signalled", "builder"]
@@ -135,11 +135,11 @@ class PreparedCall(Generic[T]):
             # (Unique: a claim of the key committed after our snapshot, which a new statement
             # sees; see `Queries.insert_job_unique`.)
         if self.rerun:
-            raise FlowqError(
+            raise EnqueueConflictError(
                 f"could not enqueue with unique key {self.params['unique_key']!r}: "
                 f"{UNIQUE_RACE_ATTEMPTS} times in a row a concurrent enqueue claimed it first "
                 "(runs of that key start and finish faster than they can be enqueued?)")
-        raise FlowqError(
+        raise EnqueueConflictError(
             f"could not enqueue with idempotency_key {self.params['idempotency_key']!r}: "
             f"{KEY_RACE_ATTEMPTS} times a concurrent transaction inserted it, then it was "
             "deleted before it could be read"

@@ -1,6 +1,7 @@
 """The web dashboard (`flowq dashboard`, extra `flowq[dashboard]`): queues with charts over
-time, workers and what they run, runs, a run's graph, timeline and attempts, dead letters
-with bulk retry; read-only unless actions are enabled behind a token or basic auth. `create_app` gives the ASGI app to mount in your own (docs/observability.md).
+time and a page per queue, workers and what they run, runs, a run's graph, timeline and
+attempts, dead letters with a confirmed bulk retry, schedules, batches, signals to a waiting
+run; read-only unless actions are enabled behind a token or basic auth. `create_app` gives the ASGI app to mount in your own (docs/observability.md).
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Pages: queues (`/`, with the charts of `?window=hour|day`), workers (and what ea
 now), runs (filters as lists of the known tasks and queues, find by id or idempotency key,
 `?args=` searches the arguments, due times, `PAGE_SIZE` a page, older pages by `?before=`),
 a run (its graph, timeline, attempts and steps: `flowq.dashboard.runview`), and the dead
-letters; `/refresh?every=N` sets the auto-refresh cookie and goes back. Each reads through
-the same public functions as the CLI (`flowq.ops.status.status`, `flowq.runs`) and the
+letters (a queue's page, schedules and batches are `flowq.dashboard.views`);
+`/refresh?every=N` sets the auto-refresh cookie and goes back. Each reads through the same public functions as the CLI (`flowq.ops.status.status`, `flowq.runs`) and the
 dashboard's bounded reads (`flowq.dashboard.reads`). A run page shows at most
 `MAX_STEP_ROWS` steps, and its arguments, result and error cells share
 `STEPS_BUDGET` characters (each between `CELL_MIN_CHARS` and `SHOWN_CHARS`), so that a run of

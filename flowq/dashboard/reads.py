@@ -7,9 +7,11 @@ anyway (no rollup, so the workers' hot path pays nothing for them).
 
 - `activity(window)`: per queue, over the last hour (60 buckets of a minute) or day (96 of
   15 minutes): depth, started, finished, failed attempts and dead jobs per bucket, pickup
-  delay p50/p95 per bucket. It reads at most `ACTIVITY_ROWS` finished rows (the latest), and as many running
+  delay p50/p95 per bucket, from the first bucket with data (at least `MIN_SHOWN_BUCKETS`
+  of them: a fresh queue's charts span its own history). It reads at most `ACTIVITY_ROWS` finished rows (the latest), and as many running
   and due ones; `truncated` says the window held more finished rows than that.
 - `running_jobs`: up to `RUNNING_ROWS` running rows with the worker holding each.
+- `batches`: up to `BATCH_ROWS` batches, newest first, with their callback's state.
 - `search_args`: up to `SEARCH_ROWS` rows whose arguments contain a JSON object, or None
   when it ran past `SEARCH_TIMEOUT_MS` (no index serves it).
 
@@ -28,23 +30,28 @@ from typing import Any, Final, Literal, TypeVar
 import sqlalchemy as sa
 
 from flowq.db.store import Store
+from flowq.db.store.durable import BatchInfo
 from flowq.errors import InvalidArgumentsError
 from flowq.jsonargs import JSONError, dumps_checked
 from flowq.names import DEFAULT_SCHEMA, validate_schema_name
 
 __all__ = [
     "ACTIVITY_ROWS",
+    "BATCH_ROWS",
+    "MIN_SHOWN_BUCKETS",
     "READ_TIMEOUT_MS",
     "RUNNING_ROWS",
     "SEARCH_ROWS",
     "SEARCH_TIMEOUT_MS",
     "WINDOWS",
     "Activity",
+    "BatchInfo",
     "FoundJob",
     "QueueSeries",
     "ReadTimedOut",
     "RunningJob",
     "activity",
+    "batches",
     "database_now",
     "due_times",
     "known_tasks",
@@ -57,6 +64,9 @@ READ_TIMEOUT_MS: Final = 5000
 ACTIVITY_ROWS: Final = 200_000
 RUNNING_ROWS: Final = 500
 SEARCH_ROWS: Final = 50
+BATCH_ROWS: Final = 50
+# A chart shows at least this many buckets, from its first with data (see `_trimmed`).
+MIN_SHOWN_BUCKETS: Final = 10
 # How many of the newest rows the task filter's list is read from (beside the workers').
 KNOWN_TASK_ROWS: Final = 5000
 # How long the argument search may walk rows before giving up (it has no index).
@@ -111,9 +121,10 @@ def _timed(engine: sa.Engine, schema: str, ms: int, fn: Callable[[Store], T]) ->
         raise
 
 
-def activity(engine: sa.Engine, window: str = "hour", *,
+def activity(engine: sa.Engine, window: str = "hour", *, queue: str | None = None,
              schema: str = DEFAULT_SCHEMA) -> Activity:
-    """The per-queue activity of the last `window` ("hour" or "day")."""
+    """The per-queue activity of the last `window` ("hour" or "day"); only `queue`'s
+    when given."""
     if window not in WINDOWS:
         raise InvalidArgumentsError(f"window must be one of {', '.join(WINDOWS)}, "
                                     f"got {window[:20]!r}")
@@ -151,8 +162,9 @@ def activity(engine: sa.Engine, window: str = "hour", *,
             for i in range(n):
                 depth += due[name][i] - taken[name][i]
                 s.depth[i] = max(depth, 0)
-        out.queues = dict(sorted(out.queues.items()))
-        return out
+        out.queues = dict(sorted((k, v) for k, v in out.queues.items()
+                                 if queue is None or k == queue))
+        return _trimmed(out)
 
     try:
         result = _timed(engine, schema, READ_TIMEOUT_MS, read)
@@ -161,6 +173,24 @@ def activity(engine: sa.Engine, window: str = "hour", *,
         return Activity(window=window, since=now - timedelta(seconds=length), now=now,
                         bucket_s=bucket, buckets=n, timed_out=True)
     return result
+
+
+def _trimmed(act: Activity) -> Activity:
+    """`act` from its first bucket with data on (keeping at least `MIN_SHOWN_BUCKETS`), so
+    a fresh queue's charts span its data rather than hug the right edge of the window."""
+    first = act.buckets
+    for s in act.queues.values():
+        for series in (s.depth, s.started, s.finished, s.dead, s.failed):
+            first = min(first, next((i for i, v in enumerate(series) if v), act.buckets))
+    start = max(0, min(first, act.buckets - MIN_SHOWN_BUCKETS))
+    if start == 0:
+        return act
+    for s in act.queues.values():
+        for name in ("depth", "started", "finished", "dead", "failed", "p50", "p95"):
+            setattr(s, name, getattr(s, name)[start:])
+    act.since += timedelta(seconds=start * act.bucket_s)
+    act.buckets -= start
+    return act
 
 
 @dataclass(frozen=True)
@@ -267,3 +297,10 @@ def known_tasks(engine: sa.Engine, *, schema: str = DEFAULT_SCHEMA) -> list[str]
 def database_now(engine: sa.Engine, *, schema: str = DEFAULT_SCHEMA) -> datetime:
     """The database's clock (a run page's timeline ends there while steps still run)."""
     return _timed(engine, schema, READ_TIMEOUT_MS, lambda store: store.now())
+
+
+def batches(engine: sa.Engine, before: int | None = None, *, schema: str = DEFAULT_SCHEMA,
+            limit: int = BATCH_ROWS) -> list[BatchInfo]:
+    """Up to `limit` batches with ids below `before` (None: the newest), newest first."""
+    return _timed(engine, schema, READ_TIMEOUT_MS,
+                  lambda store: store.list_batches(limit, before))

@@ -7,8 +7,9 @@ what a waiting step waits for.
   edges (the rows do not say their parents). A mapped step is one box with its instances'
   counts by status.
 - **Timeline** (`bars`): a step row from when it was created (queued; a delayed step's
-  delay included) to when its latest attempt started (`started_at`) and finished; at most
-  `TIMELINE_ROWS` rows.
+  delay included), with every attempt of `StepInfo.history` as a bar (a failed one apart:
+  an attempt lost to a killed worker shows as the time it ran); at most `TIMELINE_ROWS`
+  rows.
 - **Attempts** (`attempts`): `StepInfo.history` of each row (the failed attempts kept by
   the fenced retry and end statements, then the current one), at most `ATTEMPT_ROWS`.
 - **Waits** (`signal_of`): the signal a waiting step waits for (from the definition), and
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from flowq.dashboard.svg import Bar, Node
+from flowq.dashboard.svg import Bar, Node, Span
 from flowq.define.app import find_definition
 from flowq.ops.runinfo import RunInfo, StepInfo
 
@@ -88,7 +89,8 @@ def nodes(run: RunInfo, definition: Any) -> list[Node]:
 def bars(run: RunInfo) -> list[Bar]:
     """The timeline's rows (see the module docstring)."""
     return [Bar(_label(s), s.status, s.created_at,
-                s.locked_at if s.status == "running" else s.started_at, s.finished_at)
+                tuple(Span(a.started_at, a.finished_at, a.error is not None)
+                      for a in s.history))
             for s in run.steps[:TIMELINE_ROWS]]
 
 

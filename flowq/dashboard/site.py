@@ -15,15 +15,18 @@ altogether, so even a missed escape could not run one. Long values are cut for d
 
 from __future__ import annotations
 
+import contextlib
 import json
 import posixpath
 import secrets
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlencode, urlsplit
 
 import jinja2
 import sqlalchemy as sa
+from markupsafe import Markup
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
@@ -41,8 +44,13 @@ from flowq.errors import (
     InvalidQueueError,
     RunNotFoundError,
     RunStateError,
+    SignalError,
+    UnknownTaskError,
 )
 from flowq.storable import first_line
+
+if TYPE_CHECKING:
+    from flowq.define.app import FlowQ
 
 __all__ = ["HEADERS", "PAGE_SIZE", "REFRESH_CHOICES", "REFRESH_COOKIE", "REFRESH_MAX_AGE",
            "SHOWN_CHARS", "Dashboard", "Endpoint", "parse_run_id", "refresh_of", "run_id_of"]
@@ -75,6 +83,29 @@ def _shown(value: Any, limit: int = SHOWN_CHARS) -> str:
     if len(text) > limit:
         return f"{text[:limit]}\n… ({len(text) - limit:,} more characters)"
     return text
+
+
+def _bar(done: Any, total: Any) -> Markup:
+    """A progress bar of `done` out of `total` (numbers, else nothing drawn) with its
+    figures; both come from handlers, so anything else is shown as text, escaped."""
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool)
+                  for v in (done, total))
+    if not numbers or total <= 0 or done != done or total != total:  # NaN cannot reach jsonb
+        text = _shown(done, 40) + ("" if total is None else f" / {_shown(total, 40)}")
+        return Markup('<span class="figures">{}</span>').format(text)
+    share = min(max(done / total, 0.0), 1.0)
+    return Markup('<span class="bar" role="progressbar" aria-valuenow="{0}" aria-valuemin="0" '
+                  'aria-valuemax="{1}"><span style="width:{2:.1f}%"></span></span>'
+                  '<span class="figures">{0} / {1} ({3:.0f}%)</span>').format(
+                      _shown(done, 40), _shown(total, 40), share * 100, share * 100)
+
+
+def _stamp(text: Any) -> str:
+    """An ISO time a handler's progress carries, as the page shows times (else as given)."""
+    if isinstance(text, str):
+        with contextlib.suppress(ValueError):
+            return _when(datetime.fromisoformat(text))
+    return _shown(text, 60)
 
 
 def parse_run_id(text: str) -> int | None:
@@ -131,8 +162,10 @@ class Dashboard:
     """The state behind the routes: the engine, the schema, the guard and the templates."""
 
     def __init__(self, engine: sa.Engine, schema: str, allow_actions: bool, guard: Guard,
-                 title: str, allowed_hosts: frozenset[str] | None) -> None:
+                 title: str, allowed_hosts: frozenset[str] | None,
+                 apps: list[FlowQ] | None = None) -> None:
         self.engine = engine
+        self.apps = apps  # None: the live apps of the schema (`flowq dashboard --app`)
         self.allowed_hosts = allowed_hosts
         self.schema = schema
         self.allow_actions = allow_actions
@@ -142,8 +175,9 @@ class Dashboard:
             loader=jinja2.PackageLoader("flowq.dashboard", "templates"),
             autoescape=True, undefined=jinja2.StrictUndefined)
         self.env.filters.update(shown=_shown, when=_when, age=age_cell, duration=_duration,
+                                stamp=_stamp,
                                 first_line=lambda text: first_line(text)[:300])
-        self.env.globals.update(limits=limits_cell, statuses=STATUSES,
+        self.env.globals.update(limits=limits_cell, statuses=STATUSES, bar=_bar,
                                 short_fingerprint=short)
 
     # -- rendering ------------------------------------------------------------------------
@@ -272,11 +306,12 @@ class Dashboard:
     async def guarded(self, request: Request, fn: Endpoint) -> Response:
         try:
             return await fn(request)
-        except RunNotFoundError as exc:
+        except (RunNotFoundError, UnknownTaskError) as exc:
             return self.error(request, 404, str(exc))
         except RunStateError as exc:
             return self.error(request, 409, str(exc))
-        except (InvalidArgumentsError, InvalidQueueError, ConfigurationError) as exc:
+        except (InvalidArgumentsError, InvalidQueueError, ConfigurationError,
+                SignalError) as exc:
             return self.error(request, 400, str(exc))
         except DatabaseUnavailableError as exc:
             return self.error(request, 503, str(exc))

@@ -9,7 +9,9 @@ from users), so the dashboard's Content-Security-Policy without scripts still ho
 - `graph`: a run's steps as boxes in columns by depth (a step's column is one more than its
   deepest parent's), with edges from parents, coloured by status; steps not reached yet
   are grey and dashed; a mapped step is one box with its instances' counts.
-- `timeline`: a bar per step row from queued to started to finished, on one time axis.
+- `timeline`: per step row, every attempt on one time axis: a grey line while queued or
+  waiting for a retry, a bar per attempt (a failed one in the failure colour, the latest in
+  the row's status colour), so an attempt lost to a killed worker shows as the time it ran.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Final
 
 from markupsafe import Markup, escape
 
-__all__ = ["COLORS", "Bar", "Node", "chart", "graph", "timeline"]
+__all__ = ["COLORS", "FAILED_COLOR", "Bar", "Node", "Span", "chart", "graph", "timeline"]
 
 COLORS: Final = {"succeeded": "#1a7f37", "dead": "#c62828", "running": "#0b6bcb",
                  "pending": "#9a6700", "waiting": "#9a6700", "cancelled": "#667085",
@@ -41,14 +43,16 @@ def _label(value: float) -> str:
 
 
 def chart(title: str, series: Sequence[tuple[str, str, Sequence[float | None]]], *,
-          bars: bool = False, unit: str = "", ident: str = "") -> Markup:
+          bars: bool = False, unit: str = "", ident: str = "",
+          axis: tuple[str, str] | None = None) -> Markup:
     """A chart of `series` ((name, colour, values per bucket, oldest first)), `bars` for
     counts (each series' bars drawn over the previous one's: put the larger first).
-    `unit` follows the values in labels; `ident` becomes the id."""
+    `unit` follows the values in labels; `ident` becomes the id; `axis` labels the first
+    bucket's start and the last one's end under the plot."""
     n = max((len(v) for _, _, v in series), default=0)
     top = max([v for _, _, vs in series for v in vs if v is not None] or [0.0])
     scale = top if top > 0 else 1.0
-    pad_t, pad_b = 14, 4
+    pad_t, pad_b = 14, (14 if axis else 4)
     plot_h = CHART_H - pad_t - pad_b
     step = CHART_W / max(n, 1)
 
@@ -83,6 +87,11 @@ def chart(title: str, series: Sequence[tuple[str, str, Sequence[float | None]]],
                          f'fill="{colour}"><title>{escape(name)}: {escape(_label(v))}'
                          f"{escape(unit)}</title></circle>"
                          for i, v in points if v or len(points) < 2)
+    if axis is not None:
+        parts.append(f'<text x="2" y="{CHART_H - 3}" font-size="9" fill="#667085">'
+                     f"{escape(axis[0])}</text>"
+                     f'<text x="{CHART_W - 2}" y="{CHART_H - 3}" font-size="9" '
+                     f'text-anchor="end" fill="#667085">{escape(axis[1])}</text>')
     legend_x = CHART_W - 4
     for name, colour, _ in reversed(series):
         parts.append(f'<text x="{legend_x}" y="11" font-size="10" text-anchor="end" '
@@ -159,36 +168,51 @@ def _cut(text: str, n: int) -> str:
     return text if len(text) <= n else text[:n - 1] + "…"
 
 
+FAILED_COLOR: Final = "#e8a33d"
+ACTIVE: Final = ("running", "pending", "waiting")
+
+
+@dataclass(frozen=True)
+class Span:
+    """One attempt of a step row: when it started and ended (None: still running), and
+    whether it failed (its error is kept)."""
+
+    started: datetime | None
+    finished: datetime | None
+    failed: bool
+
+
 @dataclass(frozen=True)
 class Bar:
-    """A step row on the timeline: when it was queued (due), started and finished."""
+    """A step row on the timeline: when it was queued, its status, and its attempts."""
 
     label: str
     status: str
     queued: datetime
-    started: datetime | None
-    finished: datetime | None
+    attempts: tuple[Span, ...] = ()
 
 
 def timeline(bars: Sequence[Bar], now: datetime) -> Markup:
-    """The step rows of `bars` on one time axis: a thin line while queued, a bar while
-    running, in the status colour."""
+    """The step rows of `bars` on one time axis: a thin grey line while a row waits (for
+    its time, a worker or a retry), a bar per attempt: failed ones in `FAILED_COLOR`, the
+    latest in its status colour."""
     if not bars:
         return Markup("")
     start = min(b.queued for b in bars)
-    end = max([now, *[b.finished for b in bars if b.finished is not None]]) if any(
-        b.finished is None for b in bars) else max(b.finished or b.queued for b in bars)
+    ends = [a.finished for b in bars for a in b.attempts if a.finished is not None]
+    active = any(b.status in ACTIVE for b in bars)
+    end = max([*ends, now] if active or not ends else ends)
     span = max((end - start).total_seconds(), 0.001)
     label_w, plot_w, row_h = 180, 620, 18
     height = 22 + row_h * len(bars)
 
     def x(at: datetime) -> float:
-        return label_w + plot_w * max(0.0, (at - start).total_seconds()) / span
+        return label_w + plot_w * min(max(0.0, (at - start).total_seconds()) / span, 1.0)
 
     parts = [f'<svg class="timeline" id="timeline" role="img" viewBox="0 0 '
              f'{label_w + plot_w + 10} {height}" width="{label_w + plot_w + 10}" '
              f'height="{height}" xmlns="http://www.w3.org/2000/svg">',
-             "<title>When each step was queued, started and finished</title>",
+             "<title>When each step was queued and each of its attempts ran</title>",
              f'<text x="{label_w}" y="12" font-size="10" fill="#667085">'
              f"{escape(start.strftime('%H:%M:%S'))}</text>",
              f'<text x="{label_w + plot_w}" y="12" font-size="10" text-anchor="end" '
@@ -196,22 +220,35 @@ def timeline(bars: Sequence[Bar], now: datetime) -> Markup:
     for i, b in enumerate(bars):
         y = 20 + i * row_h
         colour = COLORS.get(b.status, "#667085")
-        run_end = b.finished or (now if b.status == "running" else None)
-        parts.append(f'<g class="bar {escape(b.status)}"><title>{escape(b.label)}: queued '
-                     f"{escape(_clock(b.queued))}, started {escape(_clock(b.started))}, "
-                     f"finished {escape(_clock(b.finished))}</title>"
+        tried = ", ".join(f"attempt {n} {_clock(a.started)} to {_clock(a.finished)}"
+                          + (" failed" if a.failed else "")
+                          for n, a in enumerate(b.attempts, 1))
+        parts.append(f'<g class="bar {escape(b.status)}" data-attempts="{len(b.attempts)}">'
+                     f"<title>{escape(b.label)}: queued {escape(_clock(b.queued))}"
+                     f"{escape('; ' + tried if tried else '')}</title>"
                      f'<text x="0" y="{y + 11}" font-size="11" fill="#1d2330">'
                      f"{escape(_cut(b.label, 28))}</text>")
-        wait_end = b.started or run_end or now
-        parts.append(f'<line x1="{_num(x(b.queued))}" y1="{y + 7}" x2="{_num(x(wait_end))}" '
+        # The grey line runs under the attempts to the row's end: the gaps are its waits.
+        waits_until = now
+        if b.status not in ACTIVE:
+            last = b.attempts[-1] if b.attempts else None
+            waits_until = (last.finished or last.started or b.queued) if last else b.queued
+        parts.append(f'<line x1="{_num(x(b.queued))}" y1="{y + 7}" x2="{_num(x(waits_until))}" '
                      f'y2="{y + 7}" stroke="#c3c9d4" stroke-width="2"/>')
-        if b.started is not None and run_end is not None:
-            parts.append(f'<rect x="{_num(x(b.started))}" y="{y + 2}" '
-                         f'width="{_num(max(x(run_end) - x(b.started), 2))}" height="10" '
-                         f'fill="{colour}"/>')
-        elif run_end is not None:  # started before this was recorded (revision 0008)
-            parts.append(f'<circle cx="{_num(x(run_end))}" cy="{y + 7}" r="4" '
-                         f'fill="{colour}"/>')
+        for n, a in enumerate(b.attempts, 1):
+            latest = n == len(b.attempts)
+            fill = FAILED_COLOR if a.failed and not (latest and b.status == "dead") else colour
+            if a.started is None:  # started before this was recorded (revision 0008)
+                if a.finished is not None:
+                    parts.append(f'<circle class="attempt" cx="{_num(x(a.finished))}" '
+                                 f'cy="{y + 7}" r="4" fill="{fill}"/>')
+                continue
+            a_end = a.finished or now
+            parts.append(f'<rect class="attempt" x="{_num(x(a.started))}" y="{y + 2}" '
+                         f'width="{_num(max(x(a_end) - x(a.started), 2))}" height="10" '
+                         f'fill="{fill}"><title>{escape(b.label)}: attempt {n}, '
+                         f"{escape(_clock(a.started))} to {escape(_clock(a.finished))}"
+                         f"{' (failed)' if a.failed else ''}</title></rect>")
         parts.append("</g>")
     parts.append("</svg>")
     return Markup("".join(parts))

@@ -346,3 +346,9 @@ def did_you_mean(name: str, known: Iterable[str]) -> str:
     if not close:
         return ""
     return f"did you mean {' or '.join(repr(c) for c in close)}?"
+
+
+def live_apps(schema: str) -> list[FlowQ]:
+    """The live apps of `schema` (those this process imported), e.g. for the dashboard's
+    schedules page when it was given none."""
+    return [app for app in list(_APPS) if app.schema == schema]

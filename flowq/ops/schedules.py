@@ -3,11 +3,13 @@
 `list_schedules(bind, app)` (and `flowq schedules`) shows each schedule's spec, its next tick
 and the last tick it enqueued, with that run's id and status. What a schedule is and which
 ticks are due is `flowq.define.schedules`; the scheduler that enqueues them runs in the
-worker (`flowq.worker.scheduler`).
+worker (`flowq.worker.scheduler`). `run_schedule_now` enqueues a schedule's run at once, off
+its ticks (the dashboard's "Run now").
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
@@ -16,7 +18,8 @@ import sqlalchemy as sa
 
 from flowq.db.store import Store
 from flowq.define.schedules import utc
-from flowq.errors import RunNotFoundError
+from flowq.enqueueing.sync import enqueue
+from flowq.errors import RunNotFoundError, UnknownTaskError
 from flowq.names import DEFAULT_SCHEMA, validate_schema_name
 from flowq.ops import binds
 from flowq.ops.binds import Bind
@@ -25,7 +28,7 @@ from flowq.ops.runs import get_run
 if TYPE_CHECKING:
     from flowq.define.app import FlowQ
 
-__all__ = ["ScheduleInfo", "list_schedules"]
+__all__ = ["ScheduleInfo", "list_schedules", "run_schedule_now"]
 
 
 @dataclass(frozen=True)
@@ -87,3 +90,22 @@ def list_schedules(bind: Bind, app: FlowQ | None = None, *, schema: str | None =
         return found
 
     return binds.read(bind, read)
+
+
+def run_schedule_now(target: Bind, apps: Sequence[FlowQ], name: str, *,
+                     schema: str = DEFAULT_SCHEMA) -> int:
+    """Enqueue a run of schedule `name` (defined by one of `apps`) now, with its arguments,
+    outside its ticks: its cursor does not move and the next tick still runs. In `target`'s
+    transaction (an Engine: its own). The new run's id; UnknownTaskError when no app
+    defines that schedule."""
+    validate_schema_name(schema)
+    found = next((s for app in apps if app.schema == schema for s in app.schedules
+                  if s.name == name), None)
+    if found is None:
+        raise UnknownTaskError(f"no schedule named {name[:80]!r} is defined by the app: "
+                               "start the dashboard with --app MODULE:APP (the app that "
+                               "declares it)")
+    if isinstance(target, sa.Engine):
+        with target.begin() as conn:
+            return enqueue(conn, found.definition, **found.args).id
+    return enqueue(target, found.definition, **found.args).id

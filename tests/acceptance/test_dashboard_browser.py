@@ -5,7 +5,9 @@ waiting for a signal, a graph with a join, a map); the browser logs in, opens ea
 checks the queue charts, the run graph, the timeline, the attempt history and the
 auto-refresh toggle are drawn, that hostile text in arguments and errors stays text (no
 script ran, no element was injected), finds a dead run, retries it (one from its page, one
-ticked on the dead letters page) and sees it succeed.
+ticked on the dead letters page, confirmed on the page that asks first) and sees it succeed;
+opens a queue's page and pauses and resumes it (the warning shows while paused), runs a
+schedule now, reads a batch's progress, and signals the run waiting for one.
 
 With FLOWQ_SCREENSHOTS=DIR set, it saves the pages as PNG files there (docs/img has them).
 """
@@ -26,6 +28,7 @@ import dashboard_app as da
 import httpx
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.orm import sessionmaker
 from support import free_port
 
 import flowq
@@ -132,6 +135,10 @@ def test_the_dashboard_in_a_real_browser(engine: sa.Engine, dashboard: str,
             flaky = [flowq.enqueue(conn, da.flaky, n=n).id for n in range(30)]
             graph = flowq.enqueue(conn, da.graph, order=12).id
             fan = flowq.enqueue(conn, da.fan, n=12).id
+        with sessionmaker(engine, class_=flowq.Session).begin() as s, \
+                s.batch(on_complete=da.batch_done) as batch:
+            for n in range(4):
+                s.enqueue(da.two, n=n)
         drain(engine, da.app, raise_on_dead=False)
         with engine.begin() as conn:
             # Spread the finished runs over the last hour, as a live queue's would be, so
@@ -200,6 +207,8 @@ def test_the_dashboard_in_a_real_browser(engine: sa.Engine, dashboard: str,
         attempts = browser.find_element(By.ID, "attempts").text
         assert "flaky attempt 1 of 0" in attempts and "flaky attempt 2 of 0" in attempts
         assert "flowq.testing" in attempts
+        # Every attempt is on the timeline, the two failed ones apart.
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#timeline rect.attempt")) == 3
         shot(browser, "run-attempts")
         browser.set_window_size(1400, 900)
         for link, heading in (("Workers", "Workers"), ("Runs", "Runs"),
@@ -238,6 +247,10 @@ def test_the_dashboard_in_a_real_browser(engine: sa.Engine, dashboard: str,
         browser.find_element(By.LINK_TEXT, "Dead letters").click()
         browser.find_element(By.CSS_SELECTOR, f"input[name=run_id][value='{second}']").click()
         browser.find_element(By.ID, "retry-selected-button").click()
+        assert "Retry the 1 selected" in browser.find_element(By.ID, "confirm-question").text
+        assert get_run(engine, second).status == "dead"  # asked, not done
+        shot(browser, "confirm")
+        browser.find_element(By.ID, "confirm-button").click()
         assert "1 dead run(s) retried" in flash(browser)
 
         drain(engine, da.app)  # a worker runs them again: now they succeed
@@ -260,5 +273,45 @@ def test_the_dashboard_in_a_real_browser(engine: sa.Engine, dashboard: str,
         assert len(browser.find_elements(By.CSS_SELECTOR, "#runs td.num a")) == 50
         assert browser.find_elements(By.ID, "older")
         shot(browser, "runs")
+
+        # A queue's own page: its charts, its limits; paused, it warns, until resumed.
+        browser.get(f"{dashboard}/")
+        browser.find_element(By.CSS_SELECTOR, "#queues a[href$='/queues/dash']").click()
+        assert browser.find_element(By.TAG_NAME, "h1").text.startswith("Queue dash")
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#charts svg.chart")) == 4
+        browser.find_element(By.ID, "pause").click()
+        assert "paused" in flash(browser)
+        warning = browser.find_element(By.ID, "paused-warning")
+        assert warning.value_of_css_property("background-color") != \
+            browser.find_element(By.TAG_NAME, "main").value_of_css_property("background-color")
+        shot(browser, "queue-paused")
+        browser.find_element(By.ID, "resume").click()
+        assert "resumed" in flash(browser)
+        assert browser.find_elements(By.ID, "paused-warning") == []
+
+        # Schedules: the next ticks, and a run enqueued now.
+        browser.find_element(By.LINK_TEXT, "Schedules").click()
+        table = browser.find_element(By.ID, "schedules").text
+        assert "dash_nightly" in table and "03:00:00" in table
+        browser.find_element(By.CSS_SELECTOR, "#schedules button.run-now").click()
+        assert "enqueued as run" in flash(browser)
+        shot(browser, "schedules")
+
+        # Batches: the progress of the batch's runs, then its callback once reaped.
+        browser.find_element(By.LINK_TEXT, "Batches").click()
+        row = browser.find_element(By.ID, "batches").text
+        # Counted by the reaper's pass, which no worker ran here: its runs ended uncounted.
+        assert str(batch.id) in row and "0 / 4 (0%)" in row and "to come" in row
+        assert browser.find_elements(By.CSS_SELECTOR, "#batches [role=progressbar]")
+        shot(browser, "batches")
+
+        # The run waiting for a signal gets it from its page, and finishes.
+        browser.get(f"{dashboard}/runs/{graph}")
+        assert browser.find_element(By.ID, "signal-name").get_attribute("value") == "approval"
+        browser.find_element(By.ID, "signal-payload").send_keys('{"ok": true}')
+        browser.find_element(By.ID, "signal-button").click()
+        assert "sent to run" in flash(browser)
+        drain(engine, da.app)
+        assert get_run(engine, graph).status == "succeeded"
     finally:
         da.BROKEN["on"] = True

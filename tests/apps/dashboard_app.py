@@ -1,6 +1,7 @@
 """The dashboard tests' app: a task that dies while `BROKEN` is set (with hostile text in its
 arguments and its error), a two-step pipeline, a task that fails twice then succeeds, a graph
-with a join and a signal wait, and a map, all on queue "dash" (one step on "dash-limited")."""
+with a join and a signal wait, a map, a nightly schedule and a batch callback, all on queue
+"dash" (one step on "dash-limited")."""
 
 from __future__ import annotations
 
@@ -115,3 +116,15 @@ def reset_broken() -> Iterator[None]:
     BROKEN["on"] = True
     yield
     BROKEN["on"] = True
+
+
+@app.periodic(cron="0 3 * * *", name="dash_nightly", args={"n": 5})
+@app.task(name="dash_report", queue="dash")
+def report(ctx: flowq.Context, n: int) -> int:
+    return n
+
+
+@app.task(name="dash_batch_done", queue="dash")
+def batch_done(ctx: flowq.Context, batch_id: int, succeeded: int, dead: int,
+               cancelled: int) -> None:
+    return None

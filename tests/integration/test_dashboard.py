@@ -192,13 +192,15 @@ def test_actions_retry_cancel_pause_resume_and_bulk_retry(engine: sa.Engine) -> 
     r = c.post("/queues/dash/resume", data={"csrf": csrf})
     assert not next(q for q in flowq.ops.queues.list_queues(engine) if q.name == "dash").paused
     # Bulk: two selected, one of them twice and a stale id; then all the rest.
-    r = c.post("/dead/retry", data={"csrf": csrf, "run_id": [str(runs[0]), str(runs[1]),
-                                                              str(runs[1]), "999999"]})
+    r = c.post("/dead/retry", data={"csrf": csrf, "confirm": "yes",
+                                    "run_id": [str(runs[0]), str(runs[1]), str(runs[1]),
+                                               "999999"]})
     assert "2 dead run(s) retried" in r.text and "2 skipped" in r.text
     assert [get_run(engine, i).status for i in runs[:2]] == ["pending", "pending"]
     r = c.post("/dead/retry", data={"csrf": csrf, "run_id": ["1; DROP TABLE x"]})
     assert r.status_code == 400
-    r = c.post("/dead/retry", data={"csrf": csrf, "all": "1", "task": "dash_fragile"})
+    r = c.post("/dead/retry", data={"csrf": csrf, "all": "1", "task": "dash_fragile",
+                                    "confirm": "yes"})
     assert "3 dead run(s) retried" in r.text
     da.BROKEN["on"] = False
     drain(engine, da.app)

@@ -434,7 +434,9 @@ def test_huge_inputs_are_bounded(engine: sa.Engine) -> None:
     many = "&".join(f"run_id={i}" for i in range(1, 5001)) + f"&csrf={csrf}"
     assert c.post("/dead/retry", content=many, headers=form).status_code == 400
     some = "&".join(f"run_id={i}" for i in range(1000, 2000)) + f"&csrf={csrf}"
-    r = c.post("/dead/retry", content=some, headers=form)
+    r = c.post("/dead/retry", content=some, headers=form)  # the confirmation: lists 20
+    assert r.status_code == 200 and "and 980 more" in r.text and len(r.content) < 200_000
+    r = c.post("/dead/retry", content=some + "&confirm=yes", headers=form)
     assert r.status_code == 200 and "1000 skipped" in r.text
     # An enormous body before any login: refused, not buffered into a page.
     bare = TestClient(app, base_url=BASE, raise_server_exceptions=False)
@@ -508,8 +510,8 @@ def test_two_bulk_retries_at_once_retry_each_run_once(engine: sa.Engine) -> None
                                      headers={"Authorization": f"Bearer {TOKEN}"}) as ac:
             page = await ac.get("/dead")
             csrf = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)  # type: ignore[union-attr]
-            picked = {"csrf": csrf, "run_id": [str(i) for i in runs]}
-            every = {"csrf": csrf, "all": "1"}
+            picked = {"csrf": csrf, "run_id": [str(i) for i in runs], "confirm": "yes"}
+            every = {"csrf": csrf, "all": "1", "confirm": "yes"}
             answers = await asyncio.gather(ac.post("/dead/retry", data=picked),
                                            ac.post("/dead/retry", data=picked),
                                            ac.post("/dead/retry", data=every),

@@ -238,7 +238,7 @@ def test_bulk_cancel_from_the_runs_list(engine: sa.Engine) -> None:
     csrf = re.search(r'name="csrf" value="([^"]+)"', page)
     assert csrf
     assert c.post("/runs/cancel", data={"run_id": str(a)}).status_code == 403  # no CSRF
-    r = c.post("/runs/cancel", data={"csrf": csrf.group(1), "next": "/runs",
+    r = c.post("/runs/cancel", data={"csrf": csrf.group(1), "next": "/runs", "confirm": "yes",
                                      "run_id": [str(a), str(b), str(done)]},
                follow_redirects=False)
     assert r.status_code == 303 and r.headers["location"] == "/runs"

@@ -126,3 +126,24 @@ class BatchStatements(Statements):
             SELECT f.id, f.callback_run_id, f.runs, f.succeeded, f.dead, f.cancelled,
                    {notify_new("inserted")} AS woken
               FROM fired f""")
+
+    @cached_property
+    def select_batches(self) -> TextClause:
+        """List batches, newest first, with their callback's state.
+
+        Up to :limit batches with an id below :before (NULL: from the newest), each with
+        its runs and the counts of those that finished, when its callback was enqueued
+        (`fired_at`, NULL: still to come) and that run's status from its rows
+        (`fragments.RUN_STATUS`; NULL: not enqueued yet, or its rows were pruned). Served
+        by the primary key."""
+        return self.sql(f"""
+            SELECT b.id, b.task, b.queue, b.runs, b.succeeded, b.dead, b.cancelled,
+                   b.created_at, b.fired_at, b.callback_run_id, c.status AS callback_status
+              FROM {S}.batches b
+              LEFT JOIN LATERAL (
+                   SELECT {RUN_STATUS} AS status FROM {S}.steps
+                    WHERE run_id = b.callback_run_id
+                   HAVING count(*) > 0) c ON true
+             WHERE CAST(:before AS bigint) IS NULL OR b.id < CAST(:before AS bigint)
+             ORDER BY b.id DESC
+             LIMIT :limit""")

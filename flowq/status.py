@@ -1,0 +1,12 @@
+"""Deprecated: `flowq.status` is `flowq.ops.status`, the same module; this alias goes in flowq 0.2."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from flowq.deprecated import alias
+
+if TYPE_CHECKING:
+    from flowq.ops.status import *  # noqa: F403
+else:
+    alias(__name__, "flowq.ops.status")

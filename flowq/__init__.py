@@ -140,14 +140,23 @@ _EXPORTS: Final[dict[str, tuple[str, ...]]] = {
     "flowq.worker": ("Worker", "WorkerConfig"),
     "flowq.worker.logs": ("configure_logging",),
 }
-# Submodules reached as attributes of the package without an import of their own:
-# `flowq.durable` (the durable wing), and the old module names kept for one release
-# (`flowq.runs.get_run`, now `flowq.ops.runs`): each of those is a shim module
-# (flowq/deprecated.py) that warns once and hands on the module, or names, that replaced it.
-_MODULES: Final = frozenset({
-    "aio", "children", "context", "doctor", "durable", "embedded", "migrations", "queues",
-    "runs", "schedules", "status", "workflows",
-})
+# Modules users reach as attributes of the package by their old public names (`flowq.runs`
+# then `.get_run(engine, run_id)`, `flowq.runs.fork`; `flowq.aio` then `.AsyncSession`), now
+# modules of define/, enqueueing/, ops/ and durable/; imported on first use (the async one needs
+# greenlet), without a warning: the attribute is the module itself. Importing an old path
+# (`import flowq.runs`, `from flowq.queues import Rate`) goes through its shim module
+# (flowq/deprecated.py), which warns for one release.
+_MODULES: Final[dict[str, str]] = {
+    "aio": "flowq.enqueueing.aio",
+    "children": "flowq.durable.children",
+    "doctor": "flowq.ops.doctor",
+    "durable": "flowq.durable",
+    "queues": "flowq.ops.queues",
+    "runs": "flowq.ops.runs",
+    "schedules": "flowq.ops.schedules",
+    "status": "flowq.ops.status",
+    "workflows": "flowq.define.workflows",
+}
 _MODULE_OF: Final[dict[str, str]] = {
     name: module for module, names in _EXPORTS.items() for name in names
 }
@@ -156,7 +165,7 @@ _MODULE_OF: Final[dict[str, str]] = {
 def __getattr__(name: str) -> Any:
     """Import the module defining the public `name` and keep the value here (PEP 562)."""
     if name in _MODULES:
-        return importlib.import_module(f"flowq.{name}")
+        return importlib.import_module(_MODULES[name])
     module = _MODULE_OF.get(name)
     if module is None:
         # Not a public name: AttributeError, which also lets `from flowq import tracing`

@@ -87,7 +87,23 @@ def probe(old: str, how: str) -> dict[str, object]:
     return PROBED[how][old]
 
 
-@pytest.mark.parametrize("how", ["from", "import", "attribute"])
+# The old names `flowq` still gives as attributes, silently: the module that replaced each
+# (`flowq.runs.fork(...)` is the documented spelling).
+ATTRIBUTES: dict[str, str] = {
+    "aio": "flowq.enqueueing.aio", "children": "flowq.durable.children",
+    "doctor": "flowq.ops.doctor", "durable": "flowq.durable", "queues": "flowq.ops.queues",
+    "runs": "flowq.ops.runs", "schedules": "flowq.ops.schedules", "status": "flowq.ops.status",
+    "workflows": "flowq.define.workflows"}
+
+
+@pytest.mark.parametrize("name", sorted(ATTRIBUTES))
+def test_an_old_attribute_is_the_new_module_without_a_warning(name: str) -> None:
+    code = ("import importlib, warnings; warnings.simplefilter('error'); import flowq\n"
+            f"assert getattr(flowq, {name!r}) is importlib.import_module({ATTRIBUTES[name]!r})\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@pytest.mark.parametrize("how", ["from", "import"])
 @pytest.mark.parametrize("old", sorted(OLD_PATHS))
 def test_an_old_path_warns_once_and_gives_the_same_objects(old: str, how: str) -> None:
     new, names = OLD_PATHS[old]

@@ -13,7 +13,8 @@ from flowq.db.runner import Rows
 from flowq.db.schema import Status
 from flowq.db.store.base import Verbs
 
-__all__ = ["ChildLink", "ChildStatus", "DurableVerbs", "FamilyLink", "RunCheckpoint"]
+__all__ = ["ChildLink", "ChildStatus", "DurableVerbs", "FamilyLink", "RunCheckpoint",
+           "WaitedChild"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,20 @@ class FamilyLink:
     name: str
     created_at: datetime
     status: Status | None
+
+
+@dataclass(frozen=True)
+class WaitedChild:
+    """A job and one child run linked to it (the step that waits for it): the job's status
+    and whether it is due; the child's run id, status derived from its rows and whether they
+    have all finished (all None for a job waiting on no child; status None: rows gone)."""
+
+    job_id: int
+    job_status: Status
+    due: bool
+    run_id: int | None
+    status: Status | None
+    finished: bool | None
 
 
 @dataclass(frozen=True)
@@ -128,3 +143,19 @@ class DurableVerbs(Verbs):
         levels, in run id order."""
         rows = self.run(self.q.select_descendants, {"run_id": run_id, "max_depth": max_depth})
         return [int(i) for i in column(rows, "run_id")]
+
+    def waited_children(self, job_ids: Sequence[int]) -> list[WaitedChild]:
+        """For each of `job_ids` still in `flowq.jobs`, the child runs linked to it, one row
+        per (job, child) in that order (see `WaitedChild`): the test kit's drain."""
+        return read(WaitedChild, self.run(self.q.select_waited_children,
+                                          {"job_ids": list(job_ids)}))
+
+    def wake_jobs(self, job_ids: Sequence[int]) -> list[int]:
+        """Make those of `job_ids` that are pending and due later due now; their ids."""
+        return [int(i) for i in column(self.run(self.q.wake_jobs, {"job_ids": list(job_ids)}),
+                                       "id")]
+
+    def pending_queues(self, run_ids: Sequence[int]) -> list[str]:
+        """The queues the runs `run_ids` have pending jobs in, by name."""
+        return [str(q) for q in column(self.run(self.q.select_pending_queues,
+                                                {"run_ids": list(run_ids)}), "queue")]

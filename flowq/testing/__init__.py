@@ -5,8 +5,9 @@
   uncommitted jobs), and their asyncio twins `aassert_enqueued`, `arefute_enqueued`,
   `aall_enqueued`.
 - Running jobs in the test (`flowq.testing.draining`): `drain(target, app)` runs every due
-  job in this thread, inside the test's transaction when given a Session or Connection, and
-  returns a `DrainResult`; `adrain` for an AsyncSession or AsyncConnection.
+  job in this thread (the children a step waits for and batch callbacks included), inside
+  the test's transaction when given a Session or Connection, and returns a `DrainResult`;
+  `adrain` for an AsyncSession or AsyncConnection.
 - One handler (`flowq.testing.steps`): `run_step(task_or_step, session=..., **args)`,
   `arun_step`, `make_context`.
 - Waiting and looking (`flowq.testing.helpers`): `wait_until`, `run_until_idle` (a real

@@ -24,8 +24,22 @@ Options and their defaults:
   becomes due during the drain).
 - `raise_on_dead=True`: a job that ends `dead` raises AssertionError naming it and its error
   (after its row is written).
-- `max_jobs=1000` (`MAX_JOBS`): AssertionError if jobs are still due after this many ran (a
-  job that keeps enqueueing another, say).
+- `batches=True`: when no job is due, count the finished runs of `session.batch()` blocks
+  and enqueue the callbacks of the batches that are complete, as the reaper's pass does
+  (`Store.advance_batches`, `start_batch_callbacks`), on the test's connection; the
+  callbacks are then drained too. With False they are left to the reaper's pass.
+- `max_jobs=1000` (`MAX_JOBS`): AssertionError if jobs are still due after this many ran,
+  naming the jobs that kept the drain busy and what they last did or waited on.
+
+Waits: a job that suspends while a child run linked to it is unfinished (`ctx.wait`) is
+parked: written pending `PARK_DELAY` seconds later (never due inside one transaction), and
+due again when its children have ended (the completion that ends a child wakes it, as it
+wakes a worker's parent; drain wakes what that missed). The children are drained too,
+whatever `queues=` and `runs=` say: their queues and runs are added to the drain's once
+nothing else is due, as are those of batch callbacks. A step waiting for a signal is
+`waiting`, never claimed: drain leaves it (send the signal in the test, then drain again).
+`DrainResult` counts suspensions (durable sleeps, snoozes, waits for children) apart from
+retries.
 
 Jobs enqueued to run later (`delay=`, `run_at=`) are not due, and are left pending.
 Handlers run in the calling thread, without timeouts; `async def` handlers run with
@@ -40,8 +54,8 @@ import asyncio
 import contextlib
 import dataclasses
 from collections import Counter
-from collections.abc import Coroutine, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Coroutine, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Union
 
 import sqlalchemy as sa
@@ -51,21 +65,27 @@ from flowq.db.rows import ClaimedJob
 from flowq.db.runner import Runner, runner
 from flowq.db.store import Store
 from flowq.define.app import FlowQ
+from flowq.durable.children import MAX_RECHECK
 from flowq.durable.session import StepSession
 from flowq.enqueueing.prepare import Enqueued
 from flowq.names import validate_queue
 from flowq.worker.attempt import Attempt, Call, run_attempt
-from flowq.worker.model import Failed, Outcome, Retried, Succeeded, Suspended
+from flowq.worker.model import Cancelled, Failed, Outcome, Retried, Succeeded, Suspended
 from flowq.worker.writes import complete_in_session, write_outcome, write_successes
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-__all__ = ["MAX_JOBS", "WORKER_NAME", "DrainResult", "adrain", "drain", "run_claimed",
-           "run_coroutine"]
+__all__ = ["MAX_JOBS", "PARK_DELAY", "WORKER_NAME", "DrainResult", "adrain", "drain",
+           "run_claimed", "run_coroutine"]
 
 MAX_JOBS: Final = 1000
 WORKER_NAME: Final = "flowq.testing"  # `locked_by` of the rows a drain claims
+# How long a parked parent waits before its next re-check: a worker's longest re-check. Inside
+# one transaction `now()` stands still, so only its children's end (a wake) makes it due.
+PARK_DELAY: Final = MAX_RECHECK
+BATCH_LIMIT: Final = 1000  # batches counted and fired per idle turn, as the reaper's limit
+BUSIEST: Final = 3  # jobs named when drain gives up
 
 Target = Union[sa.Engine, sa.Connection, orm.Session, "orm.scoped_session[Any]"]
 
@@ -75,44 +95,164 @@ class DrainResult:
     """How many attempts `drain` ran, by what they ended as."""
 
     succeeded: int = 0
-    retried: int = 0  # back to pending (their later attempts are counted too)
+    retried: int = 0  # back to pending after a failure or RetryStep (later attempts counted)
     dead: int = 0
     cancelled: int = 0
+    suspended: int = 0  # a durable sleep, a snooze, a wait for children: no attempt spent
 
     @property
     def total(self) -> int:
-        return self.succeeded + self.retried + self.dead + self.cancelled
+        return self.succeeded + self.retried + self.dead + self.cancelled + self.suspended
 
 
 def drain(target: Target, app: FlowQ, *, queues: Iterable[str] | None = None,
           runs: Iterable[int | Enqueued] | None = None, raise_on_dead: bool = True,
-          skip_waits: bool = True, max_jobs: int = MAX_JOBS) -> DrainResult:
+          skip_waits: bool = True, batches: bool = True, max_jobs: int = MAX_JOBS
+          ) -> DrainResult:
     """Run the due jobs of `queues` (default: the app's) until none is left; see the module."""
     app.check()
     names = [validate_queue(q) for q in (app.queues if queues is None else queues)]
-    run_ids = None if runs is None else [r.id if isinstance(r, Enqueued) else int(r)
-                                         for r in runs]
-    counts: Counter[str] = Counter()
+    run_ids = None if runs is None else {r.id if isinstance(r, Enqueued) else int(r)
+                                         for r in runs}
+    state = _Drain(names, run_ids, batches)
     for _ in range(max_jobs):
         dead: str | None = None
         with _transaction(target) as conn:
-            job = _claim(conn, app.schema, names, run_ids)
+            job = state.next_job(Store(_runner(conn), app.schema))
             if job is None:
                 break
-            status, outcome = run_claimed(conn, app, job, skip_waits)
-            counts[status] += 1
+            status, outcome, parked = _run(conn, app, job, skip_waits)
+            state.record(job, status, outcome, parked)
             if status == "dead" and raise_on_dead:
                 dead = _dead_message(job, outcome)
         if dead is not None:  # after the transaction block: an Engine's commits the row
             raise AssertionError(dead)
     else:
         with _transaction(target) as conn:
-            left = Store(_runner(conn), app.schema).due_jobs_exist(names, 0)
-        if left:
-            raise AssertionError(f"drain ran {max_jobs} jobs (max_jobs) and jobs are still due: "
-                                 "a job that keeps enqueueing another?")
-    return DrainResult(succeeded=counts["succeeded"], retried=counts["pending"],
-                       dead=counts["dead"], cancelled=counts["cancelled"])
+            store = Store(_runner(conn), app.schema)
+            if store.due_jobs_exist(state.names, 0):
+                raise AssertionError(f"drain ran {max_jobs} jobs (max_jobs) and jobs are "
+                                     f"still due: {state.busiest(store)}")
+    counts = state.counts
+    return DrainResult(succeeded=counts["succeeded"], retried=counts["retried"],
+                       dead=counts["dead"], cancelled=counts["cancelled"],
+                       suspended=counts["suspended"])
+
+
+@dataclass
+class _Seen:
+    """A job drain claimed: how often, and how its last attempt ended."""
+
+    job: ClaimedJob
+    attempts: int = 0
+    last: str = ""
+    parked: bool = False
+
+
+@dataclass
+class _Drain:
+    """What one drain claims from (its queues and runs, growing as it follows children and
+    batch callbacks), the jobs it parked, and what it saw."""
+
+    names: list[str]
+    run_ids: set[int] | None
+    batches: bool
+    parked: set[int] = field(default_factory=set)
+    seen: dict[int, _Seen] = field(default_factory=dict)
+    counts: Counter[str] = field(default_factory=Counter)
+
+    def next_job(self, store: Store) -> ClaimedJob | None:
+        """A due job claimed from the first queue that has one; when none is, what
+        `unblock` makes due; None when nothing is left."""
+        while True:
+            runs = None if self.run_ids is None else sorted(self.run_ids)
+            for name in self.names:
+                claimed = store.claim_any(name, 1, WORKER_NAME, runs)
+                if claimed:
+                    return claimed[0]
+            if not self.unblock(store):
+                return None
+
+    def unblock(self, store: Store) -> bool:
+        """Nothing is due: fire the batch callbacks that are complete, wake the parked jobs
+        whose children ended, follow the children that did not; whether any of it may have
+        made a job due."""
+        progress = False
+        if self.batches:
+            store.advance_batches(BATCH_LIMIT)
+            fired = [f.callback_run_id for f in store.start_batch_callbacks(BATCH_LIMIT)]
+            progress = self.follow(store, fired) or bool(fired)
+        if self.parked:
+            rows = store.waited_children(sorted(self.parked))
+            self.parked = {r.job_id for r in rows if r.job_status == "pending"}
+            waiting = {r.job_id for r in rows if r.finished is False or r.due}
+            progress |= bool(store.wake_jobs(sorted(self.parked - waiting)))
+            progress |= self.follow(store, [r.run_id for r in rows
+                                            if r.run_id is not None and r.finished is False])
+        return progress
+
+    def follow(self, store: Store, run_ids: Sequence[int]) -> bool:
+        """Drain `run_ids` too, and the queues their pending jobs are in; whether that added
+        a run or a queue."""
+        if not run_ids:
+            return False
+        added = False
+        if self.run_ids is not None and not self.run_ids.issuperset(run_ids):
+            self.run_ids.update(run_ids)
+            added = True
+        for queue in store.pending_queues(run_ids):
+            if queue not in self.names:
+                self.names.append(queue)
+                added = True
+        return added
+
+    def record(self, job: ClaimedJob, status: str, outcome: Outcome, parked: bool) -> None:
+        if isinstance(outcome, Suspended) and status == "pending":
+            self.counts["suspended"] += 1
+        else:
+            self.counts["retried" if status == "pending" else status] += 1
+        seen = self.seen.setdefault(job.id, _Seen(job))
+        seen.attempts += 1
+        seen.last, seen.parked = _describe(outcome), parked
+        (self.parked.add if parked else self.parked.discard)(job.id)
+
+    def busiest(self, store: Store) -> str:
+        """The jobs that kept the drain busy: the ones claimed most, the tasks whose jobs
+        each ran once (one enqueueing the next), the parked ones and what they wait for."""
+        ranked = sorted(self.seen.values(), key=lambda s: (-s.attempts, s.job.id))
+        repeated = [s for s in ranked if s.attempts > 1][:BUSIEST]
+        once = Counter((s.job.task, s.job.step) for s in ranked if s.attempts == 1)
+        parked = [s for s in ranked if s.job.id in self.parked and s not in repeated]
+        children = store.waited_children([s.job.id for s in parked[:BUSIEST]])
+        parts = [_named(s) for s in repeated]
+        parts += [f"{n} jobs of task {task!r}, step {step!r} ran once each (a job that keeps "
+                  "enqueueing another?)" for (task, step), n in once.most_common(2) if n > 1]
+        for s in parked[:BUSIEST]:
+            waits = [f"run {r.run_id}: {r.status or 'gone'}" for r in children
+                     if r.job_id == s.job.id and r.finished is False]
+            parts.append(_named(s) + (f" (waiting on {', '.join(waits[:5])})" if waits else ""))
+        return "; ".join(parts) or "a job that keeps enqueueing another?"
+
+
+def _named(seen: _Seen) -> str:
+    job = seen.job
+    return (f"job {job.id} (run {job.run_id}, task {job.task!r}, step "
+            f"{job.step or '(first)'!r}): {seen.attempts} attempt"
+            f"{'' if seen.attempts == 1 else 's'}, the last {seen.last}")
+
+
+def _describe(outcome: Outcome) -> str:
+    """How an attempt ended, in a few words, for `busiest`."""
+    if isinstance(outcome, Succeeded):
+        return "succeeded"
+    if isinstance(outcome, Failed):
+        return f"{'dead' if outcome.retry_in is None else 'retried'}: {outcome.summary}"
+    if isinstance(outcome, Retried):
+        return f"{'handed over' if outcome.handed_over else 'retried'}: RetryStep: " \
+               f"{outcome.reason}"
+    if isinstance(outcome, Cancelled):
+        return f"cancelled: {outcome.reason}"
+    return f"suspended: {outcome.reason}"
 
 
 async def adrain(target: AsyncSession | AsyncConnection, app: FlowQ, **options: Any
@@ -139,16 +279,6 @@ def _transaction(target: Target) -> Iterator[sa.Connection]:
                         f"{type(target).__name__} (for an AsyncSession use adrain)")
 
 
-def _claim(conn: sa.Connection, schema: str, names: list[str],
-           run_ids: list[int] | None) -> ClaimedJob | None:
-    store = Store(_runner(conn), schema)
-    for name in names:
-        claimed = store.claim_any(name, 1, WORKER_NAME, run_ids)
-        if claimed:
-            return claimed[0]
-    return None
-
-
 def _runner(conn: sa.Connection) -> Runner:
     """The test's connection as a runner: through SQLAlchemy, in the test's transaction."""
     return runner(conn, direct=False)
@@ -158,6 +288,13 @@ def run_claimed(conn: sa.Connection, app: FlowQ, job: ClaimedJob,
                 skip_waits: bool = True) -> tuple[str, Outcome]:
     """Run one claimed attempt and write its outcome, as `drain` runs each (a test that
     claims its jobs itself calls it); (the row's new status, the outcome)."""
+    status, outcome, _ = _run(conn, app, job, skip_waits)
+    return status, outcome
+
+
+def _run(conn: sa.Connection, app: FlowQ, job: ClaimedJob,
+         skip_waits: bool) -> tuple[str, Outcome, bool]:
+    """`run_claimed`, and whether the job was parked on its unfinished children."""
     def session_factory() -> StepSession:
         # Joined to the test's transaction: its commit releases a SAVEPOINT, its rollback
         # returns to it, and only the test's own rollback or commit ends the transaction.
@@ -182,13 +319,18 @@ def run_claimed(conn: sa.Connection, app: FlowQ, job: ClaimedJob,
             except Exception as exc:  # the handler's writes failed at commit, as in a worker
                 outcome = attempt.failure(exc)
             else:
-                return ("succeeded" if ours else "lost"), outcome
+                return ("succeeded" if ours else "lost"), outcome, False
         elif session is not None:
             session.rollback()
         written = _skipping_wait(outcome) if skip_waits else outcome
+        parked = False
+        if isinstance(outcome, Suspended):
+            parked = any(r.finished is False for r in store.waited_children([job.id]))
+            if parked and skip_waits:  # due when its children end, not at once (the module)
+                written = dataclasses.replace(outcome, until=None, delay=PARK_DELAY)
         assert not isinstance(written, Succeeded)
         result = write_outcome(store, job, written)
-        return (result[0] if result else "lost"), outcome
+        return (result[0] if result else "lost"), outcome, parked
     finally:
         if session is not None:
             session.close()

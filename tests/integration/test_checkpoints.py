@@ -246,7 +246,7 @@ def test_drain_skips_sleeps_like_retry_waits(engine: sa.Engine, app: flowq.FlowQ
     result = drain(engine, app)
     job = the_job(engine, run_id)
     assert job.status == "succeeded" and job.attempts == 1 and job.result == {"n": 5}
-    assert result.succeeded == 1 and result.retried == 2  # two suspensions
+    assert result.succeeded == 1 and result.suspended == 2 and result.retried == 0
     assert [s[0] for s in stored(engine, run_id)] == ["flowq.sleep.0", "flowq.sleep.1", "n"]
 
 
@@ -300,7 +300,7 @@ def test_a_snooze_spends_no_attempt_and_is_counted(engine: sa.Engine,
     run_id = enqueue(engine, poll)
     result = drain(engine, app)
     job = the_job(engine, run_id)
-    assert job.status == "succeeded" and job.attempts == 1 and result.retried == 3
+    assert job.status == "succeeded" and job.attempts == 1 and result.suspended == 3
     assert job.result == {"snoozed": 3, "attempt": 1}
 
 

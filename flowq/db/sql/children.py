@@ -159,3 +159,36 @@ class ChildStatements(Statements):
                       HAVING count(*) > 0)
                FROM {S}.children c WHERE c.parent_run_id = CAST(:run_id AS bigint)
               ORDER BY c.run_id LIMIT :limit)""")
+
+    @cached_property
+    def select_waited_children(self) -> TextClause:
+        """Read the children some jobs wait for (the test kit's drain).
+
+        For each of the jobs :job_ids still in `flowq.jobs`: its status, whether it is due
+        (`run_at <= now()`), and each child run linked to it (`parent_job_id`, the step that
+        waits) with its status (`RUN_STATUS`; NULL when its rows are gone) and whether its rows
+        have all finished; one row per (job, child), the child's columns NULL for a job
+        waiting on none. In job, child order."""
+        return self.sql(f"""
+            SELECT p.id AS job_id, p.status AS job_status, p.run_at <= now() AS due,
+                   c.run_id, s.status, s.finished
+              FROM {S}.jobs p
+              LEFT JOIN {S}.children c ON c.parent_job_id = p.id
+              LEFT JOIN LATERAL (
+                  SELECT {RUN_STATUS} AS status, {FINISHED} AS finished
+                    FROM {S}.steps j WHERE j.run_id = c.run_id HAVING count(*) > 0) s ON true
+             WHERE p.id = ANY(CAST(:job_ids AS bigint[]))
+             ORDER BY p.id, c.run_id""")
+
+    @cached_property
+    def wake_jobs(self) -> TextClause:
+        """Make some suspended jobs due now (the test kit's drain).
+
+        Those of the jobs :job_ids that are pending and due later get `run_at = now()`: what
+        `wake_parents` does when a child ends, for a waiting parent whose children ended
+        without waking it (a cancel, say). Returns their ids."""
+        return self.sql(f"""
+            UPDATE {S}.jobs SET run_at = now()
+             WHERE id = ANY(CAST(:job_ids AS bigint[]))
+               AND status = 'pending' AND run_at > now()
+            RETURNING id""")

@@ -157,6 +157,17 @@ class JobStatements(Statements):
                              AND run_at <= now() + make_interval(secs => :horizon))""")
 
     @cached_property
+    def select_pending_queues(self) -> TextClause:
+        """List the queues some runs have pending jobs in (the test kit's drain).
+
+        The distinct queues of the pending rows of the runs :run_ids, by name: where the
+        children and batch callbacks a drain follows will run."""
+        return self.sql(f"""
+            SELECT DISTINCT queue FROM {S}.jobs
+             WHERE run_id = ANY(CAST(:run_ids AS bigint[])) AND status = 'pending'
+             ORDER BY queue""")
+
+    @cached_property
     def select_map_results(self) -> TextClause:
         """Read the results of a mapped step's instances, in item order.
 

@@ -13,7 +13,7 @@ from flowq.db.runner import Rows
 from flowq.db.schema import Status
 from flowq.db.store.base import Verbs
 
-__all__ = ["BatchInfo", "ChildLink", "ChildStatus", "DurableVerbs", "FamilyLink", "RunCheckpoint"]
+__all__ = ["BatchInfo", "ChildLink", "ChildStatus", "DurableVerbs", "FamilyLink", "RunCheckpoint", "WaitedChild"]
 
 
 @dataclass(frozen=True)
@@ -24,30 +24,6 @@ class ChildLink:
 
     cancelled: bool | None
     linked: int
-
-
-@dataclass(frozen=True)
-class BatchInfo:
-    """A batch (`session.batch()`): its callback task and queue, how many runs it waits for
-    and how many ended each way, and its callback's run once enqueued (`fired_at`; its
-    status None while to come, or once its rows are pruned)."""
-
-    id: int
-    task: str
-    queue: str
-    runs: int
-    succeeded: int
-    dead: int
-    cancelled: int
-    created_at: datetime
-    fired_at: datetime | None
-    callback_run_id: int | None
-    callback_status: Status | None
-
-    @property
-    def finished(self) -> int:
-        """How many of its runs have ended."""
-        return self.succeeded + self.dead + self.cancelled
 
 
 @dataclass(frozen=True)
@@ -76,6 +52,20 @@ class FamilyLink:
 
 
 @dataclass(frozen=True)
+class WaitedChild:
+    """A job and one child run linked to it (the step that waits for it): the job's status
+    and whether it is due; the child's run id, status derived from its rows and whether they
+    have all finished (all None for a job waiting on no child; status None: rows gone)."""
+
+    job_id: int
+    job_status: Status
+    due: bool
+    run_id: int | None
+    status: Status | None
+    finished: bool | None
+
+
+@dataclass(frozen=True)
 class RunCheckpoint:
     """One checkpoint a run's step recorded: its position in the attempt that recorded it,
     and its stored result (decoded JSON)."""
@@ -100,8 +90,33 @@ class _StoredResult:
     created_at: datetime
 
 
+@dataclass(frozen=True)
+class BatchInfo:
+    """A batch (`session.batch()`): its callback task and queue, how many runs it waits for
+    and how many ended each way, and its callback's run once enqueued (`fired_at`; its
+    status None while to come, or once its rows are pruned)."""
+
+    id: int
+    task: str
+    queue: str
+    runs: int
+    succeeded: int
+    dead: int
+    cancelled: int
+    created_at: datetime
+    fired_at: datetime | None
+    callback_run_id: int | None
+    callback_status: Status | None
+
+    @property
+    def finished(self) -> int:
+        """How many of its runs have ended."""
+        return self.succeeded + self.dead + self.cancelled
+
+
 class DurableVerbs(Verbs):
     """Checkpoints, children, batches and waiters."""
+
     def prune_waiters(self, limit: int) -> int:
         """Delete up to `limit` run waiters whose LISTEN connection is gone; how many."""
         return int(self.run(self.q.prune_waiters, {"limit": limit})[0][0])
@@ -152,6 +167,22 @@ class DurableVerbs(Verbs):
         levels, in run id order."""
         rows = self.run(self.q.select_descendants, {"run_id": run_id, "max_depth": max_depth})
         return [int(i) for i in column(rows, "run_id")]
+
+    def waited_children(self, job_ids: Sequence[int]) -> list[WaitedChild]:
+        """For each of `job_ids` still in `flowq.jobs`, the child runs linked to it, one row
+        per (job, child) in that order (see `WaitedChild`): the test kit's drain."""
+        return read(WaitedChild, self.run(self.q.select_waited_children,
+                                          {"job_ids": list(job_ids)}))
+
+    def wake_jobs(self, job_ids: Sequence[int]) -> list[int]:
+        """Make those of `job_ids` that are pending and due later due now; their ids."""
+        return [int(i) for i in column(self.run(self.q.wake_jobs, {"job_ids": list(job_ids)}),
+                                       "id")]
+
+    def pending_queues(self, run_ids: Sequence[int]) -> list[str]:
+        """The queues the runs `run_ids` have pending jobs in, by name."""
+        return [str(q) for q in column(self.run(self.q.select_pending_queues,
+                                                {"run_ids": list(run_ids)}), "queue")]
 
     def list_batches(self, limit: int, before: int | None = None) -> list[BatchInfo]:
         """Up to `limit` batches, newest first, with ids below `before` (None: the newest)."""

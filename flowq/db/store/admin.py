@@ -62,6 +62,7 @@ class DeadTaskCount:
 
 class AdminVerbs(Verbs):
     """The database and maintenance."""
+
     def try_maintenance_lock(self, service: str) -> bool:
         """Take the transaction-scoped advisory lock `<schema>.<service>` of a maintenance
         service, or not (another pass holds it): one pass at a time across all workers."""

@@ -86,6 +86,7 @@ class ActivityCount:
 
 class QueueVerbs(Verbs):
     """Queues as configuration and as counts."""
+
     def declare_queues(self, limits: Sequence[QueueLimits], worker: str) -> None:
         """Write the `limits` `worker` declares for its queues, keeping each queue's paused
         state (a changed rate starts with a full bucket)."""

@@ -55,6 +55,7 @@ class ScheduleRecord:
 
 class ScheduleVerbs(Verbs):
     """The cursors of periodic schedules."""
+
     def schedule_cursors(self, names: Sequence[str]) -> Cursors:
         """The cursors of the schedules `names` (at least one), with the database's clock."""
         rows = self.run(self.q.select_schedules, {"names": list(names)})

@@ -128,3 +128,14 @@ class DurableVerbs(Verbs):
         levels, in run id order."""
         rows = self.run(self.q.select_descendants, {"run_id": run_id, "max_depth": max_depth})
         return [int(i) for i in column(rows, "run_id")]
+
+    def copy_checkpoints(self, source_run_id: int, run_id: int, step: str,
+                         names: Sequence[str]) -> list[str]:
+        """Record the checkpoints `names` of run `source_run_id`'s step `step` (outside a
+        map) for run `run_id` too, as they are (a fork reusing them); the names copied."""
+        if not names:
+            return []
+        rows = self.run(self.q.copy_checkpoints, {
+            "source_run_id": source_run_id, "run_id": run_id, "step": step,
+            "names": list(names)})
+        return [str(n) for n in column(rows, "name")]

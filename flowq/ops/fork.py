@@ -45,8 +45,8 @@ from flowq.db.store import Store
 from flowq.define.app import did_you_mean, find_definition
 from flowq.define.pipeline import Pipeline
 from flowq.define.step import Step
-from flowq.durable.checkpoints import RecordKind, forkable, record_kind
-from flowq.enqueueing.prepare import prepare_start_at
+from flowq.durable.checkpoints import MAX_NAME_CHARS, RecordKind, forkable, record_kind
+from flowq.enqueueing.prepare import Enqueued, PreparedCall, prepare_start_at
 from flowq.enqueueing.sync import execute
 from flowq.errors import InvalidArgumentsError, RunStateError
 from flowq.names import DEFAULT_SCHEMA, check_id
@@ -241,7 +241,7 @@ def _records(store: Store, run: RunInfo, step: Step[Any, Any], later: Sequence[s
         found = next((r for r in mine if r.name == redo_from), None)
         if found is None:
             names = [r.name for r in mine]
-            hint = did_you_mean(redo_from, names) if len(redo_from) <= 200 else None
+            hint = did_you_mean(redo_from, names) if len(redo_from) <= MAX_NAME_CHARS else None
             shown = ", ".join(map(repr, names[:20])) + (", ..." if len(names) > 20 else "")
             raise InvalidArgumentsError(
                 f"{flags['redo_from']} {redo_from[:60]!r}: step {step.name!r} of run "
@@ -250,8 +250,8 @@ def _records(store: Store, run: RunInfo, step: Step[Any, Any], later: Sequence[s
                 + (f"; its checkpoints: {shown}" if names else
                    f"; it recorded none, so nothing would be reused: drop {flags['redo_from']}"))
         redo_at = found.position
-    records = [ForkCheckpoint(step=step.name, name=r.name, kind=record_kind(r.name) or "checkpoint",
-                              position=r.position,
+    records = [ForkCheckpoint(step=step.name, name=r.name,
+                              kind=record_kind(r.name) or "checkpoint", position=r.position,
                               reused=redo_at is None or r.position < redo_at)
                for r in stored]
     if later:
@@ -265,7 +265,9 @@ def _records(store: Store, run: RunInfo, step: Step[Any, Any], later: Sequence[s
 
 def _plan(conn: sa.Connection, store: Store, run_id: int, from_step: str,
           args: Mapping[str, Any] | None, redo_checkpoints: bool, redo_from: str | None,
-          via: Via) -> tuple[ForkPlan, Pipeline, Step[Any, Any]]:
+          via: Via) -> tuple[ForkPlan, PreparedCall[Enqueued]]:
+    """The plan of a fork (its input as the new row stores it) and the enqueue that starts
+    it; reads the source only, refusing what the module says."""
     flags = FLAGS["cli" if via == "cli" else "python"]
     _check_redo(redo_checkpoints, redo_from, flags)
     if args is not None and not isinstance(args, Mapping):
@@ -282,9 +284,12 @@ def _plan(conn: sa.Connection, store: Store, run_id: int, from_step: str,
     steps = _check_reachable(definition, step)
     inputs = _inputs(run, step, flags["args"]) if args is None else dict(args)
     records = _records(store, run, step, steps[1:], redo_checkpoints, redo_from, flags)
-    plan = ForkPlan(source_run_id=run_id, from_step=step.name, args=inputs,
-                    steps=tuple(steps), checkpoints=tuple(records))
-    return plan, definition, step
+    # Through JSON once: what the new row stores is what the plan says it gets.
+    call = prepare_start_at(definition, step, inputs, schema=store.schema)
+    plan = ForkPlan(source_run_id=run_id, from_step=step.name,
+                    args=json.loads(call.params["args"]), steps=tuple(steps),
+                    checkpoints=tuple(records))
+    return plan, call
 
 
 def plan_fork(bind: Bind, run_id: int, *, from_step: str,
@@ -296,13 +301,9 @@ def plan_fork(bind: Bind, run_id: int, *, from_step: str,
     dry run of `flowq runs fork --dry-run`)."""
     run_id = check_id(run_id)
     with binds.transaction(bind) as conn:
-        plan, definition, step = _plan(conn, Store.of(conn, schema), run_id, from_step, args,
-                                       redo_checkpoints, redo_from, via)
-        # Checked as the fork would check it, so a dry run refuses what the fork would.
-        call = prepare_start_at(definition, step, plan.args, schema=schema)
-    return ForkPlan(source_run_id=plan.source_run_id, from_step=plan.from_step,
-                    args=json.loads(call.params["args"]), steps=plan.steps,
-                    checkpoints=plan.checkpoints)
+        plan, _ = _plan(conn, Store.of(conn, schema), run_id, from_step, args,
+                        redo_checkpoints, redo_from, via)
+    return plan
 
 
 def fork(bind: Bind, run_id: int, *, from_step: str, args: Mapping[str, Any] | None = None,
@@ -317,17 +318,13 @@ def fork(bind: Bind, run_id: int, *, from_step: str, args: Mapping[str, Any] | N
     run_id = check_id(run_id)
     with binds.transaction(bind) as conn:
         store = Store.of(conn, schema)
-        plan, definition, step = _plan(conn, store, run_id, from_step, args,
-                                       redo_checkpoints, redo_from, via)
-        # Through JSON once: what the new row stores is what the result says it got.
-        call = prepare_start_at(definition, step, plan.args, schema=schema)
+        plan, call = _plan(conn, store, run_id, from_step, args, redo_checkpoints,
+                           redo_from, via)
         enqueued = execute(conn, call)
         store.mark_forked(enqueued.id, run_id)
-        store.copy_checkpoints(run_id, enqueued.id, step.name,
+        # In the enqueue's transaction: no worker can claim the new row before its copies.
+        store.copy_checkpoints(run_id, enqueued.id, plan.from_step,
                                [c.name for c in plan.checkpoints
-                                if c.reused and c.step == step.name])
-    stored = json.loads(call.params["args"])
-    plan = ForkPlan(source_run_id=run_id, from_step=step.name, args=stored, steps=plan.steps,
-                    checkpoints=plan.checkpoints)
-    return Forked(run_id=enqueued.id, source_run_id=run_id, from_step=step.name, args=stored,
-                  plan=plan)
+                                if c.reused and c.step == plan.from_step])
+    return Forked(run_id=enqueued.id, source_run_id=run_id, from_step=plan.from_step,
+                  args=plan.args, plan=plan)

@@ -26,7 +26,7 @@ from flowq.errors import InvalidArgumentsError
 
 if TYPE_CHECKING:
     from flowq.db.schema import Status
-    from flowq.ops.runs import KnownNames
+    from flowq.ops.runs import ForkPlan, KnownNames
 
 __all__ = ["DEFAULT_RETRY_BATCH", "STATUSES", "runs"]
 
@@ -257,6 +257,25 @@ def retry_command(run_id: int | None, database_url: str | None, schema: str,
           + describe(res.run))
 
 
+def _fork_text(plan: ForkPlan) -> str:
+    """What a fork runs again and reuses, for people (`--json` has it all)."""
+    lines = [f"  run the steps {', '.join(map(repr, plan.steps))} with input "
+             f"{json.dumps(plan.args)[:200]};"]
+    mine = [c for c in plan.checkpoints if c.step == plan.from_step]
+    if not mine:
+        lines.append(f"  step {plan.from_step!r} recorded no checkpoints there: nothing to reuse.")
+    for c in mine:
+        what = "reuse  " if c.reused else "RUN AGAIN"
+        lines.append(f"  {what:9} {c.kind} {json.dumps(c.name)[:80]} of {c.step!r}")
+    later = [c for c in plan.checkpoints if c.step != plan.from_step]
+    for c in later[:50]:
+        lines.append(f"  RUN AGAIN {c.kind} {json.dumps(c.name)[:80]} of {c.step!r} "
+                     "(a later step runs afresh)")
+    if len(later) > 50:
+        lines.append(f"  ... and {len(later) - 50} more records of later steps (see --json)")
+    return "\n".join(lines) + "\n"
+
+
 @runs.command("fork")
 @click.argument("run_id", type=int)
 @click.option("--from", "from_step", required=True, metavar="STEP",
@@ -264,15 +283,24 @@ def retry_command(run_id: int | None, database_url: str | None, schema: str,
 @click.option("--args", "args_json", default=None, metavar="JSON",
               help="The step's input as a JSON object, instead of the one the old run "
                    "recorded.")
+@click.option("--redo-checkpoints", is_flag=True,
+              help="Run the step's recorded checkpoints again (by default the fork reuses "
+                   "their recorded results: a charge is not made twice).")
+@click.option("--redo-from", "redo_from", default=None, metavar="NAME",
+              help="Run checkpoint NAME and those after it again; reuse the ones before it.")
+@click.option("--dry-run", is_flag=True,
+              help="List what the fork would run again and reuse; change nothing.")
 @click.option("--app", "app_spec", required=True, metavar="MODULE:APP",
               help="Your app (as for `flowq worker`): the new run runs today's code.")
 @url_option
 @schema_option
 @json_option
-def fork_command(run_id: int, from_step: str, args_json: str | None, app_spec: str,
+def fork_command(run_id: int, from_step: str, args_json: str | None, redo_checkpoints: bool,
+                 redo_from: str | None, dry_run: bool, app_spec: str,
                  database_url: str | None, schema: str, as_json: bool) -> None:
     """Start a new run from a step of an ended run, reusing the outputs the steps before it
-    recorded; the old run is left as it is, and the new one is linked to it."""
+    recorded and the checkpoints the step recorded; the old run is left as it is, and the
+    new one is linked to it."""
     args: dict[str, Any] | None = None
     if args_json is not None:
         try:
@@ -284,14 +312,26 @@ def fork_command(run_id: int, from_step: str, args_json: str | None, app_spec: s
                             f"{type(parsed).__name__}")
         args = parsed
     load_app(app_spec)
-    from flowq.ops.runs import fork, get_run
+    from flowq.ops.runs import fork, get_run, plan_fork
 
     engine = open_engine(database_url, schema)
     try:
-        forked = fork(engine, run_id, from_step=from_step, args=args, schema=schema)
-        new = get_run(engine, forked.run_id, schema=schema)
+        if dry_run:
+            plan = plan_fork(engine, run_id, from_step=from_step, args=args,
+                             redo_checkpoints=redo_checkpoints, redo_from=redo_from,
+                             schema=schema, via="cli")
+        else:
+            forked = fork(engine, run_id, from_step=from_step, args=args,
+                          redo_checkpoints=redo_checkpoints, redo_from=redo_from,
+                          schema=schema, via="cli")
+            new = get_run(engine, forked.run_id, schema=schema)
     finally:
         engine.dispose()
+    if dry_run:
+        _emit(as_json, {"dry_run": True, **plan.to_dict()},
+              f"dry run: nothing was changed. A fork of run {run_id} from step "
+              f"{plan.from_step!r} would:\n" + _fork_text(plan))
+        return
     _emit(as_json, {**forked.to_dict(), "run": new.to_dict()},
-          f"run {forked.run_id} forked from run {run_id} at step {forked.from_step!r}.\n\n"
-          + describe(new))
+          f"run {forked.run_id} forked from run {run_id} at step {forked.from_step!r}.\n"
+          + _fork_text(forked.plan) + "\n" + describe(new))

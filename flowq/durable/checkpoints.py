@@ -21,6 +21,10 @@ comes, so a handler must call its checkpoints in the same order up to the last r
 (see docs/durable.md). Without a claim (`flowq.testing.run_step`, `make_context`) the ledger
 lives in memory: checkpoints run once per context, sleeps return at once.
 
+A fork (`flowq.runs.fork`) finds the forked step's records through `forkable`: every
+checkpoint, sleep (`SLEEP_PREFIX`) and child start (`CHILD_PREFIX`) of the source run's
+step, in position order, but not the snooze count (a fork's step starts a new count).
+
 Options and their defaults: `MAX_SNOOZES = 1000` snoozes per step over its life (the next
 one ends it `dead`); `MAX_NAME_CHARS = 200`.
 """
@@ -30,9 +34,9 @@ from __future__ import annotations
 import inspect
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from flowq.db.rows import Claim, StoredCheckpoint
 from flowq.db.runner import runner
@@ -42,13 +46,17 @@ from flowq.errors import CheckpointError, ContextError
 from flowq.jsonargs import JSONError, dumps_checked
 from flowq.names import DEFAULT_SCHEMA
 
-__all__ = ["MAX_NAME_CHARS", "MAX_SNOOZES", "RESERVED_PREFIX", "ClaimLost", "Ledger",
-           "check_name"]
+__all__ = ["CHILD_PREFIX", "MAX_NAME_CHARS", "MAX_SNOOZES", "RESERVED_PREFIX", "SLEEP_PREFIX",
+           "ClaimLost", "Ledger", "RecordKind", "check_name", "forkable", "record_kind"]
 
 MAX_SNOOZES: Final = 1000
 MAX_NAME_CHARS: Final = 200
 RESERVED_PREFIX: Final = "flowq."
 SNOOZES: Final = "flowq.snoozes"
+SLEEP_PREFIX: Final = "flowq.sleep."  # a durable sleep's deadline: flowq.sleep.N
+CHILD_PREFIX: Final = "flowq.child."  # a child run's start (flowq.durable.children)
+
+RecordKind = Literal["checkpoint", "sleep", "child"]
 
 
 class ClaimLost(BaseException):
@@ -78,6 +86,24 @@ def check_name(name: object) -> str:
         raise CheckpointError(f"checkpoint names starting with {RESERVED_PREFIX!r} are "
                               f"flowq's own: rename {name[:60]!r}")
     return name
+
+
+def record_kind(name: str) -> RecordKind | None:
+    """What a step's record `name` is: a checkpoint of the user's, a durable sleep, a child
+    run's start; None for flowq's own bookkeeping (the snooze count)."""
+    if not name.startswith(RESERVED_PREFIX):
+        return "checkpoint"
+    if name.startswith(SLEEP_PREFIX):
+        return "sleep"
+    if name.startswith(CHILD_PREFIX):
+        return "child"
+    return None
+
+
+def forkable(stored: Sequence[StoredCheckpoint]) -> list[StoredCheckpoint]:
+    """The records of a step a fork of its run can reuse (see the module), by position."""
+    return sorted((r for r in stored if record_kind(r.name) is not None),
+                  key=lambda r: (r.position, r.name))
 
 
 def _takes_session(fn: Callable[..., Any]) -> bool:
@@ -139,7 +165,7 @@ class Ledger:
 
     def next_sleep(self) -> str:
         """The name of this attempt's next durable sleep (`flowq.sleep.N`, counted from 0)."""
-        name = f"{RESERVED_PREFIX}sleep.{self._sleeps}"
+        name = f"{SLEEP_PREFIX}{self._sleeps}"
         self._sleeps += 1
         return name
 

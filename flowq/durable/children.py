@@ -45,7 +45,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final
 
 from flowq.db.store import Store
-from flowq.durable.checkpoints import Ledger
+from flowq.durable.checkpoints import CHILD_PREFIX, Ledger
 from flowq.durable.session import commit_step_session
 from flowq.durable.sleeps import Suspend
 from flowq.enqueueing.sync import enqueue
@@ -69,7 +69,6 @@ MIN_RECHECK: Final = 0.5
 MAX_RECHECK: Final = 5.0
 MAX_WAIT: Final = 10_000
 MAX_DEPTH: Final = 100
-CHILD_PREFIX: Final = "flowq.child."  # under flowq.durable.checkpoints.RESERVED_PREFIX
 # Options `enqueue` takes that a child cannot (see the module).
 REFUSED_OPTIONS: Final = ("schema", "idempotency_key", "unique", "unique_key")
 

@@ -43,7 +43,7 @@ from flowq.names import DEFAULT_SCHEMA, check_id
 from flowq.ops import binds
 from flowq.ops.binds import Bind
 from flowq.ops.filters import When, check_count, parse_when, run_filters
-from flowq.ops.fork import Forked, fork
+from flowq.ops.fork import ForkCheckpoint, Forked, ForkPlan, fork, plan_fork
 from flowq.ops.results import await_run, get_result, wait_run
 from flowq.ops.runinfo import (
     RunInfo,
@@ -57,6 +57,8 @@ from flowq.ops.runinfo import (
 __all__ = [
     "CancelResult",
     "DeadStep",
+    "ForkCheckpoint",
+    "ForkPlan",
     "Forked",
     "KnownNames",
     "RetryResult",
@@ -76,6 +78,7 @@ __all__ = [
     "known_names",
     "list_runs",
     "parse_when",
+    "plan_fork",
     "retry_run",
     "retry_runs",
     "run_status",

@@ -137,3 +137,22 @@ class CheckpointStatements(Statements):
              WHERE run_id = CAST(:run_id AS bigint)
              ORDER BY step, map_index, position, name
              LIMIT :limit""")
+
+    @cached_property
+    def copy_checkpoints(self) -> TextClause:
+        """Copy some of a step's checkpoints to a forked run (`flowq.runs.fork`).
+
+        The checkpoints named :names of (:source_run_id, :step, outside a map) recorded
+        again, unchanged (position, result, when), for run :run_id: the fork's step finds
+        them recorded and returns their results instead of running them. Written in the
+        fork's transaction, before its first row can be claimed; returns the names copied."""
+        return self.sql(f"""
+            INSERT INTO {S}.checkpoints (run_id, step, map_index, name, position, result,
+                                         created_at)
+            SELECT CAST(:run_id AS bigint), k.step, k.map_index, k.name, k.position, k.result,
+                   k.created_at
+              FROM {S}.checkpoints k
+             WHERE k.run_id = CAST(:source_run_id AS bigint) AND k.step = CAST(:step AS text)
+               AND k.map_index = {NO_MAP_INDEX} AND k.name = ANY(CAST(:names AS text[]))
+            ON CONFLICT (run_id, step, map_index, name) DO NOTHING
+            RETURNING name""")

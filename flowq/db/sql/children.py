@@ -97,13 +97,19 @@ class ChildStatements(Statements):
         For each of the runs :run_ids that is a child of run :run_id: its id, when it was
         started, its status derived from its rows (`RUN_STATUS`; NULL when its rows are
         gone) and whether they have all finished; one row of NULLs but the clock when none
-        is a child."""
+        is a child. A child a fork reuses (`flowq.runs.fork` copied the start's record,
+        `flowq.child.N`, from the source run) counts as the fork's too: its link names the
+        source run, and the fork's own record of its start is the proof."""
         return self.sql(f"""
             SELECT n.now, c.run_id, c.created_at, s.status, s.finished
               FROM (SELECT now() AS now) n
               LEFT JOIN {S}.children c
-                     ON c.parent_run_id = CAST(:run_id AS bigint)
-                    AND c.run_id = ANY(CAST(:run_ids AS bigint[]))
+                     ON c.run_id = ANY(CAST(:run_ids AS bigint[]))
+                    AND (c.parent_run_id = CAST(:run_id AS bigint)
+                         OR EXISTS (SELECT 1 FROM {S}.checkpoints k
+                                     WHERE k.run_id = CAST(:run_id AS bigint)
+                                       AND k.name LIKE 'flowq.child.%'
+                                       AND k.result = to_jsonb(c.run_id)))
               LEFT JOIN LATERAL (
                   SELECT {RUN_STATUS} AS status, {FINISHED} AS finished
                     FROM {S}.steps j WHERE j.run_id = c.run_id HAVING count(*) > 0) s ON true""")

@@ -52,20 +52,6 @@ class FamilyLink:
 
 
 @dataclass(frozen=True)
-class WaitedChild:
-    """A job and one child run linked to it (the step that waits for it): the job's status
-    and whether it is due; the child's run id, status derived from its rows and whether they
-    have all finished (all None for a job waiting on no child; status None: rows gone)."""
-
-    job_id: int
-    job_status: Status
-    due: bool
-    run_id: int | None
-    status: Status | None
-    finished: bool | None
-
-
-@dataclass(frozen=True)
 class RunCheckpoint:
     """One checkpoint a run's step recorded: its position in the attempt that recorded it,
     and its stored result (decoded JSON)."""
@@ -88,6 +74,20 @@ class _StoredResult:
     position: int
     result: str
     created_at: datetime
+
+
+@dataclass(frozen=True)
+class WaitedChild:
+    """A job and one child run linked to it (the step that waits for it): the job's status
+    and whether it is due; the child's run id, status derived from its rows and whether they
+    have all finished (all None for a job waiting on no child; status None: rows gone)."""
+
+    job_id: int
+    job_status: Status
+    due: bool
+    run_id: int | None
+    status: Status | None
+    finished: bool | None
 
 
 @dataclass(frozen=True)
@@ -167,6 +167,17 @@ class DurableVerbs(Verbs):
         levels, in run id order."""
         rows = self.run(self.q.select_descendants, {"run_id": run_id, "max_depth": max_depth})
         return [int(i) for i in column(rows, "run_id")]
+
+    def copy_checkpoints(self, source_run_id: int, run_id: int, step: str,
+                         names: Sequence[str]) -> list[str]:
+        """Record the checkpoints `names` of run `source_run_id`'s step `step` (outside a
+        map) for run `run_id` too, as they are (a fork reusing them); the names copied."""
+        if not names:
+            return []
+        rows = self.run(self.q.copy_checkpoints, {
+            "source_run_id": source_run_id, "run_id": run_id, "step": step,
+            "names": list(names)})
+        return [str(n) for n in column(rows, "name")]
 
     def waited_children(self, job_ids: Sequence[int]) -> list[WaitedChild]:
         """For each of `job_ids` still in `flowq.jobs`, the child runs linked to it, one row

@@ -11,7 +11,8 @@ The fixtures live in tests/conftest.py (`db_url`, `engine`, `ledger`, `Session`,
   run id) enqueue in a transaction of their own, committed on return; `run_async(db_url,
   fn)` runs `fn` on an AsyncEngine; `max_overlap(rows)`: how many ran at once.
 - `cli(*args, env=)`: `flowq ARGS` in-process, no database URL taken from the environment
-  (`NO_ENV`); `dashboard_client(engine)`: the dashboard app in a TestClient; `free_port()`.
+  (`NO_ENV`), and `assert_user_error(result, *fragments)`: it failed with one sentence;
+  `dashboard_client(engine)`: the dashboard app in a TestClient; `free_port()`.
 - `WorkerProcess` (what `spawn_worker` returns), `spawn_ready` (start workers and wait until
   each listens), `stop_workers` (SIGTERM, exit 0, no crash line in the log), `end_workers`
   (a fixture's teardown: kill what still runs, print the logs).
@@ -43,7 +44,8 @@ if TYPE_CHECKING:
     from starlette.testclient import TestClient
 
 __all__ = ["APPS_DIR", "CRASH_LINES", "NO_ENV", "Row", "Spawn", "WorkerProcess",
-           "assert_no_crash_lines", "backends", "cli", "dashboard_client", "end_workers",
+           "assert_no_crash_lines", "assert_user_error", "backends", "cli", "dashboard_client",
+           "end_workers",
            "enqueue", "enqueue_id", "free_port", "held_by", "max_overlap", "rows", "run_async",
            "scalar", "spawn_ready",
            "stop_workers", "terminate"]
@@ -54,8 +56,10 @@ __all__ = ["APPS_DIR", "CRASH_LINES", "NO_ENV", "Row", "Spawn", "WorkerProcess",
 APPS_DIR: Final = Path(__file__).parent / "apps"
 # Log lines that only a flowq bug writes (a part of the worker crashed and carried on).
 CRASH_LINES: Final = ("crashed", "could not start a claimed job")
-# The environment of an in-process `flowq` command: no database URL but the one it is given.
-NO_ENV: Final[dict[str, str | None]] = {"FLOWQ_DATABASE_URL": None, "DATABASE_URL": None}
+# The environment of an in-process `flowq` command: no database URL nor app but the ones it
+# is given.
+NO_ENV: Final[dict[str, str | None]] = {"FLOWQ_DATABASE_URL": None, "DATABASE_URL": None,
+                                        "FLOWQ_APP": None}
 
 Row = sa.Row[Any]
 T = TypeVar("T")
@@ -126,6 +130,20 @@ def cli(*args: str, env: dict[str, str | None] | None = None) -> Result:
     from flowq.cli import main
 
     return CliRunner().invoke(main, list(args), env={**NO_ENV, **(env or {})})
+
+
+def assert_user_error(result: Result, *fragments: str) -> str:
+    """A `cli` result that is a user error: exit code 2, no traceback, one line of
+    `Error: <sentence>` on stderr holding each of `fragments`; that line."""
+    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
+    assert not isinstance(result.exception, Exception) or isinstance(result.exception,
+                                                                     SystemExit)
+    text = result.stderr.strip()
+    assert "Traceback" not in result.output
+    assert text.startswith("Error: ") and "\n" not in text, text
+    for fragment in fragments:
+        assert fragment in text, text
+    return text
 
 
 def dashboard_client(engine: sa.Engine, **kwargs: Any) -> TestClient:

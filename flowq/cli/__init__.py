@@ -1,10 +1,10 @@
-"""The `flowq` command: migrate, worker, reap, prune, runs, queues, schedules, demo, bench,
-status, doctor, deploy-check, dashboard.
+"""The `flowq` command: migrate, worker, reap, prune, runs, signal, queues, schedules, demo,
+bench, status, doctor, deploy-check, dashboard.
 
 One module per group of commands: `migrate`, `worker`, `maintenance` (reap, prune), `runs`,
-`queues`, `schedules`, `status`, `doctor`, `deploy`, `dashboard`, `demo`, and `bench` (which runs the
-separate flowq-bench distribution, or says how to get it), each importing `common` (options,
-helpers) and `group` (the error handler). Imports go one way: this package names the
+`signals` (signal), `queues`, `schedules`, `status`, `doctor`, `deploy`, `dashboard`, `demo`,
+and `bench` (which runs the separate flowq-bench distribution, or says how to get it), each
+importing `common` (options, helpers) and `group` (the error handler). Imports go one way: this package names the
 command modules and assembles `main` (the `flowq` entry point and `python -m flowq`); nothing
 imports it back.
 
@@ -12,6 +12,10 @@ imports it back.
 command's module only when that command runs or shows its own help, so `flowq --version` and
 `flowq --help` import neither SQLAlchemy nor psycopg (tests/unit/test_cli_startup.py checks both,
 and that each line of help here is the command's own).
+
+Every command that uses an app names it the same way (`flowq.cli.common.app_parameters`):
+`MODULE:APP` after the command where it takes no other argument, `--app MODULE:APP` on every
+one, else FLOWQ_APP; `worker` and `deploy-check` need one, the others use it when given.
 
 Every command takes `--database-url` (else FLOWQ_DATABASE_URL, else DATABASE_URL), except
 `demo` and `bench`, which use only the option, else an embedded server. Errors a user can fix
@@ -58,6 +62,8 @@ COMMANDS: Final[dict[str, tuple[str, str]]] = {
              "Inspect and control runs (a run is a task's or pipeline's chain of steps)."),
     "schedules": ("flowq.cli.schedules:schedules",
                   "List periodic schedules: spec, time zone, next tick, last run."),
+    "signal": ("flowq.cli.signals:signal_command",
+               "Send signal NAME to run RUN_ID: the step waiting for it runs with --payload."),
     "status": ("flowq.cli.status:status_command",
                "Show queues, live workers, dead jobs by task and due jobs no worker serves."),
     "worker": ("flowq.cli.worker:worker",

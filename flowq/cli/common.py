@@ -2,6 +2,9 @@
 
 - `url_option`, `schema_option`: `--database-url` (default: FLOWQ_DATABASE_URL, then
   DATABASE_URL, via `require_url`) and `--schema` (default "flowq").
+- `app_parameters`: the one way every command that uses an app names it: `MODULE:APP` after
+  the command (where a command has no other argument), `--app MODULE:APP` on every such
+  command, else the environment variable FLOWQ_APP. The command receives `app_spec`.
 - `load_app("module:attr")`, `open_engine(url, schema)`.
 - `table`, `age_cell`, `limits_cell`: tables for people (every command also has --json).
 - `Phase`: the one line on stderr that says what a long command is doing.
@@ -16,10 +19,12 @@ command's `--help` starts at once (tests/unit/test_cli_startup.py).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 import click
 
@@ -31,8 +36,13 @@ if TYPE_CHECKING:
 
     from flowq.define.app import FlowQ
 
-__all__ = ["Phase", "age_cell", "limits_cell", "load_app", "open_engine", "require_url",
-           "schema_option", "table", "url_option"]
+__all__ = ["APP_ENV", "Phase", "age_cell", "app_parameters", "limits_cell", "load_app",
+           "open_engine", "require_url", "resolve_app", "schema_option", "table", "url_option"]
+
+# The environment variable that names the app when the command line does not.
+APP_ENV: Final = "FLOWQ_APP"
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 url_option = click.option(
     "--database-url", "database_url", metavar="URL", default=None,
@@ -64,6 +74,48 @@ def open_engine(database_url: str | None, schema: str) -> sa.Engine:
         engine.dispose()
         raise
     return engine
+
+
+def resolve_app(positional: str | None, option: str | None, *, required: bool,
+                command: str) -> str | None:
+    """The app a command names: its `MODULE:APP` argument or `--app` (the same one if both),
+    else FLOWQ_APP; None if none and not `required`, else one sentence naming each way."""
+    if positional is not None and option is not None and positional != option:
+        raise ConfigurationError(f"the app is named twice, as {positional!r} and as --app "
+                                 f"{option!r}: name it once")
+    spec = positional or option or os.environ.get(APP_ENV) or None
+    if spec is None and required:
+        raise ConfigurationError(f"no app given: name it as `flowq {command} MODULE:APP` (e.g. "
+                                 f"myapp.jobs:app), with --app MODULE:APP, or in {APP_ENV}")
+    return spec
+
+
+def app_parameters(purpose: str, *, positional: bool = True,
+                   required: bool = False) -> Callable[[F], F]:
+    """Add the app's parameters to a command: `[MODULE:APP]` (when `positional`) and `--app
+    MODULE:APP`, resolved by `resolve_app` into the keyword `app_spec` the command receives.
+
+    One decorator for every command, so that each names the app the same three ways and says
+    so in the same words; `purpose` opens the `--app` help (what the command does with it)."""
+
+    def decorate(fn: F) -> F:
+        @functools.wraps(fn)  # keeps the params the decorators below it declared
+        def command(*args: Any, app_argument: str | None = None,
+                    app_option: str | None = None, **kwargs: Any) -> Any:
+            name = click.get_current_context().info_name or "COMMAND"
+            return fn(*args, app_spec=resolve_app(app_argument, app_option, required=required,
+                                                  command=name), **kwargs)
+
+        wrapped = click.option(
+            "--app", "app_option", metavar="MODULE:APP", default=None,
+            help=f"{purpose}: MODULE:APP, e.g. myapp.jobs:app (MODULE alone: its only FlowQ "
+                 f"app) [env {APP_ENV}].")(command)
+        if positional:
+            wrapped = click.argument("app_argument", metavar="[MODULE:APP]",
+                                     required=False)(wrapped)
+        return cast(F, wrapped)
+
+    return decorate
 
 
 def load_app(spec: str) -> FlowQ:

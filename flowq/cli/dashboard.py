@@ -3,7 +3,8 @@
 The socket is bound here, before anything starts, so a port in use is one sentence and no
 half-started server. Binds 127.0.0.1 unless told otherwise. `--allow-actions` needs a login:
 `--token` (else one is drawn and printed in a login URL) or `--basic-auth USER:PASSWORD`;
-both may also come from the environment, so they stay out of `ps`.
+both may also come from the environment, so they stay out of `ps`. The app, optional, is
+named as for every command: `MODULE:APP`, `--app MODULE:APP`, or FLOWQ_APP.
 """
 
 from __future__ import annotations
@@ -14,7 +15,13 @@ import socket
 
 import click
 
-from flowq.cli.common import load_app, open_engine, schema_option, url_option
+from flowq.cli.common import (
+    app_parameters,
+    load_app,
+    open_engine,
+    schema_option,
+    url_option,
+)
 from flowq.cli.group import UserError
 from flowq.errors import ConfigurationError
 
@@ -44,6 +51,8 @@ def _loopback(host: str) -> bool:
 
 
 @click.command("dashboard")
+@app_parameters("An app to import, so that run pages show each step's parents and the "
+                "leaves' result (optional: the pages work from the database alone)")
 @url_option
 @schema_option
 @click.option("--host", default="127.0.0.1", show_default=True,
@@ -58,9 +67,6 @@ def _loopback(host: str) -> bool:
                    "[env FLOWQ_DASHBOARD_TOKEN].")
 @click.option("--basic-auth", envvar="FLOWQ_DASHBOARD_BASIC_AUTH", default=None,
               metavar="USER:PASSWORD", help="Require basic auth [env FLOWQ_DASHBOARD_BASIC_AUTH].")
-@click.option("--app", "app_spec", default=None, metavar="MODULE:APP",
-              help="Import this app so run pages show each step's parents and the leaves' "
-                   "result (optional: the pages work from the database alone).")
 def dashboard(database_url: str | None, schema: str, host: str, port: int, allow_actions: bool,
               token: str | None, basic_auth: str | None, app_spec: str | None) -> None:
     """Serve the web dashboard: queues, workers, runs, dead letters (read-only by default)."""

@@ -3,6 +3,7 @@
 Runs `flowq.ops.deploy.check_deploy` with the app's definitions (every version of every
 pipeline) against `--database-url`: per pipeline, compatible, or which runs (how many, the
 oldest, an example run id) it could not continue and why, and what the live workers serve.
+The app is named as for every command: `MODULE:APP`, `--app MODULE:APP`, or FLOWQ_APP.
 `--json` prints the report (stable keys). Exit code 0 when every run in flight can
 continue, 1 when some cannot (for CI, before the deploy); a usage or database error is the
 usual one-sentence error (exit code 2).
@@ -14,13 +15,13 @@ import json
 
 import click
 
-from flowq.cli.common import load_app, open_engine, url_option
+from flowq.cli.common import app_parameters, load_app, open_engine, url_option
 
 __all__ = ["deploy_check"]
 
 
 @click.command("deploy-check")
-@click.argument("app_spec", metavar="MODULE:APP")
+@app_parameters("The app whose code to check", required=True)
 @url_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (stable keys).")
 def deploy_check(app_spec: str, database_url: str | None, as_json: bool) -> None:

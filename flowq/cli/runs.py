@@ -19,7 +19,15 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 import click
 
-from flowq.cli.common import Phase, load_app, open_engine, schema_option, table, url_option
+from flowq.cli.common import (
+    Phase,
+    app_parameters,
+    load_app,
+    open_engine,
+    schema_option,
+    table,
+    url_option,
+)
 from flowq.cli.group import UserError
 from flowq.cli.runtext import describe, when_text
 from flowq.errors import InvalidArgumentsError
@@ -147,9 +155,9 @@ def _no_match_hint(known: KnownNames | None, task: str | None, queue: str | None
 @click.argument("run_id", type=int)
 @url_option
 @schema_option
-@click.option("--app", "app_spec", default=None, metavar="MODULE:APP",
-              help="Your app (as for `flowq worker`): shows each step's parents and the run's "
-                   "result from its leaves.")
+@app_parameters("An app to import, so that the run shows each step's parents and its "
+                "result from its leaves",
+                positional=False)
 @json_option
 def show_command(run_id: int, database_url: str | None, schema: str, app_spec: str | None,
                  as_json: bool) -> None:
@@ -290,8 +298,7 @@ def _fork_text(plan: ForkPlan) -> str:
               help="Run checkpoint NAME and those after it again; reuse the ones before it.")
 @click.option("--dry-run", is_flag=True,
               help="List what the fork would run again and reuse; change nothing.")
-@click.option("--app", "app_spec", required=True, metavar="MODULE:APP",
-              help="Your app (as for `flowq worker`): the new run runs today's code.")
+@app_parameters("The app whose code the new run runs", positional=False, required=True)
 @url_option
 @schema_option
 @json_option

@@ -1,10 +1,12 @@
-"""`flowq schedules --app MODULE:APP`: each periodic schedule with its spec, time zone, next
+"""`flowq schedules [MODULE:APP]`: each periodic schedule with its spec, time zone, next
 tick, and the last tick it enqueued with that run's id and status.
 
-The schedules are the app's (`@app.periodic`, see `flowq.schedules`) and whatever else the
+The app is named as for every command: `MODULE:APP`, `--app MODULE:APP`, or FLOWQ_APP. The
+schedules are the app's (`@app.periodic`, see `flowq.schedules`) and whatever else the
 database records in `flowq.schedules` (a schedule the app no longer defines is marked so).
-Without `--app` only the recorded ones are listed, without their next tick. Times are shown
-in each schedule's time zone (`--json`: ISO 8601 in UTC).
+Without an app only the recorded ones are listed, without their next tick, and nothing can
+say which of them the app defines (`--json`: `"defined": null`). Times are shown in each
+schedule's time zone (`--json`: ISO 8601 in UTC).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from flowq.cli.common import load_app, open_engine, url_option
+from flowq.cli.common import app_parameters, load_app, open_engine, table, url_option
 
 if TYPE_CHECKING:
     from flowq.ops.schedules import ScheduleInfo
@@ -38,8 +40,8 @@ def _last(s: ScheduleInfo) -> str:
 
 
 @click.command()
-@click.option("--app", "app_spec", metavar="MODULE:APP", default=None,
-              help="The app whose schedules to list (default: only what the database records).")
+@app_parameters("The app whose schedules to list (without one: only what the database "
+                "records)")
 @url_option
 @click.option("--schema", default=None,
               help="PostgreSQL schema holding flowq's tables (default: the app's, else flowq).")
@@ -57,17 +59,20 @@ def schedules(app_spec: str | None, database_url: str | None, schema: str | None
     finally:
         engine.dispose()
     if as_json:
-        click.echo(json.dumps({"schedules": [s.to_dict() for s in found]}, indent=2,
-                              sort_keys=True))
+        # Without the app, whether it defines a schedule is unknown: null, not false.
+        click.echo(json.dumps({"schedules": [
+            {**s.to_dict(), **({} if app is not None else {"defined": None})} for s in found]},
+            indent=2, sort_keys=True))
         return
     if not found:
         click.echo("no schedules." if app is not None else
                    "no schedules recorded (pass --app MODULE:APP to list an app's).")
         return
     headers = ["schedule", "task", "spec", "next tick", "last tick", "last run"]
-    rows = [[s.name + ("" if s.defined else " (not in app)"), s.task, s.spec,
+    rows = [[s.name + ("" if s.defined or app is None else " (not in app)"), s.task, s.spec,
              _when(s.next_tick, s.timezone), _when(s.last_tick, s.timezone), _last(s)]
             for s in found]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    for line in [headers, *rows]:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
+    click.echo(table(headers, rows))
+    if app is None:
+        click.echo("flowq: without the app, the next ticks and which schedules the app still "
+                   "defines are unknown: name it (`flowq schedules MODULE:APP`).", err=True)

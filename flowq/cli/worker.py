@@ -1,5 +1,8 @@
 """`flowq worker MODULE:APP`: run an app's jobs until SIGTERM/SIGINT.
 
+The app is named as for every command (`flowq.cli.common.app_parameters`): `MODULE:APP`,
+`--app MODULE:APP`, or FLOWQ_APP.
+
 Options and defaults are those of `flowq.worker.WorkerConfig` (`--concurrency 10`,
 `--processes 1`, `--poll-interval 5`, `--shutdown-grace 25`, `--stale-after 30`, ...), with
 `--database-url` (default: FLOWQ_DATABASE_URL, then DATABASE_URL). The app, the options and
@@ -23,7 +26,7 @@ from typing import TYPE_CHECKING, Final
 
 import click
 
-from flowq.cli.common import load_app, require_url, url_option
+from flowq.cli.common import app_parameters, load_app, require_url, url_option
 from flowq.cli.group import UserError
 from flowq.errors import InvalidQueueError
 from flowq.names import validate_queue
@@ -72,7 +75,7 @@ def _warn_unused_queues(app: FlowQ, queues: list[str] | None) -> None:
 
 
 @click.command()
-@click.argument("app_spec", metavar="MODULE:APP")
+@app_parameters("The app whose jobs to run", required=True)
 @url_option
 @click.option("--queues", default=None, help="Comma-separated queues (default: all the app's).")
 @click.option("--concurrency", "-c", default=10, show_default=True, type=click.IntRange(1, 1000),

@@ -12,24 +12,10 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from click.testing import Result
-from support import APPS_DIR, NO_ENV
+from support import APPS_DIR, NO_ENV, assert_user_error
 from support import cli as flowq
 
 from flowq.testing import job_rows
-
-
-def assert_user_error(result: Result, *fragments: str) -> str:
-    """Exit code 2, no traceback, one line of `Error: <sentence>` on stderr."""
-    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
-    assert not isinstance(result.exception, Exception) or isinstance(result.exception,
-                                                                     SystemExit)
-    text = result.stderr.strip()
-    assert "Traceback" not in result.output
-    assert text.startswith("Error: ") and "\n" not in text, text
-    for fragment in fragments:
-        assert fragment in text, text
-    return text
 
 
 @pytest.fixture
@@ -328,3 +314,47 @@ def test_migrate_says_whether_it_created_upgraded_or_found_the_schema_up_to_date
         engine.dispose()
     assert migrate("--schema", "mine") == (
         f"created flowq's tables in the existing schema 'mine' at revision {HEAD_REVISION}.")
+
+
+# -- naming the app: one way for every command -----------------------------------------------
+
+# Each command that uses an app: the app named after the command (where it takes no other
+# argument), with --app, or in FLOWQ_APP, is found the same way.
+APP_COMMANDS = {"worker": True, "deploy-check": True, "schedules": True, "dashboard": True,
+                "runs show 1": False, "signal 1 approved": False}
+APP_CASES = [(command, way) for command, positional in APP_COMMANDS.items()
+             for way in ("positional", "--app", "FLOWQ_APP") if positional or way != "positional"]
+
+
+@pytest.mark.parametrize(("command", "way"), APP_CASES, ids=[" ".join(c) for c in APP_CASES])
+def test_every_command_names_the_app_the_same_ways(app_module: str, db_url: str, command: str,
+                                                   way: str) -> None:
+    spec = f"{app_module}:ap"  # misspelt: the command says so once it has loaded the app
+    args = {"positional": [spec], "--app": ["--app", spec], "FLOWQ_APP": []}[way]
+    result = flowq(*command.split(), *args, "--database-url", db_url,
+                   env={"FLOWQ_APP": spec} if way == "FLOWQ_APP" else None)
+    assert_user_error(result, f"'{spec}' is not a flowq.FlowQ app", "did you mean 'app'?")
+
+
+def test_the_app_named_each_way_is_used(app_module: str, db_url: str) -> None:
+    for args, env in [([f"{app_module}:app"], None), (["--app", f"{app_module}:app"], None),
+                      ([], {"FLOWQ_APP": f"{app_module}:app"})]:
+        listed = flowq("schedules", *args, "--database-url", db_url, env=env)
+        assert (listed.exit_code, listed.output) == (0, "no schedules.\n"), (args, env)
+        checked = flowq("deploy-check", *args, "--database-url", db_url, env=env)
+        assert checked.exit_code == 0 and "ok: the code can continue" in checked.output
+
+
+def test_a_command_that_needs_an_app_names_each_way_to_give_it(db_url: str) -> None:
+    for command in ("worker", "deploy-check"):
+        assert_user_error(flowq(command, "--database-url", db_url),
+                          f"no app given: name it as `flowq {command} MODULE:APP`",
+                          "--app MODULE:APP", "FLOWQ_APP")
+
+
+def test_an_app_named_twice_differently_is_refused(app_module: str, db_url: str) -> None:
+    assert_user_error(flowq("schedules", f"{app_module}:app", "--app", "other:app",
+                            "--database-url", db_url), "the app is named twice")
+    same = flowq("schedules", f"{app_module}:app", "--app", f"{app_module}:app",
+                 "--database-url", db_url)
+    assert same.exit_code == 0, same.output

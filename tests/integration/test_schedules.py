@@ -517,7 +517,12 @@ def test_flowq_schedules_lists_spec_next_tick_and_last_run(db_url: str,
     [known] = list_schedules(engine)
     assert (known.name, known.spec, known.next_tick, known.defined) == (
         "heartbeat", "every 1s", None, False)
-    assert "heartbeat (not in app)" in cli()
+    # ... and nothing says the app does not define it: without the app, no one can tell.
+    listed = cli()
+    assert "heartbeat" in listed and "not in app" not in listed
+    assert json.loads(cli("--json"))["schedules"][0]["defined"] is None
+    # The app named as for every command (MODULE:APP after it) is the app.
+    assert json.loads(cli("schedule_app:app", "--json"))["schedules"][0]["defined"] is True
     help_text = CliRunner().invoke(main, ["worker", "--help"]).output
     assert "--no-schedules" in help_text
 

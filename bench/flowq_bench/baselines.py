@@ -447,9 +447,13 @@ class RawLoops:
     def go(self) -> None:
         self._go.set()
 
-    def join(self, timeout: float = 3600.0) -> int:
-        """Wait for every loop to finish; the jobs they completed between them."""
+    def join(self, timeout: float = 3600.0,
+             finished: Callable[[], None] | None = None) -> int:
+        """Wait for every loop to finish; the jobs they completed between them. `finished`
+        is called once all have reported, before they are reaped (their CPU is readable)."""
         total = sum(int(self._results.get(timeout=timeout)) for _ in self.procs)
+        if finished is not None:
+            finished()
         for p in self.procs:
             p.join(timeout=10)
         return total

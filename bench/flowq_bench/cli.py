@@ -5,16 +5,20 @@ installed; the contract is docs/benchmarks.md's. Like `flowq demo`, it never rea
 FLOWQ_DATABASE_URL or DATABASE_URL: without `--database-url` it starts an embedded
 PostgreSQL, with it it creates and drops databases of its own on that server
 (`flowq_bench.harness`), and it drops or truncates nothing it did not create.
+With `--baseline PYTHON` and/or `--baseline-path DIR` it runs each scenario A B B A against
+that other flowq instead (`flowq_bench.versus`), forwarding the options given here.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
 from flowq_bench import DEFAULT_SCENARIOS, SCENARIOS, Options, run_bench
 from flowq_bench.options import BOUNDS, bounded
@@ -22,6 +26,9 @@ from flowq_bench.options import BOUNDS, bounded
 __all__ = ["bench"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+# Options `--baseline` does not forward as given: it sets them per invocation itself.
+_NOT_FORWARDED = frozenset({"database_url", "scenarios", "repeat", "json_out", "json_file",
+                            "baseline", "baseline_path"})
 
 
 class Bounded(click.ParamType[float]):
@@ -99,15 +106,30 @@ def _number(option: str, dest: str, help: str, default: str) -> Callable[[_F], _
          "sleep: how long each run's ctx.sleep (and each reference job's delay) lasts",
          "1; --quick: 0.5")
 @click.option("--quick", is_flag=True, help="Tiny sizes and one run: checks it works.")
+@click.option("--baseline", "baseline", metavar="PYTHON", default=None,
+              type=click.Path(exists=True, dir_okay=False),
+              help="Compare with the flowq another interpreter runs (another release, a "
+              "branch): each scenario runs A B B A on the same server (A: that flowq, "
+              "B: this one, each `python -m flowq bench` with the options given here that "
+              "its bench knows), and every figure is printed with both medians, the ratio "
+              "B/A and this side's raw references; a scenario or figure the baseline "
+              "cannot measure is n/a. --repeat R: ceil(R/2) runs per invocation.")
+@click.option("--baseline-path", "baseline_path", metavar="DIR", default=None,
+              type=click.Path(exists=True, file_okay=False),
+              help="The baseline's flowq checkout: DIR and DIR/bench go on its PYTHONPATH "
+              "(e.g. a `git worktree add DIR v0.1.0`); without --baseline this interpreter "
+              "runs it.")
 @click.option("--json", "json_out", is_flag=True, help="Print JSON instead of the table.")
 @click.option("--json-file", type=click.Path(dir_okay=False), default=None,
               help="Also write the JSON to this file.")
-def bench(database_url: str | None, scenarios: tuple[str, ...], n_jobs: int | None,
+@click.pass_context
+def bench(ctx: click.Context, database_url: str | None, scenarios: tuple[str, ...], n_jobs: int | None,
           processes: int | None, concurrency: int | None, drain_c: str | None,
           retained: int | None, index_rows: int | None, repeat: int | None, duration: float | None,
           pressure_phase: float | None, pressure_rate: float | None,
           pressure_rows: int | None, overload_phase: float | None,
           sleep_seconds: float | None, quick: bool,
+          baseline: str | None, baseline_path: str | None,
           json_out: bool, json_file: str | None) -> None:
     """Benchmark flowq against raw-SQL references on --database-url or an embedded server.
 
@@ -144,9 +166,15 @@ def bench(database_url: str | None, scenarios: tuple[str, ...], n_jobs: int | No
             raise click.BadParameter("a comma-separated list of concurrencies (1-1000), "
                                      f"e.g. 16,128; got {drain_c!r}", param_hint="--drain-c")
         options.set_drain_concurrency(cs)
-    table, doc = run_bench(database_url, scenarios or DEFAULT_SCENARIOS, options,
-                           progress=lambda m: click.echo(m, err=True, nl=False),
-                           tty=sys.stderr.isatty())
+    def say(text: str) -> None:
+        click.echo(text, err=True, nl=False)
+
+    if baseline is not None or baseline_path is not None:
+        table, doc = _versus(ctx, database_url, scenarios or DEFAULT_SCENARIOS,
+                             options.repeat, (baseline, baseline_path), say)
+    else:
+        table, doc = run_bench(database_url, scenarios or DEFAULT_SCENARIOS, options,
+                               progress=say, tty=sys.stderr.isatty())
     if json_file:
         with open(json_file, "w") as f:
             json.dump(doc, f, indent=2)
@@ -154,3 +182,35 @@ def bench(database_url: str | None, scenarios: tuple[str, ...], n_jobs: int | No
     if any(row.get("extra", {}).get("not_served")
            for row in doc.get("scenarios", {}).get("indexes", [])):
         sys.exit(1)  # a statement the indexes scenario found not index-served: the table says
+
+
+def _given(ctx: click.Context) -> list[str]:
+    """The options typed on the command line, as long options with their values, but those
+    `--baseline` sets itself (`_NOT_FORWARDED`)."""
+    argv: list[str] = []
+    for param in ctx.command.params:
+        name = param.name or ""
+        if (name in _NOT_FORWARDED or not isinstance(param, click.Option)
+                or ctx.get_parameter_source(name) is not ParameterSource.COMMANDLINE):
+            continue
+        flag = next(o for o in param.opts if o.startswith("--"))
+        value = ctx.params[name]
+        if param.is_flag:
+            argv += [flag] if value else []
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def _versus(ctx: click.Context, url: str | None, names: Sequence[str], repeat: int,
+            baseline: tuple[str | None, str | None], say: Callable[[str], None]
+            ) -> tuple[str, dict[str, Any]]:
+    from flowq_bench.versus import BaselineError, run_versus
+
+    if baseline[0] is not None and not os.access(baseline[0], os.X_OK):
+        raise click.BadParameter(f"{baseline[0]} is not executable: give the path of a Python "
+                                 "interpreter.", param_hint="--baseline")
+    try:
+        return run_versus(url, names, _given(ctx), repeat, baseline, say)
+    except BaselineError as exc:
+        raise click.UsageError(str(exc)) from None

@@ -13,6 +13,10 @@ the server is counted too), and the updates of the drained table and how many we
 made them are gone; for flowq, once per worker group, over all its repeats). Such
 a drain starts with a CHECKPOINT before its rows are written (skipped where the role may not
 run one), so that no full-page images fall into the window unless a checkpoint does.
+They also measure the CPU each drained row cost (`flowq_bench.cpu`): the client's (the
+`flowq worker` processes, or the raw loop processes), from before the enqueue (idle until it
+commits) to the drain's end, and the local server's (every PostgreSQL process), from t0 to
+the drain's end; None for a server not on this machine.
 `minimal_drains` drains `baselines.MINIMAL_TABLE`, a minimal jobs table of its own, created
 and dropped in the scenario's fresh database.
 """
@@ -30,6 +34,7 @@ from sqlalchemy.orm import sessionmaker
 import flowq
 from flowq_bench import baselines
 from flowq_bench.app import app as bench_app
+from flowq_bench.cpu import ServerCpu, Window
 from flowq_bench.harness import WorkerGroup, conninfo, own_database, reset, reset_table, wait_for
 from flowq_bench.progress import repeats
 from flowq_bench.tables import JOBS, STEPS
@@ -145,10 +150,17 @@ class DrainCost:
     wal_per_row: float       # WAL bytes written in the window, per row
     updates_per_row: float   # updates of the drained table (pg_stat_user_tables), per row
     hot_pct: float           # of those, the HOT ones (no index entry written), in %
+    client_us: float | None = None  # CPU of the client processes, µs per row
+    server_us: float | None = None  # CPU of the server's processes, µs per row (None: remote)
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> dict[str, float | None]:
         return {"rate": self.rate, "wal_bytes_per_row": self.wal_per_row,
-                "updates_per_row": self.updates_per_row, "hot_pct": self.hot_pct}
+                "updates_per_row": self.updates_per_row, "hot_pct": self.hot_pct,
+                "client_cpu_us_per_row": self.client_us,
+                "server_cpu_us_per_row": self.server_us}
+
+    def set_cpu(self, window: Window, rows: int) -> None:
+        self.client_us, self.server_us = window.per_job_us(rows)
 
 
 def _mark(engine: sa.Engine) -> tuple[float, float]:
@@ -222,15 +234,27 @@ def flowq_drains(url: str, engine: sa.Engine, task: str, runs: int, rows_per_run
     out: list[DrainCost] = []
     n = runs * rows_per_run
     before = _updates(engine, JOBS_TABLE)
+    server = ServerCpu.find(engine)
     with WorkerGroup(url, processes=processes, concurrency=concurrency) as workers:
         workers.wait_ready(engine)
         for _ in repeats(repeat, f"flowq {task} P={processes} C={concurrency}"):
             reset(engine)
+            cpu = Window(server)
             with _wal(engine, n, out) as start:
+                cpu.start_client(workers.group_pids())
+
+                def begin(_: sa.Engine, cpu: Window = cpu,
+                          start: Callable[[], float] = start) -> float:
+                    cpu.start_server()
+                    return start()
+
                 # t0 and the WAL position right after the commit the workers wake at.
-                t0 = enqueue_runs(engine, task, runs, clock=lambda _: start())
+                t0 = enqueue_runs(engine, task, runs, clock=begin)
                 elapsed = wait_drained(engine, n, t0)
+                cpu.stop_client()
+                cpu.stop_server()
             out[-1].rate = n / elapsed
+            out[-1].set_cpu(cpu, n)
             if check is not None:
                 check(engine)
     _set_updates(out, n * repeat, before, _updates(engine, JOBS_TABLE, FLOWQ_APPS))
@@ -258,21 +282,34 @@ def raw_drains(url: str, engine: sa.Engine, kind: str, task: str, runs: int, row
     """Rate and cost of each repeat, through P raw psycopg loops of `kind` on flowq.jobs."""
     out: list[DrainCost] = []
     n = runs * rows_per_run
+    server = ServerCpu.find(engine)
     for _ in repeats(repeat, f"raw {kind} {task} P={processes}"):
         reset(engine)
         before = _updates(engine, JOBS_TABLE)
+        cpu = Window(server)
         with _wal(engine, n, out) as start:
             enqueue_runs(engine, task, runs)
             with baselines.run_loops(kind, conninfo(url), processes) as loops:
-                t0 = start()
-                loops.go()
-                loops.join()
+                t0 = _go(loops, start, cpu)
             elapsed = wait_drained(engine, n, t0)
+            cpu.stop_server()
         out[-1].rate = n / elapsed
+        out[-1].set_cpu(cpu, n)
         _set_updates(out[-1:], n, before, _updates(engine, JOBS_TABLE, RAW_APPS))
         if check is not None:
             check(engine)
     return out
+
+
+def _go(loops: baselines.RawLoops, start: Callable[[], float], cpu: Window) -> float:
+    """Release the connected raw loops and wait for them; t0 (from `start()`). Their CPU is
+    read around it, the client's before they are reaped."""
+    cpu.start_client(p.pid for p in loops.procs if p.pid is not None)
+    t0 = start()
+    cpu.start_server()
+    loops.go()
+    loops.join(finished=cpu.stop_client)
+    return t0
 
 
 def raw_drain(url: str, engine: sa.Engine, kind: str, task: str, runs: int, rows_per_run: int,
@@ -323,19 +360,21 @@ def minimal_drains(url: str, engine: sa.Engine, n: int, processes: int, repeat: 
         for ddl in baselines.MINIMAL_DDL:
             c.execute(sa.text(ddl))
     out: list[DrainCost] = []
+    server = ServerCpu.find(engine)
     try:
         for _ in repeats(repeat, f"raw minimal table P={processes}"):
             reset_table(engine, baselines.MINIMAL_TABLE)
             before = _updates(engine, baselines.MINIMAL_TABLE)
+            cpu = Window(server)
             with _wal(engine, n, out) as start:
                 with engine.begin() as c:
                     c.execute(_MINIMAL_FILL, {"n": n})
                 with baselines.run_loops(kind, conninfo(url), processes) as loops:
-                    t0 = start()
-                    loops.go()
-                    loops.join()
+                    t0 = _go(loops, start, cpu)
                 elapsed = wait_drained(engine, n, t0, baselines.MINIMAL_TABLE)
+                cpu.stop_server()
             out[-1].rate = n / elapsed
+            out[-1].set_cpu(cpu, n)
             _set_updates(out[-1:], n, before,
                          _updates(engine, baselines.MINIMAL_TABLE, RAW_APPS))
     finally:

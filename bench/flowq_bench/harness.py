@@ -258,6 +258,11 @@ class WorkerGroup:
 
         _wait_listening(engine, self.processes, alive)
 
+    def group_pids(self) -> list[int]:
+        """The process started (the supervisor when P > 1): `cpu.tree_cpu` adds its
+        descendants, so the group's CPU is all of it, supervisor included."""
+        return [] if self.proc is None else [self.proc.pid]
+
     def pids(self) -> list[int]:
         """The worker processes (the supervisor's children when P > 1)."""
         if self.proc is None:

@@ -4,11 +4,12 @@ drain runs flowq at each of `Options.drain_cs` (C=16 and C=128 unless -c is give
 the same references, measured once: raw 1/tx and raw batched-100 on flowq.jobs, and raw
 batched-100 on a minimal table of its own (`baselines.MINIMAL_DDL`). Each of those drains
 also reports its WAL bytes per job (a row of its own) and its updates per job and HOT share
-(the WAL row's note; every value in the first row's `extra.costs` in the JSON).
+(the WAL row's note; every value in the first row's `extra.costs` in the JSON), and its CPU
+per job, client and server (`cpu.cpu_rows`).
 
 drain-session runs at `Options.session_c` (8 unless -c is given), not the drain's 128: each
 running handler holds a ctx.session connection and commits its own transaction (see
-`Options.session_concurrency`).
+`Options.session_concurrency`). It reports CPU per job too.
 
 Each takes the `Server` and the `Options` and returns `Row`s; each runs in a database of its
 own. flowq's figures come from real `flowq worker` processes (`WorkerGroup`), the references
@@ -26,6 +27,7 @@ import sqlalchemy as sa
 
 from flowq_bench import baselines
 from flowq_bench.app import app as bench_app
+from flowq_bench.cpu import cpu_rows
 from flowq_bench.drains import (
     CALIBRATE_ROUNDS,
     DrainCost,
@@ -111,6 +113,8 @@ def drain(server: Server, o: Options) -> list[Row]:
                             "job tables' included, from t0 to the drain's end, after a "
                             "CHECKPOINT)"
                             if i == 0 else "")))
+    for i, (c, v) in enumerate(ours.items()):
+        rows += cpu_rows("drain", f"P={p} C={c}", v, refs, note=i == 0)
     return rows
 
 
@@ -118,16 +122,19 @@ def drain_session(server: Server, o: Options) -> list[Row]:
     with server.fresh_database() as url:
         engine = engine_for(url)
         try:
-            ours = flowq_drain(url, engine, "ledger", o.jobs, 1, o.processes, o.session_c,
-                               o.repeat)
-            one = raw_drain(url, engine, "one_per_tx_ledger", "ledger", o.jobs, 1,
-                            o.processes, o.repeat)
+            ours = flowq_drains(url, engine, "ledger", o.jobs, 1, o.processes, o.session_c,
+                                o.repeat)
+            one = raw_drains(url, engine, "one_per_tx_ledger", "ledger", o.jobs, 1,
+                             o.processes, o.repeat)
         finally:
             engine.dispose()
     pc = f"P={o.processes} C={o.session_c}"
-    return [Row("drain-session", Figure(f"ctx.session jobs/s ({pc})", "jobs/s", ours),
-                [Figure(f"raw 1/tx + row P={o.processes}", "jobs/s", one)],
-                note="target: >= 1x raw 1/tx + row (one commit per job either way)")]
+    ref = f"raw 1/tx + row P={o.processes}"
+    return [Row("drain-session", Figure(f"ctx.session jobs/s ({pc})", "jobs/s",
+                                        [d.rate for d in ours]),
+                [Figure(ref, "jobs/s", [d.rate for d in one])],
+                note="target: >= 1x raw 1/tx + row (one commit per job either way)"),
+            *cpu_rows("drain-session", pc, ours, {ref: one})]
 
 
 def checkpoint(server: Server, o: Options) -> list[Row]:

@@ -85,7 +85,8 @@ def test_quick_bench_reports_every_scenario_beside_a_reference(quick_run: QuickR
             assert row["references"], row
             for ref in row["references"]:
                 assert ref["values"] and all(math.isfinite(v) for v in ref["values"]), row
-                assert math.isfinite(ref["ratio"]), row
+                # CPU is counted in clock ticks: a tiny reference drain may take none.
+                assert math.isfinite(ref["ratio"]) or ref["unit"] == "µs/job", row
 
 
 def _selected(args: Sequence[str], monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -205,7 +206,7 @@ def test_drain_reports_two_concurrencies_a_minimal_table_and_wal(quick_run: Quic
     assert _figure(quick_run.table, "drain", "B/job") > 0
     doc = quick_run.doc
     assert doc["options"]["drain_cs"] == [4, 8]  # --quick's; the default is 16 and 128
-    rates_4, rates_8, wal_4, wal_8 = doc["scenarios"]["drain"]
+    rates_4, rates_8, wal_4, wal_8, *cpu = doc["scenarios"]["drain"]
     # The minimal-table reference is the fastest of its variants, each measured twice.
     fastest = rates_4["references"][2]["name"].split("(")[1].split(")")[0]
     assert fastest in MINIMAL_VARIANTS, rates_4["references"][2]
@@ -238,6 +239,31 @@ def test_drain_reports_two_concurrencies_a_minimal_table_and_wal(quick_run: Quic
     assert costs["raw batched-100 P=2"][0]["updates_per_row"] == 1
     assert costs["raw 1/tx P=2"][0]["updates_per_row"] == 0
     assert costs[minimal][0]["updates_per_row"] == 2
+    _check_cpu_rows(cpu, ["C=4", "C=8"], refs)
+
+
+def _check_cpu_rows(rows: list[dict[str, Any]], labels: list[str], refs: list[str]) -> None:
+    """CPU per job, client then server (when the server is on this machine) for each of
+    `labels`, each beside `refs`: µs per job, never negative, never a speed."""
+    server = any(r["flowq"]["name"].startswith("server CPU") for r in rows)
+    sides = ["client", "server"] if server else ["client"]
+    assert [r["flowq"]["name"].split(" CPU")[0] for r in rows] == sides * len(labels), rows
+    if not server:
+        assert "server CPU n/a" in rows[0]["note"], rows[0]
+    for row in rows:
+        assert row["flowq"]["unit"] == "µs/job" and not row["flowq"]["higher_is_better"], row
+        assert [r["name"] for r in row["references"]] == refs, row
+        for figure in (row["flowq"], *row["references"]):
+            assert figure["values"] and all(math.isfinite(v) and v >= 0
+                                            for v in figure["values"]), row
+
+
+def test_drain_session_reports_cpu_per_job(quick_run: QuickRun) -> None:
+    """The exactly-once drain prints its CPU per job beside the raw 1/tx loop's."""
+    rate, *cpu = quick_run.doc["scenarios"]["drain-session"]
+    assert rate["flowq"]["unit"] == "jobs/s"
+    _check_cpu_rows(cpu, ["P=2 C=8"], ["raw 1/tx + row P=2"])
+    assert "client CPU per job" in quick_run.table and "µs/job" in quick_run.table
 
 
 def test_pressure_reports_each_phase_beside_the_clean_one(quick_run: QuickRun) -> None:

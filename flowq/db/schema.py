@@ -166,8 +166,8 @@ jobs = sa.Table(
 # partitions instead of deleting rows. So `jobs` holds only live rows, its heap and indexes
 # stay the size of the backlog, and vacuum's work there is bounded by live jobs whatever is
 # retained. Only the indexes the readers of finished rows need: by id and retirement (the
-# primary key, which must hold the partition key), by run, by finish time (recent activity:
-# a BRIN), and dead rows by run. `steps` (a view) reads both tables.
+# primary key, which must hold the partition key), by run, by finish time (recent activity),
+# and dead rows by run. `steps` (a view) reads both tables.
 job_history = sa.Table(
     "job_history",
     metadata,
@@ -176,10 +176,7 @@ job_history = sa.Table(
     sa.Column("retired_at", sa.DateTime(timezone=True), primary_key=True,
               server_default=sa.func.now()),
     sa.Index("job_history_run_id_idx", "run_id"),
-    # A BRIN (revision 0020): rows retire in time order, so each block range's bounds are
-    # tight, and its readers read a window of recent rows anyway; a completion writes no
-    # entry to it (a B-tree entry was ~66 bytes of WAL per job).
-    sa.Index("job_history_finished_idx", "finished_at", postgresql_using="brin"),
+    sa.Index("job_history_finished_idx", "finished_at"),
     # Dead runs in run id order (a page of `runs list --status dead`, a bulk redrive), and
     # the dead counts and dead rows by task and queue, index-only (revision 0019; 0020
     # dropped the (task, queue) index it made redundant).

@@ -1,7 +1,6 @@
 """What a job costs the server in storage (revision 0020): the claim writes its new row
 version on the page of the old one (`jobs` is filled to half), and `job_history` carries only
-the indexes its readers need, the one on finish time a BRIN that a completion writes nothing
-to."""
+the indexes its readers need."""
 
 from __future__ import annotations
 
@@ -50,5 +49,5 @@ def test_the_history_keeps_only_the_indexes_its_readers_need(engine: sa.Engine) 
           JOIN pg_am a ON a.oid = c.relam
          WHERE i.indrelid = CAST('flowq.job_history' AS regclass)""")}
     assert found == {"job_history_pkey": "btree", "job_history_run_id_idx": "btree",
-                     "job_history_finished_idx": "brin",
+                     "job_history_finished_idx": "btree",
                      "job_history_dead_run_idx": "btree"}

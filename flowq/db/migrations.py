@@ -56,7 +56,7 @@ T = TypeVar("T")
 VERSION_TABLE = "alembic_version"
 # The revision this flowq needs (a test checks it is the migrations' head): a worker refuses
 # to start on a schema behind it, with one sentence instead of failing statements.
-HEAD_REVISION: Final = "0019"
+HEAD_REVISION: Final = "0020"
 # The advisory lock serialising migrations; env.py takes the same key (any constant would do,
 # as long as every flowq process uses it).
 MIGRATE_LOCK: Final = 0x666C6F77  # "flow"

@@ -166,8 +166,8 @@ jobs = sa.Table(
 # partitions instead of deleting rows. So `jobs` holds only live rows, its heap and indexes
 # stay the size of the backlog, and vacuum's work there is bounded by live jobs whatever is
 # retained. Only the indexes the readers of finished rows need: by id and retirement (the
-# primary key a partitioned table requires), by run, by finish time (recent activity), and
-# dead rows by task and queue and by run. `steps` (a view) reads both tables.
+# primary key, which must hold the partition key), by run, by finish time (recent activity),
+# and dead rows by run. `steps` (a view) reads both tables.
 job_history = sa.Table(
     "job_history",
     metadata,
@@ -177,10 +177,9 @@ job_history = sa.Table(
               server_default=sa.func.now()),
     sa.Index("job_history_run_id_idx", "run_id"),
     sa.Index("job_history_finished_idx", "finished_at"),
-    sa.Index("job_history_dead_idx", "task", "queue",
-             postgresql_where=sa.text("status = 'dead'")),
     # Dead runs in run id order (a page of `runs list --status dead`, a bulk redrive), and
-    # the dead counts, index-only (revision 0019).
+    # the dead counts and dead rows by task and queue, index-only (revision 0019; 0020
+    # dropped the (task, queue) index it made redundant).
     sa.Index("job_history_dead_run_idx", "run_id", postgresql_include=["task", "queue"],
              postgresql_where=sa.text("status = 'dead'")),
     postgresql_partition_by="RANGE (retired_at)",

@@ -54,13 +54,16 @@ TERMINAL_STATUSES: Final[tuple[Status, ...]] = ("succeeded", "dead", "cancelled"
 # `job_history_YYYYMMDD` (UTC), and the DEFAULT partition `job_history_default`.
 HISTORY_PARTITION: Final = "job_history_"
 
-# The per-table autovacuum settings migration 0006 gives `flowq.jobs` (reloptions, which the
-# autogenerate comparison does not see; `flowq doctor` checks them): suited to a queue table.
+# The storage parameters of `flowq.jobs` (reloptions, which the autogenerate comparison does
+# not see; `flowq doctor` checks them), suited to a queue table: revision 0006's autovacuum
+# settings, and revision 0020's fillfactor (pages filled to half, so a claim's new row version
+# lands on the page of the old one: a smaller WAL record, no second lock record).
 JOBS_STORAGE_PARAMETERS: Final[dict[str, str]] = {
     "autovacuum_vacuum_scale_factor": "0.01",
     "autovacuum_vacuum_insert_scale_factor": "0.01",
     "autovacuum_analyze_scale_factor": "0.02",
     "autovacuum_vacuum_cost_delay": "0",
+    "fillfactor": "50",
 }
 
 # What this release's workers understand, registered with each (`workers.capabilities`):

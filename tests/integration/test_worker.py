@@ -148,7 +148,7 @@ def test_committing_ctx_session_fails_the_attempt(app: flowq.FlowQ, ledger: sa.E
     run_until_idle(app, db_url)
     row = only_row(ledger)
     assert row.status == "dead"
-    assert row.last_error.startswith("FlowqError: ctx.session is committed by flowq")
+    assert row.last_error.startswith("ContextError: ctx.session is committed by flowq")
     assert "do not call commit()" in row.last_error
     assert ledger_rows(ledger) == []
 

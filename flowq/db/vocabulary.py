@@ -77,7 +77,7 @@ JOBS_STORAGE_PARAMETERS: Final[dict[str, str]] = {
 #   each job it holds).
 # - `HISTORY_CAPABILITY`: it reads finished rows from `job_history` too (revision 0018; an
 #   older worker reads `jobs` only: a join's mapped results, a child's end, a batch's runs),
-#   so rows move to history only while every registered worker has it (`fragments.succeed`,
+#   so rows move to history only while every registered worker has it (`completions.succeed`,
 #   the trigger `jobs_retire`, the mover); until then they end in `jobs` as before.
 JOIN_SHARDS_CAPABILITY: Final = "join_shards"
 PERMITS_CAPABILITY: Final = "permits"

@@ -247,7 +247,7 @@ def test_cancel_racing_a_completion_that_moves_a_row_still_locks_the_run(
         engine: sa.Engine, hist_app: flowq.FlowQ, monkeypatch: pytest.MonkeyPatch) -> None:
     """`flowq.ops.runs._lock` repeats `lock_run_jobs` until the set of locked ids stops
     changing. It started from an empty set; a completion DELETEs its row
-    (`fragments.succeed`), so a lock pass that waited for it finds the row gone (FOR UPDATE
+    (`completions.succeed`), so a lock pass that waited for it finds the row gone (FOR UPDATE
     skips a deleted row; before 0018 it followed the UPDATE to the new version and locked
     it), and its moved copy in history is newer than the pass's snapshot: the first pass
     returns no id, equal to the initial empty set, and the loop stops with NOTHING locked.

@@ -4,8 +4,9 @@ Each module holds the statements of one table (or of one concern on it) as a set
 `fragments.Statements`; `Queries` is all of them for one schema, and `queries(schema)` its
 one instance per process (each statement compiles once, on first use):
 
-- `claims`: the claim and every write after it (heartbeat, complete, retry, end, release,
-  reap), fenced on (id, lease); `jobs`: enqueue and the reads of job rows outside a claim;
+- `claims`: the claim and every write after it (heartbeat, retry, end, release, reap),
+  fenced on (id, lease); `completions`: a success's (complete, with what it spawns);
+  `jobs`: enqueue and the reads of job rows outside a claim;
 - `queues`, `permits`, `signals`, `workers`, `uniques`, `schedules`, `checkpoints`,
   `children`, `waiters` (`flowq.run_waiters`): the table of that name;
 - `runs`: the rows of one run (inspection, cancel, retry, filters, redrive); `deadlines`:
@@ -33,6 +34,7 @@ from flowq.db.sql.batches import BatchStatements
 from flowq.db.sql.checkpoints import CheckpointStatements
 from flowq.db.sql.children import ChildStatements
 from flowq.db.sql.claims import ClaimStatements
+from flowq.db.sql.completions import CompletionStatements
 from flowq.db.sql.dashboard import DashboardStatements
 from flowq.db.sql.deadlines import DeadlineStatements
 from flowq.db.sql.history import HistoryStatements
@@ -49,7 +51,7 @@ from flowq.db.sql.workers import WorkerStatements
 __all__ = ["Queries", "queries"]
 
 
-class Queries(ClaimStatements, JobStatements, QueueStatements, PermitStatements,
+class Queries(ClaimStatements, CompletionStatements, JobStatements, QueueStatements, PermitStatements,
               SignalStatements, WorkerStatements, RunStatements, UniqueStatements,
               ScheduleStatements, AdminStatements, DashboardStatements,
               CheckpointStatements, DeadlineStatements, BatchStatements, ChildStatements,

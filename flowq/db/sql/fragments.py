@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.sql.elements import TextClause
 
 from flowq.db.runstatus import run_status_sql
-from flowq.db.schema import HISTORY_CAPABILITY, JOB_COLUMNS, run_end_channel
+from flowq.db.schema import JOB_COLUMNS, run_end_channel
 from flowq.names import validate_schema_name
 
 __all__ = [
@@ -35,8 +35,6 @@ __all__ = [
     "DEADLINE",
     "DUE",
     "FENCE",
-    "FIND_RUN_BY_KEY",
-    "KEY_CLAIMED",
     "RUN_STATUS",
     "SPAWN",
     "SUCCESSOR",
@@ -48,10 +46,8 @@ __all__ = [
     "Statements",
     "bind_rows",
     "cancel",
-    "claim_key",
     "copy_rows",
     "fence",
-    "keyed_run",
     "log_attempt",
     "mark_keyed",
     "notify_ended",
@@ -60,8 +56,6 @@ __all__ = [
     "registered_without",
     "rows",
     "stale",
-    "start_run",
-    "succeed",
     "take",
     "wake",
 ]
@@ -358,84 +352,6 @@ def copy_rows(into: str, source: str, ends: dict[str, str]) -> str:
                 SELECT {items} FROM {source}"""
 
 
-def succeed(single: bool) -> str:
-    """Mark claims succeeded with their results (`c(id, lease, result)`, batch or single),
-    fenced; every completing statement starts with it: CTEs ending in `done`, the rows that
-    were still ours. A success is the common end, so it moves its row to `job_history`
-    itself (a DELETE and an INSERT: no new version of the row in `jobs`), where every other
-    end relies on the trigger `jobs_retire` (revision 0018). While a worker of an earlier
-    release is registered (`HISTORY_CAPABILITY`), the row is updated in place instead, as
-    before, and stays in `jobs` (the trigger leaves it there too)."""
-    claims = rows("c", (*CLAIM_KEY, ("result", "jsonb")), single=single)
-    ends = {"status": "'succeeded'", "result": "g.new_result", "finished_at": "now()",
-            "started_at": "g.locked_at", **UNLOCKED}
-    done = ("id, lease, run_id, priority, cancel_requested, trace_context, fingerprint, "
-            "step, map_index, deadline")
-    return f"""history AS (
-                SELECT NOT {registered_without(HISTORY_CAPABILITY)} AS moves
-            ), gone AS (
-                DELETE FROM {S}.jobs j
-                 USING {claims}
-                 WHERE {fence(single)} AND (SELECT moves FROM history)
-                RETURNING j.*, c.result AS new_result
-            ), retired AS ({copy_rows("job_history", "gone g", ends)}
-            ), kept_keys AS (
-                -- A run an earlier release enqueued has its key on its row only.
-                INSERT INTO {S}.run_keys (key, run_id)
-                SELECT idempotency_key, run_id FROM gone WHERE idempotency_key IS NOT NULL
-                ON CONFLICT (key) DO NOTHING
-            ), stayed AS (
-                UPDATE {S}.jobs j
-                   SET status = 'succeeded', result = c.result, finished_at = now(),
-                       started_at = j.locked_at, {UNLOCK}
-                  FROM {claims}
-                 WHERE {fence(single)} AND NOT (SELECT moves FROM history)
-                RETURNING j.{done.replace(", ", ", j.")}
-            ), done AS (
-                SELECT {done} FROM gone UNION ALL SELECT {done} FROM stayed)"""
-
-
-# The run holding :idempotency_key, as (id: its first row, run_id, created = false): the key's
-# entry in `flowq.run_keys` (revision 0018), else a live row holding it in `jobs` (a run an
-# earlier release enqueued; its key is recorded when its row moves to history).
-FIND_RUN_BY_KEY: Final = f"""
-            SELECT f.id, k.run_id, false AS created
-              FROM {S}.run_keys k
-             CROSS JOIN LATERAL (SELECT min(s.id) AS id FROM {S}.steps s
-                                  WHERE s.run_id = k.run_id) f
-             WHERE k.key = CAST(:idempotency_key AS text) AND f.id IS NOT NULL
-            UNION ALL
-            SELECT j.id, j.run_id, false AS created FROM {S}.jobs j
-             WHERE j.idempotency_key = CAST(:idempotency_key AS text)
-               AND NOT EXISTS (SELECT 1 FROM {S}.run_keys k
-                                WHERE k.key = CAST(:idempotency_key AS text))"""
-
-
-def claim_key(source: str, where: str, run_id: str) -> str:
-    """A CTE `keyed` claiming :idempotency_key (when not NULL) for the new run `run_id` (an
-    SQL expression over `source`, a FROM item; only where `where`): the run's entry in
-    `flowq.run_keys`, whose primary key is where two enqueues of one key meet. An enqueue
-    that finds the key taken (DO NOTHING; PostgreSQL waits for the other transaction, and
-    inserts if that rolls back) inserts no row (`KEY_CLAIMED`), and its caller reads the
-    run holding the key. The run's rows take its run id from `keyed_run`."""
-    return f"""keyed AS (
-                INSERT INTO {S}.run_keys (key, run_id)
-                SELECT CAST(:idempotency_key AS text), {run_id} FROM {source}
-                 WHERE CAST(:idempotency_key AS text) IS NOT NULL AND {where}
-                ON CONFLICT (key) DO NOTHING
-                RETURNING run_id)"""
-
-
-# Whether the new run may be inserted: no key, or `claim_key` claimed it.
-KEY_CLAIMED: Final = ("(CAST(:idempotency_key AS text) IS NULL "
-                      "OR EXISTS (SELECT 1 FROM keyed))")
-
-
-def keyed_run(run_id: str) -> str:
-    """The new run's id: the one `claim_key` recorded with the key, else `run_id`
-    (evaluated only then: COALESCE stops at its first value)."""
-    return f"COALESCE((SELECT run_id FROM keyed), {run_id})"
-
 
 # The job states in which a run is active (holds its unique key).
 ACTIVE: Final = "('pending', 'running', 'waiting')"
@@ -461,57 +377,3 @@ def cancel(error: str) -> str:
 
 # A run's status from its rows, as an aggregate (the one rule: `flowq.db.runstatus`).
 RUN_STATUS: Final = run_status_sql()
-
-
-def start_run(head: str, source: str, where: str, run_id: str, tail: str) -> str:
-    """A run that starts with several rows (one per root step: :steps, :step_indexes,
-    :queues, :max_attempts, :delays, :signals, :waits), all sharing one run_id: after the
-    CTEs `head`, the first root is inserted from `source` where `where` (holding
-    :idempotency_key; `run_id`: its run id, or None to draw one), the others only if it
-    was, roots waiting for a signal are entered in `flowq.signals`, and the new run is
-    returned (notified) followed by `tail` (the rows of an existing run)."""
-    roots = ("unnest(CAST(:steps AS text[]), CAST(:step_indexes AS smallint[]), "
-             "CAST(:queues AS text[]), CAST(:max_attempts AS int[]), "
-             "CAST(:delays AS float8[]), CAST(:signals AS text[]), CAST(:waits AS float8[])) "
-             "WITH ORDINALITY AS r(step, step_index, queue, max_attempts, delay, signal, "
-             "wait, n)")
-    columns = """run_id, task, step, step_index, queue, priority, max_attempts, args,
-                 status, run_at, trace_context, deadline, fingerprint"""
-
-    def values(run: str) -> str:
-        return f"""{run}, CAST(:task AS text), r.step, r.step_index, r.queue,
-                 CAST(:priority AS smallint), r.max_attempts, CAST(:args AS jsonb),
-                 CASE WHEN r.signal IS NULL THEN 'pending' ELSE 'waiting' END,
-                 CASE WHEN r.signal IS NULL
-                      THEN {DUE} + make_interval(secs => r.delay)
-                      ELSE now() + make_interval(secs => r.wait) END, {TRACE}, {DEADLINE},
-                 CAST(:fingerprint AS text)"""
-
-    return f"""{head},
-        {claim_key(source, f"r.n = 1 AND {where}", run_id)},
-        first AS (
-            INSERT INTO {S}.jobs ({columns}, idempotency_key)
-            SELECT {values(keyed_run(run_id))}, CAST(:idempotency_key AS text)
-              FROM {source}
-             WHERE r.n = 1 AND {where} AND {KEY_CLAIMED}
-            ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-            RETURNING id, run_id, step, queue, status, run_at
-        ), rest AS (
-            INSERT INTO {S}.jobs ({columns})
-            SELECT {values("f.run_id")}
-              FROM first f CROSS JOIN {roots}
-             WHERE r.n > 1
-            RETURNING id, run_id, step, queue, status, run_at
-        ), met AS (
-            INSERT INTO {S}.signals (run_id, name, step, timeout_s, reached_at)
-            SELECT a.run_id, r.signal, r.step, r.wait, now()
-              FROM (SELECT run_id, step FROM first UNION ALL SELECT run_id, step FROM rest) a
-              JOIN {roots} ON r.step = a.step
-             WHERE r.signal IS NOT NULL
-        )
-        SELECT f.id, f.run_id, true AS created,
-               {notify_new("(SELECT queue, status, run_at FROM first UNION ALL "
-                            "SELECT queue, status, run_at FROM rest) a "
-                            "WHERE status = 'pending'")}
-          FROM first f
-        {tail}""".replace("{roots}", roots)

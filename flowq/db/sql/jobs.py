@@ -10,14 +10,12 @@ from flowq.db.sql.fragments import (
     CALL,
     CALL_COLUMNS,
     DUE,
-    FIND_RUN_BY_KEY,
     S,
     Statements,
-    claim_key,
     mark_keyed,
-    start_run,
     wake,
 )
+from flowq.db.sql.runstart import FIND_RUN_BY_KEY, claim_key, start_run
 
 __all__ = ["JobStatements"]
 
@@ -81,7 +79,7 @@ class JobStatements(Statements):
         The keyed enqueue: the run holding :idempotency_key, else a new one (notified).
 
         The key is read first, in the statement's snapshot, and the key is claimed
-        (`fragments.claim_key`) and the row inserted only when nothing was found; so a
+        (`runstart.claim_key`) and the row inserted only when nothing was found; so a
         duplicate touches no row and takes no lock. Under REPEATABLE READ an old key is found
         in the snapshot, where any ON CONFLICT arbitration against a newer version would
         raise a serialization failure.

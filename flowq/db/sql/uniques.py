@@ -11,15 +11,12 @@ from flowq.db.sql.fragments import (
     CALL,
     CALL_COLUMNS,
     DUE,
-    FIND_RUN_BY_KEY,
-    KEY_CLAIMED,
     S,
     Statements,
-    claim_key,
     mark_keyed,
-    start_run,
     wake,
 )
+from flowq.db.sql.runstart import FIND_RUN_BY_KEY, KEY_CLAIMED, claim_key, start_run
 
 __all__ = ["UniqueStatements"]
 

@@ -81,7 +81,9 @@ def test_a_tight_loop_writes_a_few_rows_and_runs_show_shows_it(
         assert data["steps"][0]["progress"]["done"] == LOOP
         page = dashboard(engine).get(f"/runs/{run_id}")
         assert page.status_code == 200
-        assert (f'<dd class="progress">count_up (running): {LOOP} / {LOOP} &middot; '
+        assert (f'<dd class="progress">count_up (running): <span class="bar" '
+                f'role="progressbar" aria-valuenow="{LOOP}"') in page.text
+        assert (f'<span class="figures">{LOOP} / {LOOP} (100%)</span> &middot; '
                 f"item {LOOP}") in page.text
         release.set()
         flowq.wait_run(engine, run_id, timeout=60)

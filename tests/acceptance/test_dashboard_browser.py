@@ -139,7 +139,7 @@ def test_the_dashboard_in_a_real_browser(engine: sa.Engine, dashboard: str,
                 s.batch(on_complete=da.batch_done) as batch:
             for n in range(4):
                 s.enqueue(da.two, n=n)
-        drain(engine, da.app, raise_on_dead=False)
+        drain(engine, da.app, raise_on_dead=False, batches=False)
         with engine.begin() as conn:
             # Spread the finished runs over the last hour, as a live queue's would be, so
             # the charts have a shape (each run moved back whole, its times in order).
@@ -253,7 +253,7 @@ def test_the_dashboard_in_a_real_browser(engine: sa.Engine, dashboard: str,
         browser.find_element(By.ID, "confirm-button").click()
         assert "1 dead run(s) retried" in flash(browser)
 
-        drain(engine, da.app)  # a worker runs them again: now they succeed
+        drain(engine, da.app, batches=False)  # a worker runs them again: now they succeed
 
         browser.get(f"{dashboard}/runs/{first}")
         wait_until(lambda: browser.find_element(By.ID, "run-status").text == "succeeded"

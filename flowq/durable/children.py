@@ -146,12 +146,12 @@ class Children:
                 if status is None:
                     raise ChildFailed(i, "gone", None, "its rows no longer exist (pruned)")
                 if status in ("dead", "cancelled"):
-                    child = read_run(session.connection(), store.q, i)
+                    child = read_run(session.connection(), store.schema, i)
                     failed = next((s for s in child.steps if s.status == status),
                                   child.current_step)
                     raise ChildFailed(i, status, failed.step, failed.last_error)
             if all(found[i].status == "succeeded" and found[i].finished for i in ids):
-                runs = read_runs(session.connection(), store.q, distinct)
+                runs = read_runs(session.connection(), store.schema, distinct)
                 return [runs[i].result for i in ids]
             unfinished = sum(1 for i in distinct if not found[i].finished)
             newest = max(found[i].created_at for i in distinct)
